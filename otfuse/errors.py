@@ -1,0 +1,17 @@
+"""Errors a user can act on. The CLI prints them as one line and exits non-zero."""
+
+
+class OtfuseError(Exception):
+    """A problem with the user's input or environment, stated in one line (no traceback)."""
+
+
+class ModelLoadError(OtfuseError):
+    """The input is missing, not ONNX, truncated, or its external data is missing."""
+
+
+class OutputWriteError(OtfuseError):
+    """The output could not be written; nothing was left behind."""
+
+
+class NothingToFuse(OtfuseError):
+    """The model is valid but no enabled pattern matched."""
