@@ -1,7 +1,7 @@
 """otfuse: fuse transformer subgraphs of exported ONNX models into ONNX Runtime custom ops.
 
 Data flow: load -> canonicalise -> match -> rewrite -> save -> validate
-(``otfuse.fuse``), then run with the custom-op library (``otfuse.InferenceSession``) and prove
+(``otfuse.fuse``, in ``otfuse/pipeline.py``), then run with the custom-op library (``otfuse.InferenceSession``) and prove
 nothing changed (``otfuse.diff``).
 """
 
@@ -21,13 +21,13 @@ def __getattr__(name):
 
         return InferenceSession
     if name in ("fuse", "FuseReport"):
-        from otfuse import fuse as _fuse_module
+        from otfuse import pipeline
 
-        return getattr(_fuse_module, name)
+        return getattr(pipeline, name)
     if name in ("diff", "DiffResult"):
-        from otfuse import diff as _diff_module
+        from otfuse import compare
 
-        return getattr(_diff_module, name)
+        return getattr(compare, name)
     raise AttributeError(f"module 'otfuse' has no attribute {name!r}")
 
 
