@@ -1,0 +1,240 @@
+"""``otfuse diff``: run the original (as written) and the fused model on the same inputs and
+compare every output, optionally every fused node's outputs too, to name the first fusion that
+changed the numbers.
+
+An element passes when ``|fused - original| <= atol + rtol * |original|``; NaNs must be at the
+same positions and infinities must match exactly. Default tolerances per output dtype come from
+docs/ops.md; integer and bool outputs must match exactly unless a tolerance is given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import tempfile
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from otfuse import OP_DOMAIN
+from otfuse.errors import OtfuseError
+from otfuse.feeds import check_feeds, input_specs, load_feeds, make_feeds
+from otfuse.model_io_check import check_external_data, check_same_interface, external_data_files, load_graph_only
+from otfuse.session import open_session, run
+
+# docs/ops.md "Numerical tolerances used by otfuse diff": (rtol, atol). Keep the two in sync
+# (tests/test_compare.py checks).
+TOLERANCES = {
+    "float32": (1e-4, 1e-4),
+    "float16": (1e-2, 1e-2),
+    "bfloat16": (5e-2, 5e-2),
+}
+# Not in the table: float64 is computed by stock ORT ops on both sides, so float32's bound is ample.
+_FALLBACK_FLOAT = TOLERANCES["float32"]
+
+
+@dataclass
+class TensorDiff:
+    """How one tensor differs. ``node``/``op_type`` are set for per-fusion rows."""
+
+    name: str
+    dtype: str
+    shape: list
+    max_abs: float
+    max_rel: float
+    cosine: float
+    rtol: float
+    atol: float
+    mismatches: int  # elements outside tolerance (NaN-position mismatches included)
+    size: int
+    ok: bool
+    note: str = ""
+    node: str | None = None
+    op_type: str | None = None
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass
+class DiffResult:
+    outputs: list[TensorDiff]
+    fusions: list[TensorDiff] = field(default_factory=list)
+    inputs: dict[str, str] = field(default_factory=dict)  # name -> "float32[1,16]"
+    seed: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return all(row.ok for row in self.outputs)
+
+    @property
+    def first_divergence(self) -> TensorDiff | None:
+        """The first fused node (graph order) whose output is outside tolerance."""
+        return next((row for row in self.fusions if not row.ok), None)
+
+    @property
+    def failing_outputs(self) -> list[str]:
+        return [row.name for row in self.outputs if not row.ok]
+
+    def to_dict(self) -> dict:
+        first = self.first_divergence
+        return {
+            "ok": self.ok,
+            "seed": self.seed,
+            "inputs": self.inputs,
+            "outputs": [row.to_dict() for row in self.outputs],
+            "fusions": [row.to_dict() for row in self.fusions],
+            "first_divergence": first.to_dict() if first else None,
+        }
+
+
+def tolerance_for(dtype: np.dtype, rtol: float | None = None, atol: float | None = None) -> tuple[float, float]:
+    """(rtol, atol): the user's when given, else the docs/ops.md default for the dtype."""
+    dtype = np.dtype(dtype)
+    if dtype.name in TOLERANCES:
+        default = TOLERANCES[dtype.name]
+    elif dtype.kind == "f":
+        default = _FALLBACK_FLOAT
+    else:
+        default = (0.0, 0.0)  # integers, bools: exact
+    return (default[0] if rtol is None else rtol, default[1] if atol is None else atol)
+
+
+def compare_arrays(name: str, original: np.ndarray, fused: np.ndarray, rtol: float, atol: float) -> TensorDiff:
+    dtype = np.dtype(original.dtype).name
+    if original.shape != fused.shape or original.dtype != fused.dtype:
+        return TensorDiff(name, dtype, list(fused.shape), float("inf"), float("inf"), 0.0, rtol, atol,
+                          max(original.size, fused.size), original.size, False,
+                          note=f"original is {dtype}{list(original.shape)}, fused is {fused.dtype.name}{list(fused.shape)}")
+    if original.dtype == np.bool_ or original.dtype.kind in "OSU":
+        o, f = original, fused
+        same = o == f
+        o = o.astype(np.float64) if o.dtype == np.bool_ else np.zeros(o.shape)
+        f = f.astype(np.float64) if f.dtype == np.bool_ else (~same).astype(np.float64)
+    else:
+        o, f = original.astype(np.float64), fused.astype(np.float64)
+        both_nan = np.isnan(o) & np.isnan(f)
+        with np.errstate(invalid="ignore", over="ignore"):
+            same = (o == f) | both_nan  # covers equal infinities, which a subtraction turns into NaN
+            close = np.abs(f - o) <= atol + rtol * np.abs(o)  # False wherever a NaN is involved
+        same = same | close
+    mismatches = int(same.size - np.count_nonzero(same))
+
+    finite = np.isfinite(o) & np.isfinite(f)
+    err = np.abs(f[finite] - o[finite])
+    max_abs = float(err.max()) if err.size else 0.0
+    # Relative error where |original| > atol, so values near zero do not blow it up.
+    ref = np.abs(o[finite])
+    significant = ref > max(atol, np.finfo(np.float64).tiny)
+    max_rel = float((err[significant] / ref[significant]).max()) if np.any(significant) else 0.0
+    if not np.all(finite):
+        non_finite = np.count_nonzero(~finite)
+        note = f"{non_finite} non-finite element(s)"
+    else:
+        note = ""
+    return TensorDiff(name, dtype, list(fused.shape), max_abs, max_rel, _cosine(o[finite], f[finite]),
+                      rtol, atol, mismatches, int(same.size), mismatches == 0, note=note)
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    if na == 0 and nb == 0:
+        return 1.0
+    if na == 0 or nb == 0:
+        return 0.0
+    return float(np.dot(a.ravel(), b.ravel()) / (na * nb))
+
+
+def diff(original, fused, *, inputs=None, dims=None, rtol=None, atol=None, seed=0, per_fusion=False) -> DiffResult:
+    """Compare ``fused`` against ``original`` (paths). ``inputs``: an .npz path, a dict of arrays,
+    or None to generate them (``dims``, ``seed``; see ``otfuse.feeds``)."""
+    original, fused = Path(original), Path(fused)
+    orig_model, fused_model = load_graph_only(original), load_graph_only(fused)
+    check_external_data(orig_model, original)
+    check_external_data(fused_model, fused)
+    check_same_interface(orig_model, fused_model)
+
+    specs = input_specs(orig_model)
+    if inputs is None:
+        feeds = make_feeds(orig_model, dims=dims, seed=seed)
+    elif isinstance(inputs, (str, os.PathLike)):
+        feeds = load_feeds(inputs, specs)
+    else:
+        feeds = check_feeds(dict(inputs), specs)
+    described = {k: f"{np.dtype(v.dtype).name}{list(v.shape)}" for k, v in feeds.items()}
+
+    output_names = [o.name for o in orig_model.graph.output]
+    probes = _fused_tensors(fused_model, orig_model) if per_fusion else []
+    extra = [t for _, _, t in probes if t not in output_names]
+
+    with _with_outputs(original, orig_model, extra) as orig_path, _with_outputs(fused, fused_model, extra) as fused_path:
+        got_orig = _run(orig_path, original, feeds, output_names + extra, baseline=True)
+        got_fused = _run(fused_path, fused, feeds, output_names + extra, baseline=False)
+
+    def row(name, **where):
+        r, a = tolerance_for(got_orig[name].dtype, rtol, atol)
+        return replace(compare_arrays(name, got_orig[name], got_fused[name], r, a), **where)
+
+    outputs = [row(name) for name in output_names]
+    fusions = [row(tensor, node=node, op_type=op) for node, op, tensor in probes]
+    return DiffResult(outputs=outputs, fusions=fusions, inputs=described, seed=seed)
+
+
+def _fused_tensors(fused_model: onnx.ModelProto, orig_model: onnx.ModelProto) -> list[tuple[str, str, str]]:
+    """(node name, op type, tensor) for each output of each otfuse node, in graph order, that the
+    original also computes (fused nodes keep the original tensor names)."""
+    in_original = {t for n in orig_model.graph.node for t in n.output}
+    probes = []
+    for i, node in enumerate(fused_model.graph.node):
+        if node.domain != OP_DOMAIN:
+            continue
+        for tensor in node.output:
+            if tensor and tensor in in_original:
+                probes.append((node.name or f"#{i}", node.op_type, tensor))
+    return probes
+
+
+@contextlib.contextmanager
+def _with_outputs(path: Path, model: onnx.ModelProto, names: list[str]):
+    """Yield a path to ``model`` with ``names`` added as graph outputs: a temporary copy next to
+    ``path`` (so its relative external-data paths resolve), removed afterwards. The caller's
+    model and files are never modified."""
+    if not names:
+        yield path
+        return
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for name in names:
+        copy.graph.output.add().name = name  # no type: ORT infers it from the producing node
+    data = copy.SerializeToString()  # weights stay external: this proto was loaded without them
+    tmp = path.parent / f".{path.stem}.otfuse-diff-{secrets.token_hex(4)}.onnx"
+    try:
+        tmp.write_bytes(data)
+    except OSError as e:
+        if external_data_files(model):
+            raise OtfuseError(
+                f"--per-fusion needs a temporary copy of {path.name} in {path.parent} (its external data is "
+                f"found relative to it), which is not writable: {e.strerror or e}"
+            ) from None
+        tmp = Path(tempfile.mkstemp(suffix=".onnx", prefix="otfuse-diff-")[1])
+        tmp.write_bytes(data)
+    try:
+        yield tmp
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _run(path: Path, shown_as: Path, feeds, output_names, *, baseline: bool) -> dict[str, np.ndarray]:
+    session = open_session(path, baseline=baseline)
+    try:
+        return run(session, feeds, output_names)
+    except OtfuseError:
+        raise
+    except Exception as e:
+        shapes = ", ".join(f"{k} {np.dtype(v.dtype).name}{list(v.shape)}" for k, v in feeds.items())
+        raise OtfuseError(
+            f"running {shown_as} failed: {' '.join(str(e).split())} (inputs: {shapes}; set sizes with --dims)"
+        ) from None
