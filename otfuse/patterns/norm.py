@@ -1,0 +1,267 @@
+"""Normalisation family: RMSNorm, LayerNorm and their residual-Add forms (docs/ops.md).
+
+The patterns read like the PyTorch code exporters trace:
+
+    RMSNorm:   x.float() -> pow(2) | x*x -> mean(-1, keepdim) -> + eps -> sqrt -> 1/· (or x / ·)
+               -> x * · -> .to(x.dtype) -> weight * ·          (or weight * · then .to(x.dtype))
+    LayerNorm: x - mean(x) -> (·)² -> mean -> + eps -> sqrt -> divide -> * scale (+ bias),
+               or the ONNX LayerNormalization op.
+    Add*Norm:  the same with x = a + b, whose sum may stay in use (second output).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+
+from otfuse.patterns import common
+from otfuse.rewriter.pattern import ANY, Const, Either, Match, Op, Var, attr, op, scalar_equal
+from otfuse.rewriter.rule import Replacement, RewriteContext, Rule
+
+FLOAT = onnx.TensorProto.FLOAT
+FAMILY = "norm"
+
+
+def _reduce_mean(value, bind: str, axes_name: str) -> Either:
+    # Opset >= 18 passes axes as an input, older opsets as an attribute.
+    return Either(op.ReduceMean(value, Const(axes_name), _bind=bind), op.ReduceMean(value, _bind=bind))
+
+
+def _as_float32(x) -> Either:
+    return Either(op.Cast(x, to=FLOAT, _bind="cast_in"), x)
+
+
+def _rms_normalized(x) -> Either:
+    xf = _as_float32(x)
+    square = Either(op.Pow(xf, Const("two", where=scalar_equal(2.0))), op.Mul(xf, xf))
+    std = op.Sqrt(op.Add(_reduce_mean(square, "reduce", "axes"), Const("eps")))
+    return Either(
+        op.Mul(xf, op.Reciprocal(std)),
+        op.Mul(xf, op.Div(Const("one", where=scalar_equal(1.0)), std)),
+        op.Div(xf, std),
+    )
+
+
+def _layer_normalized(x) -> Either:
+    xf = _as_float32(x)
+    centered = op.Sub(xf, _reduce_mean(xf, "reduce", "axes"))
+    square = Either(op.Pow(centered, Const("two", where=scalar_equal(2.0))), op.Mul(centered, centered))
+    std = op.Sqrt(op.Add(_reduce_mean(square, "reduce_var", "axes_var"), Const("eps")))
+    return Either(op.Div(centered, std), op.Mul(centered, op.Reciprocal(std)))
+
+
+def _scale() -> Either:
+    # Gemma multiplies by (1 + w): folded into one constant by the rewrite.
+    return Either(op.Add(Const("one_plus", where=scalar_equal(1.0)), Const("gamma_offset"),
+                         _bind="gemma_add"),
+                  Var("scale"))
+
+
+def _scaled(normalized, with_bias: bool) -> Either:
+    """weight * normalized (+ bias), with the cast back to x's type before or after."""
+    scale = _scale()
+    back = Either(op.Cast(normalized, to=ANY, _bind="cast_out"), normalized)
+    if not with_bias:
+        return Either(op.Mul(back, scale), op.Cast(op.Mul(normalized, scale), to=ANY, _bind="cast_out"))
+    return Either(
+        op.Add(op.Mul(back, scale), Var("bias")),
+        op.Cast(op.Add(op.Mul(normalized, scale), Var("bias")), to=ANY, _bind="cast_out"),
+    )
+
+
+def _residual_add() -> Op:
+    return op.Add(Var("a"), Var("b"), _bind="residual")
+
+
+class _NormRule(Rule):
+    """Shared checks and rewrite; subclasses pick the pattern and the fused op."""
+
+    family = FAMILY
+    fused_op = ""
+    residual = False
+    default_epsilon = 1e-6
+
+    def x_value(self, match: Match) -> str:
+        return match.node("residual").output[0] if self.residual else match.value("x")
+
+    def check(self, ctx: RewriteContext, match: Match) -> str | None:
+        graph = ctx.graph
+        x = self.x_value(match)
+        reason = common.check_float_io(graph, x, self.root_value(match))
+        if reason:
+            return reason
+        if self.residual:
+            reason = common.check_same_shape(graph, match.value("a"), match.value("b"), x)
+            if reason:
+                return reason
+        axis = self.normalised_axis(graph, match)
+        if isinstance(axis, str):
+            return axis
+        reason = self.check_epsilon(graph, match)
+        if reason:
+            return reason
+        for name in ("scale", "bias"):
+            if match.has(name):
+                reason = common.check_row_parameter(graph, match.value(name), x, axis, name)
+                if reason:
+                    return reason
+        if match.has("gamma_offset"):
+            reason = common.check_row_parameter(graph, match.value("gamma_offset"), x, axis, "scale")
+            if reason:
+                return reason
+        return None
+
+    def root_value(self, match: Match) -> str:
+        return match.covered[0].output[0]
+
+    def normalised_axis(self, graph, match: Match) -> int | str:
+        x = self.x_value(match)
+        axes = [common.reduce_axes(graph, match, "reduce", "axes")]
+        if match.has("reduce_var"):
+            axes.append(common.reduce_axes(graph, match, "reduce_var", "axes_var"))
+        for found in axes:
+            if isinstance(found, str):
+                return found
+        if len(axes) == 2 and axes[0] != axes[1]:
+            return f"the two ReduceMean nodes use different axes ({axes[0]} vs {axes[1]})"
+        return common.trailing_axis(axes[0], graph.rank(x))
+
+    def check_epsilon(self, graph, match: Match) -> str | None:
+        eps = graph.scalar_value(match.value("eps"))
+        if eps is None:
+            return "epsilon must be a single-element constant"
+        if not math.isfinite(eps) or eps < 0:
+            return f"epsilon {eps} is not a finite value >= 0"
+        return None
+
+    def epsilon(self, graph, match: Match) -> float:
+        return graph.scalar_value(match.value("eps"))
+
+    def scale_input(self, ctx: RewriteContext, match: Match, x: str, axis: int) -> tuple[str, list]:
+        """The scale (and bias) as the fused op wants them: exactly X.shape[axis:]."""
+        if match.has("gamma_offset"):
+            offset = ctx.graph.constant_value(match.value("gamma_offset"))
+            folded = (offset.astype(np.float32) + np.float32(1.0)).astype(offset.dtype)
+            folded = folded.reshape(common.row_shape(ctx.graph, x, axis))
+            tensor = ctx.constant(f"{match.value('gamma_offset')}_plus_one", folded)
+            return tensor.name, [tensor]
+        return common.row_parameter(ctx, match.value("scale"), x, axis)
+
+    def rewrite(self, ctx: RewriteContext, match: Match, root: onnx.NodeProto) -> Replacement:
+        graph = ctx.graph
+        x = self.x_value(match)
+        axis = self.normalised_axis(graph, match)
+        scale, initializers = self.scale_input(ctx, match, x, axis)
+        inputs = [match.value("a"), match.value("b")] if self.residual else [x]
+        inputs.append(scale)
+        if match.has("bias"):
+            bias, more = common.row_parameter(ctx, match.value("bias"), x, axis)
+            inputs.append(bias)
+            initializers += more
+        outputs = [root.output[0]]
+        if self.residual:
+            outputs.append(x)
+        node = ctx.fused_node(self.fused_op, inputs, outputs, root,
+                              epsilon=self.epsilon(graph, match), axis=axis)
+        return Replacement([node], initializers)
+
+
+class RMSNormRule(_NormRule):
+    name = "RMSNorm"
+    fused_op = "RMSNorm"
+    pattern = _scaled(_rms_normalized(Var("x")), with_bias=False)
+
+
+class AddRMSNormRule(_NormRule):
+    name = "AddRMSNorm"
+    fused_op = "AddRMSNorm"
+    residual = True
+    exports = ("residual",)
+    pattern = _scaled(_rms_normalized(_residual_add()), with_bias=False)
+
+
+class LayerNormRule(_NormRule):
+    name = "LayerNorm"
+    fused_op = "LayerNorm"
+    pattern = Either(_scaled(_layer_normalized(Var("x")), with_bias=True),
+                     _scaled(_layer_normalized(Var("x")), with_bias=False))
+
+
+class AddLayerNormRule(_NormRule):
+    name = "AddLayerNorm"
+    fused_op = "AddLayerNorm"
+    residual = True
+    exports = ("residual",)
+    pattern = Either(_scaled(_layer_normalized(_residual_add()), with_bias=True),
+                     _scaled(_layer_normalized(_residual_add()), with_bias=False))
+
+
+class _StandardOpRule(_NormRule):
+    """The ONNX LayerNormalization / RMSNormalization ops, re-targeted to our kernels."""
+
+    onnx_op = ""
+    default_epsilon = 1e-5
+
+    def normalised_axis(self, graph, match: Match) -> int | str:
+        node = match.node("norm")
+        return common.trailing_axis([attr(node, "axis", -1)], graph.rank(self.x_value(match)))
+
+    def check_epsilon(self, graph, match: Match) -> str | None:
+        node = match.node("norm")
+        if attr(node, "stash_type", 1) != 1:
+            return "stash_type is not float32"
+        eps = self.epsilon(graph, match)
+        return None if math.isfinite(eps) and eps >= 0 else f"epsilon {eps} is not >= 0"
+
+    def epsilon(self, graph, match: Match) -> float:
+        return float(attr(match.node("norm"), "epsilon", self.default_epsilon))
+
+
+def _standard_op(onnx_op: str, x, with_bias: bool) -> Op:
+    inputs = (x, Var("scale"), Var("bias")) if with_bias else (x, Var("scale"))
+    return Op(onnx_op, inputs, {}, "norm")
+
+
+class LayerNormalizationOpRule(_StandardOpRule):
+    name = "LayerNormalization"
+    fused_op = "LayerNorm"
+    pattern = Either(_standard_op("LayerNormalization", Var("x"), True),
+                     _standard_op("LayerNormalization", Var("x"), False))
+
+
+class AddLayerNormalizationOpRule(_StandardOpRule):
+    name = "AddLayerNormalization"
+    fused_op = "AddLayerNorm"
+    residual = True
+    exports = ("residual",)
+    pattern = Either(_standard_op("LayerNormalization", _residual_add(), True),
+                     _standard_op("LayerNormalization", _residual_add(), False))
+
+
+class RMSNormalizationOpRule(_StandardOpRule):
+    name = "RMSNormalization"
+    fused_op = "RMSNorm"
+    pattern = _standard_op("RMSNormalization", Var("x"), False)
+
+
+class AddRMSNormalizationOpRule(_StandardOpRule):
+    name = "AddRMSNormalization"
+    fused_op = "AddRMSNorm"
+    residual = True
+    exports = ("residual",)
+    pattern = _standard_op("RMSNormalization", _residual_add(), False)
+
+
+# At one root the residual forms are tried first: they absorb the Add as well.
+RULES: list[Rule] = [
+    AddRMSNormRule(),
+    RMSNormRule(),
+    AddLayerNormRule(),
+    LayerNormRule(),
+    AddLayerNormalizationOpRule(),
+    LayerNormalizationOpRule(),
+    AddRMSNormalizationOpRule(),
+    RMSNormalizationOpRule(),
+]

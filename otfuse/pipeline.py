@@ -1,0 +1,119 @@
+"""``otfuse.fuse``: load -> canonicalise -> match -> rewrite -> save -> validate."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import onnx
+
+from otfuse import OP_DOMAIN, OP_DOMAIN_VERSION, __version__
+from otfuse.errors import NothingToFuse, OtfuseError, OutputWriteError
+from otfuse.patterns import FAMILIES, select_families
+from otfuse.rewriter.model_io import load_model, save_model
+from otfuse.rewriter.passes import run_pass
+
+
+@dataclass
+class FuseReport:
+    input_path: str
+    output_path: str | None
+    families: list[str]
+    nodes_before: int
+    nodes_after: int
+    fusions: dict[str, int]
+    seconds: float
+    near_misses: list[dict] = field(default_factory=list)
+    otfuse_version: str = __version__
+
+    @property
+    def fused_count(self) -> int:
+        return sum(self.fusions.values())
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = None, *,
+         only=None, skip=None, report_path: str | os.PathLike | None = None) -> FuseReport:
+    """Fuse the enabled pattern families of ``model_path``; write ``output_path`` atomically.
+
+    Raises ``OtfuseError`` subclasses for bad input. When nothing matched, an unchanged copy is
+    still written (if an output was asked for) and ``NothingToFuse`` is raised, carrying the
+    report as ``.report``.
+    """
+    start = time.perf_counter()
+    try:
+        families = select_families(only, skip)
+    except ValueError as exc:
+        raise OtfuseError(str(exc)) from None
+    loaded = load_model(model_path)
+    model = loaded.model  # our in-memory copy: the input file is never touched
+    nodes_before = len(model.graph.node)
+
+    fusions: Counter = Counter()
+    near_misses: list[dict] = []
+    for family in families:
+        result = run_pass(model, FAMILIES[family], loaded.base_dir)
+        fusions.update(result.fusions)
+        near_misses += [dict(miss.to_dict(), family=family) for miss in result.near_misses]
+
+    if fusions:
+        _import_otfuse_domain(model)
+        _validate(model)
+    report = FuseReport(
+        input_path=str(model_path),
+        output_path=str(output_path) if output_path is not None else None,
+        families=families,
+        nodes_before=nodes_before,
+        nodes_after=len(model.graph.node),
+        fusions=dict(sorted(fusions.items())),
+        seconds=0.0,
+        near_misses=near_misses,
+    )
+    if output_path is not None:
+        save_model(loaded, model, output_path)
+    report.seconds = round(time.perf_counter() - start, 4)
+    if report_path is not None:
+        write_report(report, report_path)
+    if not fusions:
+        copy_note = f"; wrote an unchanged copy to {str(output_path)!r}" if output_path else ""
+        error = NothingToFuse(f"no fusible subgraph found in {str(model_path)!r}{copy_note}")
+        error.report = report
+        raise error
+    return report
+
+
+def _import_otfuse_domain(model: onnx.ModelProto) -> None:
+    if not any(entry.domain == OP_DOMAIN for entry in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid(OP_DOMAIN, OP_DOMAIN_VERSION))
+    if not any(p.key == "otfuse.version" for p in model.metadata_props):
+        model.metadata_props.append(onnx.StringStringEntryProto(key="otfuse.version", value=__version__))
+
+
+def _validate(model: onnx.ModelProto) -> None:
+    """A rewrite that produces an invalid model is our bug: refuse to write it."""
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
+        raise OtfuseError(f"internal error: the fused model fails onnx.checker ({first_line}); "
+                          "nothing was written") from None
+
+
+def write_report(report: FuseReport, report_path: str | os.PathLike) -> None:
+    path = Path(report_path)
+    folder = path.parent if str(path.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(report.to_dict(), handle, indent=2)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise OutputWriteError(f"cannot write the report {str(path)!r}: {exc.strerror or exc}") from None

@@ -1,0 +1,252 @@
+"""A read-only index over one ONNX graph: who produces and who consumes each value, which values
+are constants, and what type and shape each value has.
+
+Constants are read lazily (and only when a pattern needs their value, e.g. an epsilon); weights in
+external data are read tensor by tensor from their file, never as a whole model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from otfuse.rewriter.model_io import external_info, is_external
+
+Dim = int | str | None  # a static size, a symbolic name, or unknown
+
+# Shape inference sees initializers up to this size with their data (shape-like constants);
+# larger ones keep only their type and dims, so inference never touches weight bytes.
+_SMALL_INITIALIZER_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class ValueType:
+    elem_type: int  # onnx.TensorProto.DataType; 0 when unknown
+    shape: tuple[Dim, ...] | None  # None when the rank is unknown
+
+    @property
+    def rank(self) -> int | None:
+        return None if self.shape is None else len(self.shape)
+
+
+def _type_from_proto(type_proto: onnx.TypeProto) -> ValueType | None:
+    if not type_proto.HasField("tensor_type"):
+        return None
+    tensor = type_proto.tensor_type
+    shape: tuple[Dim, ...] | None = None
+    if tensor.HasField("shape"):
+        dims: list[Dim] = []
+        for dim in tensor.shape.dim:
+            if dim.HasField("dim_value"):
+                dims.append(int(dim.dim_value))
+            elif dim.HasField("dim_param") and dim.dim_param:
+                dims.append(dim.dim_param)
+            else:
+                dims.append(None)
+        shape = tuple(dims)
+    return ValueType(tensor.elem_type, shape)
+
+
+def _subgraph_references(graph: onnx.GraphProto) -> set[str]:
+    """Every value name a subgraph reads (its own values included; a superset is safe)."""
+    names: set[str] = set()
+    for node in graph.node:
+        names.update(name for name in node.input if name)
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                names |= _subgraph_references(sub)
+    names.update(out.name for out in graph.output)
+    return names
+
+
+def _constant_node_tensor(node: onnx.NodeProto) -> np.ndarray | None:
+    for attr in node.attribute:
+        if attr.name == "value":
+            return None  # handled through the TensorProto path
+        if attr.name == "value_float":
+            return np.array(attr.f, dtype=np.float32)
+        if attr.name == "value_floats":
+            return np.array(list(attr.floats), dtype=np.float32)
+        if attr.name == "value_int":
+            return np.array(attr.i, dtype=np.int64)
+        if attr.name == "value_ints":
+            return np.array(list(attr.ints), dtype=np.int64)
+    return None
+
+
+class GraphIndex:
+    """Producers, consumers, constants and types of the values of ``model.graph``."""
+
+    def __init__(self, model: onnx.ModelProto, base_dir: Path | None = None):
+        self.model = model
+        self.graph = model.graph
+        self.base_dir = base_dir
+        self.producer: dict[str, onnx.NodeProto] = {}
+        self.consumers: dict[str, list[onnx.NodeProto]] = {}
+        self.initializers: dict[str, onnx.TensorProto] = {i.name: i for i in self.graph.initializer}
+        self.graph_outputs = {o.name for o in self.graph.output}
+        self.graph_inputs = {i.name for i in self.graph.input}
+        self._constant_tensors: dict[str, onnx.TensorProto | np.ndarray] = {}
+        self._values: dict[str, np.ndarray] = {}
+        for node in self.graph.node:
+            for name in node.output:
+                if name:
+                    self.producer[name] = node
+            used = {name for name in node.input if name}
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    used |= _subgraph_references(attr.g)
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    for sub in attr.graphs:
+                        used |= _subgraph_references(sub)
+            for name in used:
+                self.consumers.setdefault(name, []).append(node)
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output:
+                self._register_constant_node(node)
+        for name, tensor in self.initializers.items():
+            # An initializer that is also a graph input can be overridden at run time.
+            if name not in self.graph_inputs:
+                self._constant_tensors[name] = tensor
+        self.types = self._infer_types()
+
+    # -- structure -------------------------------------------------------------------------
+    def _register_constant_node(self, node: onnx.NodeProto) -> None:
+        for attr in node.attribute:
+            if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+                self._constant_tensors[node.output[0]] = attr.t
+                return
+        value = _constant_node_tensor(node)
+        if value is not None:
+            self._constant_tensors[node.output[0]] = value
+
+    def uses(self, name: str) -> list[onnx.NodeProto]:
+        return self.consumers.get(name, [])
+
+    def is_graph_output(self, name: str) -> bool:
+        return name in self.graph_outputs
+
+    # -- constants ---------------------------------------------------------------------------
+    def is_constant(self, name: str) -> bool:
+        return name in self._constant_tensors
+
+    def constant_tensor(self, name: str) -> onnx.TensorProto | None:
+        tensor = self._constant_tensors.get(name)
+        return tensor if isinstance(tensor, onnx.TensorProto) else None
+
+    def constant_shape(self, name: str) -> tuple[int, ...] | None:
+        tensor = self._constant_tensors.get(name)
+        if tensor is None:
+            return None
+        if isinstance(tensor, np.ndarray):
+            return tuple(tensor.shape)
+        return tuple(int(d) for d in tensor.dims)
+
+    def constant_size(self, name: str) -> int | None:
+        shape = self.constant_shape(name)
+        return None if shape is None else int(np.prod(shape, dtype=np.int64))
+
+    def constant_value(self, name: str) -> np.ndarray | None:
+        """The constant's value, reading external data for this tensor only."""
+        if name in self._values:
+            return self._values[name]
+        tensor = self._constant_tensors.get(name)
+        if tensor is None:
+            return None
+        if isinstance(tensor, np.ndarray):
+            value = tensor
+        elif is_external(tensor):
+            value = read_external_tensor(tensor, self.base_dir)
+        else:
+            value = numpy_helper.to_array(tensor)
+        self._values[name] = value
+        return value
+
+    def scalar_value(self, name: str) -> float | None:
+        """A constant holding exactly one number, as a Python float; else None."""
+        size = self.constant_size(name)
+        if size != 1:
+            return None
+        value = self.constant_value(name)
+        return float(np.asarray(value, dtype=np.float64).reshape(-1)[0])
+
+    # -- types -------------------------------------------------------------------------------
+    def _infer_types(self) -> dict[str, ValueType]:
+        types: dict[str, ValueType] = {}
+        for tensor in self.graph.initializer:
+            types[tensor.name] = ValueType(tensor.data_type, tuple(int(d) for d in tensor.dims))
+        skeleton = _skeleton_for_inference(self.model)
+        try:
+            inferred = onnx.shape_inference.infer_shapes(skeleton, strict_mode=False, data_prop=True)
+            graph = inferred.graph
+        except Exception:  # noqa: BLE001 - inference is best effort; declared types still count
+            graph = self.graph
+        for info in list(graph.input) + list(graph.value_info) + list(graph.output):
+            value_type = _type_from_proto(info.type)
+            if value_type is not None:
+                types.setdefault(info.name, value_type)
+        for info in list(self.graph.input) + list(self.graph.value_info) + list(self.graph.output):
+            value_type = _type_from_proto(info.type)
+            if value_type is not None and info.name not in types:
+                types[info.name] = value_type
+        for name, tensor in self._constant_tensors.items():
+            if isinstance(tensor, np.ndarray) and name not in types:
+                elem = onnx.helper.np_dtype_to_tensor_dtype(tensor.dtype)
+                types[name] = ValueType(elem, tuple(tensor.shape))
+        return types
+
+    def value_type(self, name: str) -> ValueType | None:
+        return self.types.get(name)
+
+    def elem_type(self, name: str) -> int:
+        value_type = self.types.get(name)
+        return value_type.elem_type if value_type else 0
+
+    def shape(self, name: str) -> tuple[Dim, ...] | None:
+        value_type = self.types.get(name)
+        return value_type.shape if value_type else None
+
+    def rank(self, name: str) -> int | None:
+        shape = self.shape(name)
+        return None if shape is None else len(shape)
+
+
+def _skeleton_for_inference(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of the model that shape inference can read cheaply: big weights keep dims only."""
+    skeleton = onnx.ModelProto()
+    skeleton.ir_version = model.ir_version
+    skeleton.opset_import.extend(model.opset_import)
+    skeleton.functions.extend(model.functions)
+    graph = skeleton.graph
+    graph.name = model.graph.name
+    graph.node.extend(model.graph.node)
+    graph.input.extend(model.graph.input)
+    graph.output.extend(model.graph.output)
+    graph.value_info.extend(model.graph.value_info)
+    declared_inputs = {i.name for i in model.graph.input}
+    for tensor in model.graph.initializer:
+        if not is_external(tensor) and tensor.ByteSize() <= _SMALL_INITIALIZER_BYTES:
+            graph.initializer.append(tensor)
+        elif tensor.name not in declared_inputs:
+            # A data-less initializer would be invalid: describe the weight as a typed input.
+            graph.input.append(
+                onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims))
+            )
+    return skeleton
+
+
+def read_external_tensor(tensor: onnx.TensorProto, base_dir: Path | None) -> np.ndarray:
+    """Read one external tensor's bytes (offset/length) from its data file."""
+    if base_dir is None:
+        raise ValueError(f"tensor {tensor.name!r} is external but the model folder is unknown")
+    info = external_info(tensor)
+    offset = int(info.get("offset", 0))
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    count = int(np.prod(tensor.dims, dtype=np.int64)) if tensor.dims else 1
+    with open(Path(base_dir) / info["location"], "rb") as handle:
+        handle.seek(offset)
+        data = handle.read(count * np.dtype(dtype).itemsize)
+    return np.frombuffer(data, dtype=dtype).reshape(tuple(tensor.dims)).copy()

@@ -1,0 +1,180 @@
+"""Load and save models without ever pulling external weights into memory.
+
+Loading reads only the protobuf (initializers stored as external data stay references) and checks
+that every referenced data file exists and is long enough. Saving writes to a temporary file in the
+output directory and renames it into place, so a failure never leaves a half-written model; external
+data files are hard-linked (or copied) next to the output when it lives in another directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+
+from otfuse.errors import ModelLoadError, OutputWriteError
+
+_PROTOBUF_LIMIT = 2**31 - 1
+
+
+@dataclass
+class LoadedModel:
+    """A model proto whose external tensors are still references into ``base_dir``."""
+
+    model: onnx.ModelProto
+    path: Path
+    external_files: set[str] = field(default_factory=set)
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent
+
+
+def _iter_all_tensors(graph: onnx.GraphProto):
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                yield attr.t
+            elif attr.type == onnx.AttributeProto.GRAPH:
+                yield from _iter_all_tensors(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from _iter_all_tensors(sub)
+
+
+def external_info(tensor: onnx.TensorProto) -> dict[str, str]:
+    return {entry.key: entry.value for entry in tensor.external_data}
+
+
+def is_external(tensor: onnx.TensorProto) -> bool:
+    return tensor.data_location == onnx.TensorProto.EXTERNAL
+
+
+def _check_external_data(model: onnx.ModelProto, base_dir: Path) -> set[str]:
+    """Return the referenced data files; raise if one is missing, escapes the folder or is short."""
+    sizes: dict[str, int] = {}
+    for tensor in _iter_all_tensors(model.graph):
+        if not is_external(tensor):
+            continue
+        info = external_info(tensor)
+        location = info.get("location", "")
+        if not location or os.path.isabs(location) or ".." in Path(location).parts:
+            raise ModelLoadError(
+                f"initializer {tensor.name!r} has an invalid external data location {location!r}"
+            )
+        if location not in sizes:
+            data_path = base_dir / location
+            if not data_path.is_file():
+                raise ModelLoadError(
+                    f"external data file {str(data_path)!r} (for initializer {tensor.name!r}) is missing"
+                )
+            sizes[location] = data_path.stat().st_size
+        end = int(info.get("offset", 0)) + int(info.get("length", 0))
+        if end > sizes[location]:
+            raise ModelLoadError(
+                f"external data file {location!r} is truncated: initializer {tensor.name!r} "
+                f"needs bytes up to {end}, file has {sizes[location]}"
+            )
+    return set(sizes)
+
+
+def load_model(path: str | os.PathLike) -> LoadedModel:
+    """Parse ``path`` without loading external data; raise ModelLoadError with one clear line."""
+    path = Path(path)
+    if not path.exists():
+        raise ModelLoadError(f"input model {str(path)!r} does not exist")
+    if path.is_dir():
+        raise ModelLoadError(f"input model {str(path)!r} is a directory, not an .onnx file")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(
+            f"{str(path)!r} is not a valid ONNX model (truncated or not ONNX): {exc}".rstrip(": ")
+        ) from None
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
+        raise ModelLoadError(f"{str(path)!r} is not a valid ONNX model (it has no graph)")
+    if not model.opset_import:
+        raise ModelLoadError(f"{str(path)!r} is not a valid ONNX model (no opset imports)")
+    external_files = _check_external_data(model, path.parent)
+    return LoadedModel(model=model, path=path, external_files=external_files)
+
+
+def _place_external_files(files: set[str], src_dir: Path, dst_dir: Path) -> list[Path]:
+    """Make each data file reachable from ``dst_dir``: hard link when possible, else copy.
+
+    Returns the paths this call created, so a later failure can remove them again.
+    """
+    created: list[Path] = []
+    if src_dir.resolve() == dst_dir.resolve():
+        return created
+    try:
+        for location in sorted(files):
+            src, dst = src_dir / location, dst_dir / location
+            if dst.exists():
+                if os.path.samefile(src, dst):
+                    continue
+                raise OutputWriteError(
+                    f"{str(dst)!r} already exists and is not the input's external data file; "
+                    "write the fused model to another folder"
+                )
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(src, dst)
+            except OSError:
+                shutil.copyfile(src, dst)
+            created.append(dst)
+    except OSError as exc:
+        for path in created:
+            path.unlink(missing_ok=True)
+        raise OutputWriteError(f"cannot place external data next to the output: {exc}") from None
+    except OutputWriteError:
+        for path in created:
+            path.unlink(missing_ok=True)
+        raise
+    return created
+
+
+def save_model(loaded: LoadedModel, model: onnx.ModelProto, output_path: str | os.PathLike) -> Path:
+    """Write ``model`` atomically to ``output_path``; external tensors keep their references."""
+    output_path = Path(output_path)
+    out_dir = output_path.parent if str(output_path.parent) else Path(".")
+    if not out_dir.is_dir():
+        raise OutputWriteError(f"output folder {str(out_dir)!r} does not exist")
+    if output_path.exists() and output_path.is_dir():
+        raise OutputWriteError(f"output path {str(output_path)!r} is a directory")
+    if output_path.exists() and loaded.path.exists() and os.path.samefile(output_path, loaded.path):
+        raise OutputWriteError("output path is the input model; otfuse never modifies its input")
+    if model.ByteSize() > _PROTOBUF_LIMIT:
+        raise OutputWriteError(
+            "the fused model is over 2 GB without external data; export the original with external data"
+        )
+    created = _place_external_files(loaded.external_files, loaded.base_dir, out_dir)
+    fd, tmp_name = -1, ""
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{output_path.name}.", suffix=".tmp", dir=out_dir)
+        with os.fdopen(fd, "wb") as handle:
+            fd = -1
+            handle.write(model.SerializeToString())
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp_name, 0o644)
+        os.replace(tmp_name, output_path)
+    except OSError as exc:
+        if fd >= 0:
+            os.close(fd)
+        if tmp_name:
+            Path(tmp_name).unlink(missing_ok=True)
+        for path in created:
+            path.unlink(missing_ok=True)
+        raise OutputWriteError(
+            f"cannot write {str(output_path)!r}: {exc.strerror or exc}"
+        ) from None
+    return output_path

@@ -1,0 +1,228 @@
+"""Apply rules to a graph: match every candidate root, replace accepted matches, keep order valid.
+
+One pass runs one family's rules over a fresh index of the graph. Roots are visited from the
+graph's outputs backwards, so the largest match (the one that absorbs trailing Casts, a residual
+Add, ...) claims its nodes first; rules are tried in their listed order at each root. A node
+belongs to at most one fusion per pass. After the pass the graph is topologically re-sorted and
+the constants that only the fused nodes used are dropped.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+
+from otfuse.rewriter.graph import GraphIndex
+from otfuse.rewriter.pattern import Failure, Match, Matcher
+from otfuse.rewriter.rule import Replacement, RewriteContext, Rule
+
+# A failed candidate is reported as a near miss only when it got this many nodes deep (or failed
+# a semantic check): a lone Mul that is not a norm is not news.
+NEAR_MISS_MIN_DEPTH = 3
+_CHECK_FAILURE_DEPTH = 10_000
+
+
+@dataclass
+class NearMiss:
+    pattern: str
+    location: str
+    reason: str
+    nodes: tuple[str, ...]
+
+    def to_dict(self) -> dict:
+        return {"pattern": self.pattern, "location": self.location, "reason": self.reason}
+
+
+@dataclass
+class PassResult:
+    fusions: Counter = field(default_factory=Counter)
+    near_misses: list[NearMiss] = field(default_factory=list)
+
+
+def _node_label(node: onnx.NodeProto) -> str:
+    return f"{node.op_type} {node.name or node.output[0]!r}"
+
+
+def _private_value_leak(graph: GraphIndex, match: Match, root_value: str, rule: Rule) -> str | None:
+    """Why the match cannot be removed: an interior value is needed outside it."""
+    inside = {id(node) for node in match.covered}
+    allowed = {root_value} | exported_values(match, rule)
+    for node in match.covered:
+        for value in node.output:
+            if not value or value in allowed:
+                continue
+            if graph.is_graph_output(value):
+                return f"interior value {value!r} of {_node_label(node)} is a graph output"
+            for user in graph.uses(value):
+                if id(user) not in inside:
+                    return (f"interior value {value!r} of {_node_label(node)} is also used by "
+                            f"{_node_label(user)}")
+    return None
+
+
+def exported_values(match: Match, rule: Rule) -> set[str]:
+    """Values the fused node will produce besides the root: bound values or bound nodes' outputs."""
+    values = {match.values[name] for name in rule.exports if name in match.values}
+    values |= {match.nodes[name].output[0] for name in rule.exports if name in match.nodes}
+    return values
+
+
+def _reads_interior(match: Match, replacement: Replacement, root_value: str, rule: Rule) -> str | None:
+    """Guard against a rule wiring a value computed inside the match into the fused node."""
+    produced = {out for node in replacement.nodes for out in node.output}
+    interior = {out for node in match.covered for out in node.output if out} - produced
+    for node in replacement.nodes:
+        for name in node.input:
+            if name in interior:
+                return f"the fused node would read {name!r}, which is computed inside the match"
+    return None
+
+
+def _try_root(graph: GraphIndex, ctx: RewriteContext, rules: Sequence[Rule],
+              root: onnx.NodeProto, claimed: set[int]):
+    """The first accepted (rule, match, replacement) at ``root``, else the deepest failure."""
+    best: tuple[Rule, Failure] | None = None
+    root_value = root.output[0]
+    for rule in rules:
+        matcher = Matcher(graph)
+        for match in matcher.matches(rule.pattern, root_value):
+            if any(id(node) in claimed for node in match.covered):
+                matcher.fail(match, "overlaps a fusion already made")
+                continue
+            reason = rule.check(ctx, match) or _private_value_leak(graph, match, root_value, rule)
+            if reason:
+                matcher.best_failure = Failure(_CHECK_FAILURE_DEPTH + len(match.covered), reason,
+                                               match.covered)
+                continue
+            replacement = rule.rewrite(ctx, match, root)
+            reason = _reads_interior(match, replacement, root_value, rule)
+            if reason:
+                matcher.best_failure = Failure(_CHECK_FAILURE_DEPTH, reason, match.covered)
+                continue
+            return rule, match, replacement, None
+        failure = matcher.best_failure
+        if failure and (best is None or failure.depth > best[1].depth):
+            best = (rule, failure)
+    return None, None, None, best
+
+
+def run_pass(model: onnx.ModelProto, rules: Sequence[Rule], base_dir: Path | None) -> PassResult:
+    """Fuse every match of ``rules`` in ``model.graph`` (in place)."""
+    result = PassResult()
+    if not rules:
+        return result
+    graph = GraphIndex(model, base_dir)
+    ctx = RewriteContext(graph)
+    nodes = list(model.graph.node)
+    claimed: set[int] = set()
+    replacements: dict[int, Replacement] = {}
+    misses: list[NearMiss] = []
+    for root in reversed(nodes):
+        if id(root) in claimed or not root.output or not root.output[0]:
+            continue
+        rule, match, replacement, failure = _try_root(graph, ctx, rules, root, claimed)
+        if rule is not None:
+            claimed.update(id(node) for node in match.covered)
+            replacements[id(root)] = replacement
+            for node in replacement.nodes:
+                result.fusions[node.op_type] += 1
+        elif failure is not None and failure[1].depth >= NEAR_MISS_MIN_DEPTH:
+            misses.append(NearMiss(failure[0].name, _node_label(root), failure[1].reason,
+                                   tuple(n.name for n in failure[1].covered)))
+    if replacements:
+        _apply(model, graph, nodes, claimed, replacements)
+    fused_names = {n.name for n in nodes if id(n) in claimed}
+    # A candidate whose nodes ended up inside another fusion was not really missed.
+    result.near_misses = [m for m in reversed(misses)
+                          if not m.nodes or sum(n in fused_names for n in m.nodes) * 2 < len(m.nodes)]
+    return result
+
+
+def _apply(model: onnx.ModelProto, graph: GraphIndex, nodes: list[onnx.NodeProto],
+           claimed: set[int], replacements: dict[int, Replacement]) -> None:
+    new_nodes: list[onnx.NodeProto] = []
+    positions: list[int] = []
+    for position, node in enumerate(nodes):
+        if id(node) in replacements:
+            for fused in replacements[id(node)].nodes:
+                new_nodes.append(fused)
+                positions.append(position)
+        elif id(node) not in claimed:
+            new_nodes.append(node)
+            positions.append(position)
+    for replacement in replacements.values():
+        model.graph.initializer.extend(replacement.initializers)
+    released = {name for node in nodes if id(node) in claimed for name in node.input if name}
+    ordered = _toposort(new_nodes, positions, model.graph)
+    ordered = _drop_released_constants(model.graph, ordered, released)
+    del model.graph.node[:]
+    model.graph.node.extend(ordered)
+    _drop_stale_value_info(model.graph)
+
+
+def _toposort(nodes: list[onnx.NodeProto], positions: list[int],
+              graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """Stable topological order: ready nodes leave in their original position order."""
+    available = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    producer_of = {out: index for index, node in enumerate(nodes) for out in node.output if out}
+    waiting_on: list[int] = []
+    dependents: dict[int, list[int]] = {}
+    for index, node in enumerate(nodes):
+        deps = {producer_of[name] for name in _node_reads(node)
+                if name not in available and name in producer_of}
+        waiting_on.append(len(deps))
+        for dep in deps:
+            dependents.setdefault(dep, []).append(index)
+    ready = [(positions[i], i) for i, count in enumerate(waiting_on) if count == 0]
+    heapq.heapify(ready)
+    ordered: list[onnx.NodeProto] = []
+    while ready:
+        _, index = heapq.heappop(ready)
+        ordered.append(nodes[index])
+        for dependent in dependents.get(index, []):
+            waiting_on[dependent] -= 1
+            if waiting_on[dependent] == 0:
+                heapq.heappush(ready, (positions[dependent], dependent))
+    if len(ordered) != len(nodes):
+        raise RuntimeError("otfuse produced a cyclic graph; this is a bug in a rule")
+    return ordered
+
+
+def _node_reads(node: onnx.NodeProto) -> set[str]:
+    names = {name for name in node.input if name}
+    for attribute in node.attribute:
+        subgraphs = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs
+        for sub in subgraphs:
+            for inner in sub.node:
+                names |= _node_reads(inner)
+    return names
+
+
+def _drop_released_constants(graph: onnx.GraphProto, nodes: list[onnx.NodeProto],
+                             released: set[str]) -> list[onnx.NodeProto]:
+    """Remove initializers and Constant nodes that only the replaced nodes read."""
+    still_read = set().union(*(_node_reads(node) for node in nodes)) if nodes else set()
+    still_read |= {o.name for o in graph.output}
+    dead = released - still_read
+    if not dead:
+        return nodes
+    graph_inputs = {i.name for i in graph.input}
+    keep_inits = [t for t in graph.initializer if t.name not in dead or t.name in graph_inputs]
+    if len(keep_inits) != len(graph.initializer):
+        del graph.initializer[:]
+        graph.initializer.extend(keep_inits)
+    return [n for n in nodes
+            if not (n.op_type == "Constant" and n.domain in ("", "ai.onnx") and n.output[0] in dead)]
+
+
+def _drop_stale_value_info(graph: onnx.GraphProto) -> None:
+    alive = {out for node in graph.node for out in node.output}
+    kept = [info for info in graph.value_info if info.name in alive]
+    if len(kept) != len(graph.value_info):
+        del graph.value_info[:]
+        graph.value_info.extend(kept)

@@ -1,0 +1,281 @@
+"""A small declarative pattern language for ONNX subgraphs, and its backtracking matcher.
+
+A pattern is a tree of values written the way the model computes them::
+
+    x = Var("x")
+    ms = op.ReduceMean(op.Mul(x, x), _bind="reduce")
+    pattern = op.Div(x, op.Sqrt(op.Add(ms, Const("eps"))))
+
+- ``Var(name)`` matches any value; every use of one name must be the same graph value.
+- ``Const(name, where=...)`` matches a constant (initializer or Constant node); ``where`` is a
+  predicate on its numpy value and returns a reason string when the value is not acceptable.
+- ``op.<OpType>(*inputs, _bind=..., attr=expected)`` matches a node; attribute expectations are a
+  literal, ``ANY`` or a predicate. ``Add``/``Mul``/``Max``/``Min``/``Sum`` try both operand orders.
+- ``Either(a, b, ...)`` tries alternatives in order (the first that completes the match wins).
+- Re-using one pattern object at two places means "the same node": the exporter computed it once.
+
+The matcher walks from the pattern's root (the output) towards its inputs and records why each
+candidate failed, keeping the reason from the deepest attempt: that is what the report shows as a
+near miss. Matching never looks at tensor or node names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+
+from otfuse.rewriter.graph import GraphIndex
+
+COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Sum", "And", "Or", "Equal"})
+
+
+class _Any:
+    def __repr__(self) -> str:
+        return "ANY"
+
+
+ANY = _Any()
+
+
+class Pattern:
+    """Base class of pattern values."""
+
+
+@dataclass(eq=False)
+class Var(Pattern):
+    name: str
+
+
+@dataclass(eq=False)
+class Const(Pattern):
+    name: str
+    where: Callable[[np.ndarray], str | None] | None = None
+
+
+@dataclass(eq=False)
+class Op(Pattern):
+    op_type: str
+    inputs: tuple[Pattern, ...]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    bind: str | None = None
+    domain: str = ""
+    output_index: int = 0
+
+
+@dataclass(eq=False)
+class Either(Pattern):
+    alternatives: tuple[Pattern, ...]
+
+    def __init__(self, *alternatives: Pattern):
+        self.alternatives = tuple(alternatives)
+
+
+class _OpBuilder:
+    """``op.Mul(a, b, _bind="scaled")`` builds ``Op("Mul", (a, b), bind="scaled")``."""
+
+    def __getattr__(self, op_type: str) -> Callable[..., Op]:
+        def build(*inputs: Pattern, _bind: str | None = None, _domain: str = "",
+                  _output: int = 0, **attrs: Any) -> Op:
+            return Op(op_type, tuple(inputs), attrs, _bind, _domain, _output)
+
+        return build
+
+
+op = _OpBuilder()
+
+
+def scalar_equal(expected: float, tol: float = 0.0) -> Callable[[np.ndarray], str | None]:
+    """A ``Const.where`` predicate: exactly one element equal to ``expected``."""
+
+    def check(value: np.ndarray) -> str | None:
+        if value.size != 1:
+            return f"expected the scalar {expected}, got shape {list(value.shape)}"
+        got = float(np.asarray(value, dtype=np.float64).reshape(-1)[0])
+        if abs(got - expected) > tol:
+            return f"expected {expected}, got {got}"
+        return None
+
+    return check
+
+
+# -- match state --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Match:
+    """A structural match: bound values and the graph nodes it covers (in match order)."""
+
+    values: dict[str, str]  # Var/Const name -> graph value name
+    nodes: dict[str, onnx.NodeProto]  # _bind name -> graph node
+    covered: tuple[onnx.NodeProto, ...]  # every matched node, each once
+    shared: dict[int, str]  # id(pattern Op) -> graph value it matched (same-node rule)
+
+    def value(self, name: str) -> str:
+        return self.values[name]
+
+    def has(self, name: str) -> bool:
+        return name in self.values or name in self.nodes
+
+    def node(self, name: str) -> onnx.NodeProto:
+        return self.nodes[name]
+
+    def _with(self, **changes: Any) -> "Match":
+        return Match(**{**self.__dict__, **changes})
+
+
+EMPTY_MATCH = Match({}, {}, (), {})
+
+
+@dataclass
+class Failure:
+    depth: int
+    reason: str
+    covered: tuple[onnx.NodeProto, ...]
+
+
+class Matcher:
+    """Enumerates the structural matches of a pattern rooted at one graph value."""
+
+    def __init__(self, graph: GraphIndex):
+        self.graph = graph
+        self.best_failure: Failure | None = None
+
+    def fail(self, state: Match, reason: str) -> None:
+        # Progress = nodes and leaves matched so far; on a tie the later failure has read further.
+        depth = len(state.covered) + len(state.values)
+        if self.best_failure is None or depth >= self.best_failure.depth:
+            self.best_failure = Failure(depth, reason, state.covered)
+
+    def matches(self, pattern: Pattern, value: str) -> Iterator[Match]:
+        yield from self._match(pattern, value, EMPTY_MATCH)
+
+    def _match(self, pattern: Pattern, value: str, state: Match) -> Iterator[Match]:
+        if isinstance(pattern, Var):
+            yield from self._match_var(pattern, value, state)
+        elif isinstance(pattern, Const):
+            yield from self._match_const(pattern, value, state)
+        elif isinstance(pattern, Either):
+            for alternative in pattern.alternatives:
+                yield from self._match(alternative, value, state)
+        elif isinstance(pattern, Op):
+            yield from self._match_op(pattern, value, state)
+        else:  # pragma: no cover - programming error in a pattern
+            raise TypeError(f"not a pattern: {pattern!r}")
+
+    def _bind_value(self, name: str, value: str, state: Match) -> Match | None:
+        bound = state.values.get(name)
+        if bound is None:
+            return state._with(values={**state.values, name: value})
+        return state if bound == value else None
+
+    def _match_var(self, pattern: Var, value: str, state: Match) -> Iterator[Match]:
+        new_state = self._bind_value(pattern.name, value, state)
+        if new_state is None:
+            self.fail(state, f"'{pattern.name}' must be one value, but two different values meet here")
+            return
+        yield new_state
+
+    def _match_const(self, pattern: Const, value: str, state: Match) -> Iterator[Match]:
+        if not self.graph.is_constant(value):
+            self.fail(state, f"'{pattern.name}' is not a constant")
+            return
+        if pattern.where is not None:
+            reason = pattern.where(self.graph.constant_value(value))
+            if reason:
+                self.fail(state, f"'{pattern.name}': {reason}")
+                return
+        new_state = self._bind_value(pattern.name, value, state)
+        if new_state is None:
+            self.fail(state, f"'{pattern.name}' must be one constant, but two differ")
+            return
+        yield new_state
+
+    def _match_op(self, pattern: Op, value: str, state: Match) -> Iterator[Match]:
+        seen = state.shared.get(id(pattern))
+        if seen is not None:
+            if seen == value:
+                yield state
+            else:
+                self.fail(state, f"{pattern.op_type} must be one node used twice, found two nodes")
+            return
+        node = self.graph.producer.get(value)
+        if node is None:
+            self.fail(state, f"expected {pattern.op_type}, found a graph input or constant")
+            return
+        if node.op_type != pattern.op_type or _domain(node) != pattern.domain:
+            self.fail(state, f"expected {pattern.op_type}, found {node.op_type} ({node.name})")
+            return
+        if pattern.output_index >= len(node.output) or node.output[pattern.output_index] != value:
+            self.fail(state, f"{node.op_type} ({node.name}): a different output is used")
+            return
+        reason = _check_attrs(pattern, node)
+        if reason:
+            self.fail(state, f"{node.op_type} ({node.name}): {reason}")
+            return
+        if len(node.input) != len(pattern.inputs):
+            self.fail(state, f"{node.op_type} ({node.name}): has {len(node.input)} inputs, "
+                             f"expected {len(pattern.inputs)}")
+            return
+        covered = state.covered if any(n is node for n in state.covered) else state.covered + (node,)
+        nodes = {**state.nodes, pattern.bind: node} if pattern.bind else state.nodes
+        if pattern.bind and pattern.bind in state.nodes and state.nodes[pattern.bind] is not node:
+            self.fail(state, f"'{pattern.bind}' must be one node, found two")
+            return
+        entered = state._with(covered=covered, nodes=nodes,
+                              shared={**state.shared, id(pattern): value})
+        orders = [tuple(node.input)]
+        if node.op_type in COMMUTATIVE and len(node.input) == 2 and node.input[0] != node.input[1]:
+            orders.append((node.input[1], node.input[0]))
+        for order in orders:
+            yield from self._match_inputs(pattern.inputs, order, entered)
+
+    def _match_inputs(self, patterns: tuple[Pattern, ...], values: tuple[str, ...],
+                      state: Match) -> Iterator[Match]:
+        if not patterns:
+            yield state
+            return
+        head, rest = patterns[0], patterns[1:]
+        if not values[0]:
+            self.fail(state, "an optional input is missing")
+            return
+        for after_head in self._match(head, values[0], state):
+            yield from self._match_inputs(rest, values[1:], after_head)
+
+
+def _domain(node: onnx.NodeProto) -> str:
+    return "" if node.domain == "ai.onnx" else node.domain
+
+
+def _check_attrs(pattern: Op, node: onnx.NodeProto) -> str | None:
+    actual = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    for name, expected in pattern.attrs.items():
+        if expected is ANY:
+            continue
+        got = actual.get(name)
+        if callable(expected):
+            reason = expected(got)
+            if reason:
+                return f"attribute {name}: {reason}"
+        elif got != expected:
+            return f"attribute {name} is {got!r}, expected {expected!r}"
+    return None
+
+
+def attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
+    """An attribute's Python value, or ``default`` when absent."""
+    for attribute in node.attribute:
+        if attribute.name == name:
+            return onnx.helper.get_attribute_value(attribute)
+    return default
+
+
+def attr_is(expected: Any, default: Any = None) -> Callable[[Any], str | None]:
+    """An attribute expectation that treats an absent attribute as ``default``."""
+
+    def check(value: Any) -> str | None:
+        got = default if value is None else value
+        return None if got == expected else f"is {got!r}, expected {expected!r}"
+
+    return check

@@ -1,0 +1,72 @@
+"""A rewrite rule: a pattern, the checks structure alone cannot express, and the replacement."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from otfuse import OP_DOMAIN
+from otfuse.rewriter.graph import GraphIndex
+from otfuse.rewriter.pattern import Match, Pattern
+
+
+@dataclass
+class Replacement:
+    """What a rule puts in place of the matched nodes."""
+
+    nodes: list[onnx.NodeProto]
+    initializers: list[onnx.TensorProto] = field(default_factory=list)
+
+
+class RewriteContext:
+    """What a rule's check and rewrite may use: the graph index and fresh, unique names."""
+
+    def __init__(self, graph: GraphIndex):
+        self.graph = graph
+        self._taken = {n.name for n in graph.graph.node} | set(graph.producer) | set(graph.initializers)
+        self._taken |= graph.graph_inputs
+
+    def unique_name(self, base: str) -> str:
+        name, counter = base, 1
+        while name in self._taken:
+            counter += 1
+            name = f"{base}_{counter}"
+        self._taken.add(name)
+        return name
+
+    def fused_node(self, op_type: str, inputs: Iterable[str], outputs: Iterable[str],
+                   root: onnx.NodeProto, **attributes) -> onnx.NodeProto:
+        """A node in the otfuse domain, named after the node it replaces (for reports and diffs)."""
+        name = self.unique_name(f"{root.name or root.output[0]}/{op_type}")
+        return onnx.helper.make_node(op_type, list(inputs), list(outputs), name=name,
+                                     domain=OP_DOMAIN, **attributes)
+
+    def constant(self, base: str, value: np.ndarray) -> onnx.TensorProto:
+        return numpy_helper.from_array(value, self.unique_name(base))
+
+
+class Rule:
+    """Subclasses set the class attributes and implement ``check`` and ``rewrite``.
+
+    ``exports`` names pattern values that the fused node also outputs, so other nodes may keep
+    using them (e.g. the residual sum of AddRMSNorm); every other interior value must be private.
+    """
+
+    name: str = ""
+    family: str = ""
+    pattern: Pattern
+    exports: tuple[str, ...] = ()
+
+    def check(self, ctx: RewriteContext, match: Match) -> str | None:
+        """Return why this structural match must not be fused, or None to accept it."""
+        return None
+
+    def rewrite(self, ctx: RewriteContext, match: Match, root: onnx.NodeProto) -> Replacement:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<Rule {self.name} ({self.family})>"
