@@ -22,7 +22,8 @@ import onnx
 from otfuse import OP_DOMAIN
 from otfuse.errors import OtfuseError
 from otfuse.feeds import check_feeds, input_specs, load_feeds, make_feeds
-from otfuse.model_io_check import check_external_data, check_same_interface, external_data_files, load_graph_only
+from otfuse.model_io_check import check_same_interface
+from otfuse.rewriter.model_io import LoadedModel, load_model
 from otfuse.session import open_session, run
 
 # docs/ops.md "Numerical tolerances used by otfuse diff": (rtol, atol). Keep the two in sync
@@ -119,7 +120,9 @@ def compare_arrays(name: str, original: np.ndarray, fused: np.ndarray, rtol: flo
         both_nan = np.isnan(o) & np.isnan(f)
         with np.errstate(invalid="ignore", over="ignore"):
             same = (o == f) | both_nan  # covers equal infinities, which a subtraction turns into NaN
-            close = np.abs(f - o) <= atol + rtol * np.abs(o)  # False wherever a NaN is involved
+            err = np.abs(f - o)
+            # Finite errors only: for o=inf, f=-inf the bound atol + rtol*|o| is inf too.
+            close = np.isfinite(err) & (err <= atol + rtol * np.abs(o))
         same = same | close
     mismatches = int(same.size - np.count_nonzero(same))
 
@@ -151,10 +154,8 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 def diff(original, fused, *, inputs=None, dims=None, rtol=None, atol=None, seed=0, per_fusion=False) -> DiffResult:
     """Compare ``fused`` against ``original`` (paths). ``inputs``: an .npz path, a dict of arrays,
     or None to generate them (``dims``, ``seed``; see ``otfuse.feeds``)."""
-    original, fused = Path(original), Path(fused)
-    orig_model, fused_model = load_graph_only(original), load_graph_only(fused)
-    check_external_data(orig_model, original)
-    check_external_data(fused_model, fused)
+    orig_loaded, fused_loaded = load_model(original), load_model(fused)  # weights stay on disk
+    orig_model, fused_model = orig_loaded.model, fused_loaded.model
     check_same_interface(orig_model, fused_model)
 
     specs = input_specs(orig_model)
@@ -170,7 +171,7 @@ def diff(original, fused, *, inputs=None, dims=None, rtol=None, atol=None, seed=
     probes = _fused_tensors(fused_model, orig_model) if per_fusion else []
     extra = [t for _, _, t in probes if t not in output_names]
 
-    with _with_outputs(original, orig_model, extra) as orig_path, _with_outputs(fused, fused_model, extra) as fused_path:
+    with _with_outputs(orig_loaded, extra) as orig_path, _with_outputs(fused_loaded, extra) as fused_path:
         got_orig = _run(orig_path, original, feeds, output_names + extra, baseline=True)
         got_fused = _run(fused_path, fused, feeds, output_names + extra, baseline=False)
 
@@ -198,15 +199,16 @@ def _fused_tensors(fused_model: onnx.ModelProto, orig_model: onnx.ModelProto) ->
 
 
 @contextlib.contextmanager
-def _with_outputs(path: Path, model: onnx.ModelProto, names: list[str]):
-    """Yield a path to ``model`` with ``names`` added as graph outputs: a temporary copy next to
-    ``path`` (so its relative external-data paths resolve), removed afterwards. The caller's
+def _with_outputs(loaded: LoadedModel, names: list[str]):
+    """Yield a path to the model with ``names`` added as graph outputs: a temporary copy next to
+    the original (so its relative external-data paths resolve), removed afterwards. The caller's
     model and files are never modified."""
+    path = loaded.path
     if not names:
         yield path
         return
     copy = onnx.ModelProto()
-    copy.CopyFrom(model)
+    copy.CopyFrom(loaded.model)
     for name in names:
         copy.graph.output.add().name = name  # no type: ORT infers it from the producing node
     data = copy.SerializeToString()  # weights stay external: this proto was loaded without them
@@ -214,12 +216,14 @@ def _with_outputs(path: Path, model: onnx.ModelProto, names: list[str]):
     try:
         tmp.write_bytes(data)
     except OSError as e:
-        if external_data_files(model):
+        if loaded.external_files:
             raise OtfuseError(
                 f"--per-fusion needs a temporary copy of {path.name} in {path.parent} (its external data is "
                 f"found relative to it), which is not writable: {e.strerror or e}"
             ) from None
-        tmp = Path(tempfile.mkstemp(suffix=".onnx", prefix="otfuse-diff-")[1])
+        fd, name = tempfile.mkstemp(suffix=".onnx", prefix="otfuse-diff-")
+        os.close(fd)
+        tmp = Path(name)
         tmp.write_bytes(data)
     try:
         yield tmp

@@ -49,7 +49,8 @@ import numpy as np
 import onnx
 
 from otfuse.errors import OtfuseError
-from otfuse.model_io_check import graph_inputs, load_graph_only
+from otfuse.model_io_check import graph_inputs
+from otfuse.rewriter.model_io import load_model
 
 DEFAULT_BATCH = 1
 DEFAULT_SEQ = 16
@@ -97,7 +98,7 @@ def parse_dims(text: str | None) -> dict[str, int]:
 
 def input_specs(model: onnx.ModelProto | str | os.PathLike) -> list[InputSpec]:
     if not isinstance(model, onnx.ModelProto):
-        model = load_graph_only(model)
+        model = load_model(model).model
     specs = []
     for vi in graph_inputs(model):
         t = vi.type.tensor_type
@@ -244,7 +245,7 @@ def make_feeds(
 ) -> dict[str, np.ndarray]:
     """Generated inputs for every graph input (see the module docstring for the rules)."""
     if not isinstance(model, onnx.ModelProto):
-        model = load_graph_only(model)
+        model = load_model(model).model
     specs = input_specs(model)
     resolver = DimResolver(dims, has_past=any(_is_past_input(s) for s in specs))
     shapes = {s.name: tuple(resolver.size(d, spec=s, axis=i) for i, d in enumerate(s.shape)) for s in specs}
