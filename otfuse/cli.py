@@ -1,0 +1,306 @@
+"""The ``otfuse`` command line: ``otfuse MODEL -o OUT`` fuses; ``diff`` and ``info`` are subcommands.
+
+Exit codes: 0 success, 1 ``diff``/``--verify`` found outputs outside tolerance, 2 a problem with
+the input or the command line (one line on stderr: ``otfuse: error: ...``), 3 an internal error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from otfuse import __version__
+from otfuse.errors import NothingToFuse, OtfuseError
+
+EXIT_MISMATCH = 1
+EXIT_USAGE = 2
+EXIT_INTERNAL = 3
+
+
+def _families() -> list[str]:
+    try:
+        from otfuse.patterns import FAMILIES
+
+        return list(FAMILIES)
+    except Exception:  # patterns not importable: --help must still work; fuse will report it
+        return ["norm", "rope", "attention", "norm_linear"]
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _debug() -> bool:
+    return os.environ.get("OTFUSE_DEBUG", "") not in ("", "0")
+
+
+class OtfuseGroup(click.Group):
+    """A group whose default command is ``fuse`` and whose errors are single lines.
+
+    ``otfuse model.onnx -o out.onnx`` is routed to ``otfuse fuse model.onnx -o out.onnx``: any
+    first argument that is neither a subcommand nor a group option (--help, --version) starts a
+    ``fuse`` command line.
+    """
+
+    default_command = "fuse"
+
+    def parse_args(self, ctx, args):
+        if not args:
+            click.echo(ctx.get_help())
+            ctx.exit(0)
+        if args[0] not in self.commands and args[0] not in (*ctx.help_option_names, "--version"):
+            args = [self.default_command, *args]
+        return super().parse_args(ctx, args)
+
+    def format_options(self, ctx, formatter):
+        # The default command's options belong on the front page: most runs use only them.
+        super().format_options(ctx, formatter)
+        fuse_ctx = click.Context(self.commands[self.default_command], info_name=self.default_command, parent=ctx)
+        rows = [p.get_help_record(fuse_ctx) for p in fuse_ctx.command.get_params(fuse_ctx)]
+        with formatter.section("Fuse options (otfuse MODEL ...)"):
+            formatter.write_dl([r for r in rows if r and not r[0].startswith("-h")])
+
+    def main(self, args=None, prog_name="otfuse", **extra):
+        extra.pop("standalone_mode", None)  # we always handle errors ourselves (CliRunner passes it)
+        try:
+            rv = super().main(args, prog_name=prog_name, standalone_mode=False, **extra)
+            code = rv if isinstance(rv, int) else 0
+        except click.exceptions.Exit as e:
+            code = e.exit_code
+        except click.ClickException as e:
+            code = _error(e.format_message() + _usage_hint(e), EXIT_USAGE)
+        except click.Abort:
+            code = _error("interrupted", 130)
+        except OtfuseError as e:
+            if _debug():
+                traceback.print_exc()
+            code = _error(str(e), EXIT_USAGE)
+        except Exception as e:
+            if _debug():
+                traceback.print_exc()
+            msg = f"{type(e).__name__}: {_one_line(e)} (run with OTFUSE_DEBUG=1 for a traceback)"
+            print(f"otfuse: internal error: {_one_line(msg)}", file=sys.stderr)
+            code = EXIT_INTERNAL
+        sys.stdout.flush()
+        sys.exit(code)
+
+
+def _error(message: str, code: int) -> int:
+    print(f"otfuse: error: {_one_line(message)}", file=sys.stderr)
+    return code
+
+
+def _usage_hint(e: click.ClickException) -> str:
+    ctx = getattr(e, "ctx", None)
+    if isinstance(e, click.UsageError) and ctx is not None:
+        return f" (see '{ctx.command_path} --help')"
+    return ""
+
+
+def _console() -> Console:
+    # Pipes and CI logs get a wide fixed width so tensor names are not folded.
+    width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", 120))
+    return Console(width=width, highlight=False)
+
+
+def _split_families(ctx, param, values) -> list[str] | None:
+    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
+    known = _families()
+    for name in names:
+        if name not in known:
+            raise click.BadParameter(f"unknown family '{name}' (choose from {', '.join(known)})", ctx, param)
+    return names or None
+
+
+def _dims_option(f):
+    f = click.option("--seed", type=int, default=0, show_default=True, help="Seed for generated inputs.")(f)
+    return click.option("--dims", metavar="NAME=INT,...",
+                        help="Sizes for symbolic input dims, e.g. batch=2,seq=64 (defaults: batch=1, seq=16, others 1).")(f)
+
+
+@click.group(
+    cls=OtfuseGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog="""\b
+Examples:
+  otfuse model.onnx -o model_fused.onnx            fuse everything fusible
+  otfuse model.onnx -o out.onnx --only norm        fuse only normalisations
+  otfuse model.onnx -o out.onnx --verify           fuse, then check outputs match
+  otfuse model.onnx                                dry run: report what would be fused
+  otfuse diff model.onnx out.onnx --dims batch=2,seq=64 --per-fusion
+  otfuse info
+
+Run a fused model with otfuse.InferenceSession (Python), which registers the custom-op library.
+Exit codes: 0 ok, 1 outputs outside tolerance, 2 bad input or usage, 3 internal error.""",
+)
+@click.version_option(__version__, "--version", prog_name="otfuse", message="%(prog)s %(version)s")
+def cli():
+    """Fuse transformer subgraphs of an exported ONNX model into otfuse custom ops.
+
+    'otfuse MODEL -o OUT' is short for 'otfuse fuse MODEL -o OUT'; its options are listed below.
+    Check the result with 'otfuse diff', which runs both models on the same inputs.
+    """
+
+
+@cli.command("fuse")
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path),
+              help="Where to write the fused model (atomically; external data is kept beside it). "
+                   "Without -o nothing is written: a dry run that reports what would be fused.")
+@click.option("--report", type=click.Path(path_type=Path), help="Write the fuse report (counts, near misses) as JSON.")
+@click.option("--only", multiple=True, callback=_split_families, metavar="FAMILY",
+              help=f"Fuse only these pattern families (repeatable or comma-separated): {', '.join(_families())}.")
+@click.option("--skip", multiple=True, callback=_split_families, metavar="FAMILY", help="Do not fuse these families.")
+@click.option("--verify", is_flag=True, help="After fusing, compare the fused model with the original (as 'otfuse diff').")
+@_dims_option
+@click.option("-v", "--verbose", is_flag=True, help="List the near misses.")
+def fuse_command(model, output, report, only, skip, verify, dims, seed, verbose):
+    """Fuse MODEL and write the result to OUT (-o)."""
+    from otfuse.feeds import parse_dims
+    from otfuse.pipeline import fuse
+
+    if verify and output is None:
+        raise click.UsageError("--verify needs -o OUT (the model to verify)")
+    dims = parse_dims(dims)  # before fusing: a typo should not cost a whole fuse
+    console = _console()
+    try:
+        result = fuse(model, output, only=only, skip=skip, report_path=report)
+    except NothingToFuse as e:
+        if getattr(e, "report", None) is not None:  # show the near misses that explain why
+            _print_fuse_report(console, model, e.report, verbose)
+        raise
+    _print_fuse_report(console, model, result, verbose)
+    if not verify:
+        return 0
+    from otfuse.compare import diff
+
+    outcome = diff(model, output, dims=dims, seed=seed)
+    _print_diff(console, outcome)
+    return 0 if outcome.ok else EXIT_MISMATCH
+
+
+def _print_fuse_report(console: Console, model: Path, report, verbose: bool) -> None:
+    target = report.output_path or "(dry run: nothing written; pass -o OUT)"
+    table = Table(title=f"{model} -> {target}", title_justify="left")
+    table.add_column("fused op")
+    table.add_column("count", justify="right")
+    for op_type, count in sorted(report.fusions.items(), key=lambda kv: (-kv[1], kv[0])):
+        table.add_row(op_type, str(count))
+    table.add_section()
+    table.add_row("total", str(sum(report.fusions.values())))
+    console.print(table)
+    misses = len(report.near_misses)
+    hint = "" if verbose or not misses else " (-v lists them)"
+    console.print(f"nodes {report.nodes_before} -> {report.nodes_after}, {report.seconds:.2f} s, "
+                  f"{misses} near miss{'es' if misses != 1 else ''}{hint}")
+    if verbose:
+        for miss in report.near_misses:
+            console.print(f"  near miss: {miss.get('pattern')} at {miss.get('location')}: {miss.get('reason')}")
+
+
+@cli.command("diff")
+@click.argument("original", type=click.Path(path_type=Path))
+@click.argument("fused", type=click.Path(path_type=Path))
+@click.option("--inputs", type=click.Path(path_type=Path), help="Inputs as .npz (one array per graph input); default: generated.")
+@_dims_option
+@click.option("--rtol", type=float, help="Relative tolerance for every output (default: per dtype, docs/ops.md).")
+@click.option("--atol", type=float, help="Absolute tolerance for every output (default: per dtype).")
+@click.option("--per-fusion", is_flag=True, help="Also compare every fused node's outputs and name the first that diverges.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the result as JSON.")
+def diff_command(original, fused, inputs, dims, seed, rtol, atol, per_fusion, json_path):
+    """Run ORIGINAL (ORT optimisations off) and FUSED on the same inputs and compare the outputs.
+
+    An element passes when |fused - original| <= atol + rtol * |original|. Exit 0 when every
+    output is within tolerance, 1 when one is not.
+    """
+    from otfuse.compare import diff
+    from otfuse.feeds import parse_dims
+
+    if json_path is not None and not json_path.parent.is_dir():
+        raise OtfuseError(f"--json {json_path}: directory {json_path.parent} does not exist")
+    outcome = diff(original, fused, inputs=inputs, dims=parse_dims(dims), rtol=rtol, atol=atol,
+                   seed=seed, per_fusion=per_fusion)
+    _print_diff(_console(), outcome, per_fusion=per_fusion)
+    if json_path is not None:
+        _write_json(json_path, outcome.to_dict())
+    return 0 if outcome.ok else EXIT_MISMATCH
+
+
+def _diff_table(title: str, rows, with_node: bool) -> Table:
+    table = Table(title=title, title_justify="left")
+    if with_node:
+        table.add_column("fused node")
+        table.add_column("op")
+    for name in ("tensor" if with_node else "output", "dtype", "shape"):
+        table.add_column(name)
+    for name in ("max abs", "max rel", "cosine", "rtol / atol", "bad elems"):
+        table.add_column(name, justify="right")
+    table.add_column("result")
+    for r in rows:
+        cells = [r.name, r.dtype, "x".join(map(str, r.shape)) or "scalar", f"{r.max_abs:.3g}", f"{r.max_rel:.3g}",
+                 f"{r.cosine:.6f}", f"{r.rtol:g} / {r.atol:g}", f"{r.mismatches}/{r.size}",
+                 "[green]PASS[/]" if r.ok else "[bold red]FAIL[/]"]
+        table.add_row(*([r.node, r.op_type] if with_node else []), *cells)
+    return table
+
+
+def _print_diff(console: Console, outcome, per_fusion: bool = False) -> None:
+    console.print(_diff_table("outputs (original vs fused)", outcome.outputs, with_node=False))
+    for r in outcome.outputs:
+        if r.note:
+            console.print(f"  {r.name}: {r.note}")
+    if per_fusion:
+        if outcome.fusions:
+            console.print(_diff_table("fused nodes, in graph order", outcome.fusions, with_node=True))
+        else:
+            console.print("no otfuse nodes whose outputs the original also computes")
+        first = outcome.first_divergence
+        if first is not None:
+            console.print(f"first divergence: node '{first.node}' ({first.op_type}), tensor '{first.name}'")
+    if outcome.ok:
+        console.print(f"PASS: all {len(outcome.outputs)} output(s) within tolerance")
+    else:
+        console.print(f"FAIL: outside tolerance: {', '.join(outcome.failing_outputs)}")
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OtfuseError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+@cli.command("info")
+def info_command():
+    """Show versions and whether the custom-op library loads."""
+    import onnx
+    import onnxruntime
+
+    from otfuse.session import library_status
+
+    path, loads, message = library_status()
+    console = _console()
+    console.print(f"otfuse       {__version__}")
+    console.print(f"python       {sys.version.split()[0]}")
+    console.print(f"onnx         {onnx.__version__}")
+    console.print(f"onnxruntime  {onnxruntime.__version__} ({', '.join(onnxruntime.get_available_providers())})")
+    console.print(f"library      {path or 'not found'}")
+    console.print(f"loads        {'yes' if loads else 'no'}{'' if loads else ': ' + message}")
+
+
+def main(args=None):
+    cli.main(args, prog_name="otfuse")
+
+
+if __name__ == "__main__":
+    main()
