@@ -188,7 +188,8 @@ def fuse_command(model, output, report, only, skip, verify, dims, seed, verbose)
 
 def _print_fuse_report(console: Console, model: Path, report, verbose: bool) -> None:
     target = report.output_path or "(dry run: nothing written; pass -o OUT)"
-    table = Table(title=f"{model} -> {target}", title_justify="left")
+    console.print(f"{model} -> {target}", soft_wrap=True)
+    table = Table()
     table.add_column("fused op")
     table.add_column("count", justify="right")
     for op_type, count in sorted(report.fusions.items(), key=lambda kv: (-kv[1], kv[0])):
