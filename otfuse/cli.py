@@ -262,6 +262,8 @@ def _print_diff(console: Console, outcome, per_fusion: bool = False) -> None:
             console.print(_diff_table("fused nodes, in graph order", outcome.fusions, with_node=True))
         else:
             console.print("no otfuse nodes whose outputs the original also computes")
+        if outcome.unmatched:
+            console.print(f"not compared (the original has no tensor of that name): {', '.join(outcome.unmatched)}")
         first = outcome.first_divergence
         if first is not None:
             console.print(f"first divergence: node '{first.node}' ({first.op_type}), tensor '{first.name}'")

@@ -66,6 +66,8 @@ class DiffResult:
     fusions: list[TensorDiff] = field(default_factory=list)
     inputs: dict[str, str] = field(default_factory=dict)  # name -> "float32[1,16]"
     seed: int = 0
+    # Outputs of fused nodes the original does not compute under that name (not compared).
+    unmatched: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -89,6 +91,7 @@ class DiffResult:
             "outputs": [row.to_dict() for row in self.outputs],
             "fusions": [row.to_dict() for row in self.fusions],
             "first_divergence": first.to_dict() if first else None,
+            "unmatched": self.unmatched,
         }
 
 
@@ -168,7 +171,7 @@ def diff(original, fused, *, inputs=None, dims=None, rtol=None, atol=None, seed=
     described = {k: f"{np.dtype(v.dtype).name}{list(v.shape)}" for k, v in feeds.items()}
 
     output_names = [o.name for o in orig_model.graph.output]
-    probes = _fused_tensors(fused_model, orig_model) if per_fusion else []
+    probes, unmatched = _fused_tensors(fused_model, orig_model) if per_fusion else ([], [])
     extra = [t for _, _, t in probes if t not in output_names]
 
     with _with_outputs(orig_loaded, extra) as orig_path, _with_outputs(fused_loaded, extra) as fused_path:
@@ -181,21 +184,23 @@ def diff(original, fused, *, inputs=None, dims=None, rtol=None, atol=None, seed=
 
     outputs = [row(name) for name in output_names]
     fusions = [row(tensor, node=node, op_type=op) for node, op, tensor in probes]
-    return DiffResult(outputs=outputs, fusions=fusions, inputs=described, seed=seed)
+    return DiffResult(outputs=outputs, fusions=fusions, inputs=described, seed=seed, unmatched=unmatched)
 
 
-def _fused_tensors(fused_model: onnx.ModelProto, orig_model: onnx.ModelProto) -> list[tuple[str, str, str]]:
-    """(node name, op type, tensor) for each output of each otfuse node, in graph order, that the
-    original also computes (fused nodes keep the original tensor names)."""
+def _fused_tensors(fused_model: onnx.ModelProto, orig_model: onnx.ModelProto):
+    """([(node name, op type, tensor)], [unmatched tensor]) for the outputs of the otfuse nodes, in
+    graph order. Fused nodes keep the original tensor names, so normally nothing is unmatched."""
     in_original = {t for n in orig_model.graph.node for t in n.output}
-    probes = []
+    probes, unmatched = [], []
     for i, node in enumerate(fused_model.graph.node):
         if node.domain != OP_DOMAIN:
             continue
         for tensor in node.output:
             if tensor and tensor in in_original:
                 probes.append((node.name or f"#{i}", node.op_type, tensor))
-    return probes
+            elif tensor:
+                unmatched.append(tensor)
+    return probes, unmatched
 
 
 @contextlib.contextmanager
@@ -232,7 +237,7 @@ def _with_outputs(loaded: LoadedModel, names: list[str]):
 
 
 def _run(path: Path, shown_as: Path, feeds, output_names, *, baseline: bool) -> dict[str, np.ndarray]:
-    session = open_session(path, baseline=baseline)
+    session = open_session(path, baseline=baseline, shown_as=shown_as)
     try:
         return run(session, feeds, output_names)
     except OtfuseError:

@@ -102,8 +102,8 @@ def input_specs(model: onnx.ModelProto | str | os.PathLike) -> list[InputSpec]:
     specs = []
     for vi in graph_inputs(model):
         t = vi.type.tensor_type
-        if not vi.type.HasField("tensor_type"):
-            raise OtfuseError(f"input '{vi.name}' is not a tensor; otfuse cannot generate it (pass --inputs)")
+        if not vi.type.HasField("tensor_type") or not t.elem_type:
+            raise OtfuseError(f"input '{vi.name}' is not a typed tensor; otfuse cannot generate it (pass --inputs)")
         shape = tuple(
             d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim
         )

@@ -101,15 +101,16 @@ def baseline_session(path_or_bytes, providers=None) -> InferenceSession:
     return InferenceSession(path_or_bytes, sess_options=baseline_options(), providers=providers)
 
 
-def open_session(path: str | os.PathLike, *, baseline: bool = False, providers=None) -> InferenceSession:
-    """Open ``path`` for running; any failure is a one-line OtfuseError naming the file."""
+def open_session(path: str | os.PathLike, *, baseline: bool = False, providers=None, shown_as=None) -> InferenceSession:
+    """Open ``path`` for running; any failure is a one-line OtfuseError naming the file
+    (``shown_as`` when ``path`` is a temporary copy)."""
     options = baseline_options() if baseline else None
     try:
         return InferenceSession(str(path), sess_options=options, providers=providers)
     except OtfuseError:
         raise
     except Exception as e:
-        raise ModelLoadError(f"{path}: ONNX Runtime cannot load it: {_ort_message(e)}") from None
+        raise ModelLoadError(f"{shown_as or path}: ONNX Runtime cannot load it: {_ort_message(e)}") from None
 
 
 def run(session: ort.InferenceSession, feeds: dict[str, np.ndarray], output_names=None) -> dict[str, np.ndarray]:
