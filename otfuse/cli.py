@@ -106,7 +106,8 @@ def _usage_hint(e: click.ClickException) -> str:
 
 def _console() -> Console:
     # Pipes and CI logs get a wide fixed width so tensor names are not folded.
-    width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", 120))
+    columns = os.environ.get("COLUMNS", "")
+    width = None if sys.stdout.isatty() else int(columns) if columns.isdigit() else 120
     return Console(width=width, highlight=False)
 
 
@@ -234,32 +235,47 @@ def diff_command(original, fused, inputs, dims, seed, rtol, atol, per_fusion, js
     return 0 if outcome.ok else EXIT_MISMATCH
 
 
-def _diff_table(title: str, rows, with_node: bool) -> Table:
-    table = Table(title=title, title_justify="left")
-    if with_node:
-        table.add_column("fused node")
-        table.add_column("op")
-    for name in ("tensor" if with_node else "output", "dtype", "shape"):
-        table.add_column(name)
+def _result(row) -> str:
+    return "[green]PASS[/]" if row.ok else "[bold red]FAIL[/]"
+
+
+def _outputs_table(rows) -> Table:
+    table = Table(title="outputs (original vs fused)", title_justify="left")
+    table.add_column("output", overflow="fold")  # never truncate a tensor name
+    table.add_column("dtype")
+    table.add_column("shape")
     for name in ("max abs", "max rel", "cosine", "rtol / atol", "bad elems"):
-        table.add_column(name, justify="right")
+        table.add_column(name, justify="right", no_wrap=True)
     table.add_column("result")
     for r in rows:
-        cells = [r.name, r.dtype, "x".join(map(str, r.shape)) or "scalar", f"{r.max_abs:.3g}", f"{r.max_rel:.3g}",
-                 f"{r.cosine:.6f}", f"{r.rtol:g} / {r.atol:g}", f"{r.mismatches}/{r.size}",
-                 "[green]PASS[/]" if r.ok else "[bold red]FAIL[/]"]
-        table.add_row(*([r.node, r.op_type] if with_node else []), *cells)
+        table.add_row(r.name, r.dtype, "x".join(map(str, r.shape)) or "scalar", f"{r.max_abs:.3g}",
+                      f"{r.max_rel:.3g}", f"{r.cosine:.6f}", f"{r.rtol:g} / {r.atol:g}",
+                      f"{r.mismatches}/{r.size}", _result(r))
+    return table
+
+
+def _fusions_table(rows) -> Table:
+    # Lean: node names are long and the tolerances are those of the outputs table.
+    table = Table(title="fused nodes, in graph order", title_justify="left")
+    for name in ("fused node", "op", "tensor"):
+        table.add_column(name, overflow="fold")
+    for name in ("max abs", "max rel", "bad elems"):
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("result")
+    for r in rows:
+        table.add_row(r.node, r.op_type, r.name, f"{r.max_abs:.3g}", f"{r.max_rel:.3g}",
+                      f"{r.mismatches}/{r.size}", _result(r))
     return table
 
 
 def _print_diff(console: Console, outcome, per_fusion: bool = False) -> None:
-    console.print(_diff_table("outputs (original vs fused)", outcome.outputs, with_node=False))
+    console.print(_outputs_table(outcome.outputs))
     for r in outcome.outputs:
         if r.note:
             console.print(f"  {r.name}: {r.note}")
     if per_fusion:
         if outcome.fusions:
-            console.print(_diff_table("fused nodes, in graph order", outcome.fusions, with_node=True))
+            console.print(_fusions_table(outcome.fusions))
         else:
             console.print("no otfuse nodes whose outputs the original also computes")
         if outcome.unmatched:

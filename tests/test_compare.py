@@ -193,6 +193,15 @@ def test_per_fusion_on_a_really_fused_norm(tmp_path):
     assert result.fusions and result.fusions[0].op_type == "RMSNorm"
     assert result.first_divergence is None
 
+    fused = onnx.load(tmp_path / "m_fused.onnx")
+    node = next(n for n in fused.graph.node if n.op_type == "RMSNorm")
+    scale = next(t for t in fused.graph.initializer if t.name == node.input[1])
+    scale.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(scale) * 1.5, scale.name))
+    save(fused, tmp_path / "m_broken.onnx")
+    result = diff(src, tmp_path / "m_broken.onnx", per_fusion=True)
+    assert not result.ok
+    assert (result.first_divergence.node, result.first_divergence.op_type) == (node.name, "RMSNorm")
+
 
 # --- feeds -------------------------------------------------------------------------------------
 
