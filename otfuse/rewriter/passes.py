@@ -2,7 +2,7 @@
 
 One pass runs one family's rules over a fresh index of the graph. Roots are visited from the
 graph's outputs backwards, so the largest match (the one that absorbs trailing Casts, a residual
-Add, ...) claims its nodes first; rules are tried in their listed order at each root. A node
+Add, ...) claims its nodes first; at one root the accepted match covering most nodes wins. A node
 belongs to at most one fusion per pass. After the pass the graph is topologically re-sorted and
 the constants that only the fused nodes used are dropped.
 """
@@ -85,12 +85,17 @@ def _reads_interior(match: Match, replacement: Replacement, root_value: str, rul
 
 def _try_root(graph: GraphIndex, ctx: RewriteContext, rules: Sequence[Rule],
               root: onnx.NodeProto, claimed: set[int]):
-    """The first accepted (rule, match, replacement) at ``root``, else the deepest failure."""
-    best: tuple[Rule, Failure] | None = None
+    """The accepted (rule, match, replacement) at ``root`` that covers the most nodes (earlier
+    rules win ties), else the deepest failure. Taking the largest match matters when a smaller
+    rule also fits: a LayerNorm without bias contains an exact RMSNorm of ``x - mean``."""
+    best_failure: tuple[Rule, Failure] | None = None
+    accepted = None
     root_value = root.output[0]
     for rule in rules:
         matcher = Matcher(graph)
         for match in matcher.matches(rule.pattern, root_value):
+            if accepted is not None and len(match.covered) <= len(accepted[1].covered):
+                break  # cannot beat what we have
             if any(id(node) in claimed for node in match.covered):
                 matcher.fail(match, "overlaps a fusion already made")
                 continue
@@ -104,11 +109,14 @@ def _try_root(graph: GraphIndex, ctx: RewriteContext, rules: Sequence[Rule],
             if reason:
                 matcher.best_failure = Failure(_CHECK_FAILURE_DEPTH, reason, match.covered)
                 continue
-            return rule, match, replacement, None
+            accepted = (rule, match, replacement)
+            break
         failure = matcher.best_failure
-        if failure and (best is None or failure.depth > best[1].depth):
-            best = (rule, failure)
-    return None, None, None, best
+        if failure and (best_failure is None or failure.depth > best_failure[1].depth):
+            best_failure = (rule, failure)
+    if accepted is not None:
+        return (*accepted, None)
+    return None, None, None, best_failure
 
 
 def run_pass(model: onnx.ModelProto, rules: Sequence[Rule], base_dir: Path | None) -> PassResult:
