@@ -53,7 +53,7 @@ function(_otfuse_fetch_from_maven dest ok_var)
             "-Dartifact=com.microsoft.onnxruntime:onnxruntime-android:${OTFUSE_ORT_MAVEN_VERSION}:aar"
             "-DoutputDirectory=${work}"
     WORKING_DIRECTORY "${work}"
-    RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET TIMEOUT 600)
+    RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET TIMEOUT 180)
   file(GLOB aar "${work}/*.aar")
   if(NOT rc EQUAL 0 OR NOT aar)
     message(STATUS "otfuse: Maven did not serve the AAR")
