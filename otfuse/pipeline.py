@@ -13,9 +13,9 @@ from pathlib import Path
 import onnx
 
 from otfuse import OP_DOMAIN, OP_DOMAIN_VERSION, __version__
-from otfuse.errors import NothingToFuse, OtfuseError, OutputWriteError
+from otfuse.errors import ModelLoadError, NothingToFuse, OtfuseError, OutputWriteError
 from otfuse.patterns import FAMILIES, select_families
-from otfuse.rewriter.model_io import load_model, save_model
+from otfuse.rewriter.model_io import check_model, load_model, save_model
 from otfuse.rewriter.passes import run_pass
 
 
@@ -65,7 +65,7 @@ def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = 
 
     if fusions:
         _import_otfuse_domain(model)
-        _validate(model)
+        _validate(model, loaded.base_dir)
     report = FuseReport(
         input_path=str(model_path),
         output_path=str(output_path) if output_path is not None else None,
@@ -96,11 +96,11 @@ def _import_otfuse_domain(model: onnx.ModelProto) -> None:
         model.metadata_props.append(onnx.StringStringEntryProto(key="otfuse.version", value=__version__))
 
 
-def _validate(model: onnx.ModelProto) -> None:
+def _validate(model: onnx.ModelProto, base_dir: Path) -> None:
     """A rewrite that produces an invalid model is our bug: refuse to write it."""
     try:
-        onnx.checker.check_model(model)
-    except onnx.checker.ValidationError as exc:
+        check_model(model, base_dir)  # external data resolves against the model's folder, not the cwd
+    except (onnx.checker.ValidationError, ModelLoadError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
         raise OtfuseError(f"internal error: the fused model fails onnx.checker ({first_line}); "
                           "nothing was written") from None

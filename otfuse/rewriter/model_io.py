@@ -84,6 +84,33 @@ def _check_external_data(model: onnx.ModelProto, base_dir: Path) -> set[str]:
     return set(sizes)
 
 
+def check_model(model: onnx.ModelProto, base_dir: Path) -> None:
+    """``onnx.checker`` on an in-memory model whose external tensors live in ``base_dir``.
+
+    Given a proto, the checker looks for external data files relative to the current directory,
+    so a model loaded from elsewhere fails it. It checks a copy instead in which each external
+    initializer is described as a typed graph input; the references themselves (file present,
+    offset + length inside it) are checked against ``base_dir`` as at load time. No weight bytes
+    are read. Raises ``onnx.checker.ValidationError`` or ``ModelLoadError``.
+    """
+    external = [t for t in model.graph.initializer if is_external(t)]
+    if not external:
+        onnx.checker.check_model(model)
+        return
+    _check_external_data(model, base_dir)
+    checkable = onnx.ModelProto()
+    checkable.CopyFrom(model)
+    kept = [t for t in checkable.graph.initializer if not is_external(t)]
+    del checkable.graph.initializer[:]
+    checkable.graph.initializer.extend(kept)
+    declared = {i.name for i in model.graph.input}
+    checkable.graph.input.extend(
+        onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+        for t in external if t.name not in declared
+    )
+    onnx.checker.check_model(checkable)
+
+
 def load_model(path: str | os.PathLike) -> LoadedModel:
     """Parse ``path`` without loading external data; raise ModelLoadError with one clear line."""
     path = Path(path)
