@@ -159,10 +159,13 @@ def cli():
 @click.option("--only", multiple=True, callback=_split_families, metavar="FAMILY",
               help=f"Fuse only these pattern families (repeatable or comma-separated): {', '.join(_families())}.")
 @click.option("--skip", multiple=True, callback=_split_families, metavar="FAMILY", help="Do not fuse these families.")
+@click.option("--data", "data_mode", type=click.Choice(["copy", "link"]), default="copy", show_default=True,
+              help="External data for an output in another folder: copy it (reflink or sparse copy) or "
+                   "hard-link it (instant; onnx.load then refuses both models while the link exists).")
 @click.option("--verify", is_flag=True, help="After fusing, compare the fused model with the original (as 'otfuse diff').")
 @_dims_option
 @click.option("-v", "--verbose", is_flag=True, help="List the near misses.")
-def fuse_command(model, output, report, only, skip, verify, dims, seed, verbose):
+def fuse_command(model, output, report, only, skip, data_mode, verify, dims, seed, verbose):
     """Fuse MODEL and write the result to OUT (-o)."""
     from otfuse.feeds import parse_dims
     from otfuse.pipeline import fuse
@@ -172,7 +175,7 @@ def fuse_command(model, output, report, only, skip, verify, dims, seed, verbose)
     dims = parse_dims(dims)  # before fusing: a typo should not cost a whole fuse
     console = _console()
     try:
-        result = fuse(model, output, only=only, skip=skip, report_path=report)
+        result = fuse(model, output, only=only, skip=skip, report_path=report, data_mode=data_mode)
     except NothingToFuse as e:
         if getattr(e, "report", None) is not None:  # show the near misses that explain why
             _print_fuse_report(console, model, e.report, verbose)

@@ -40,10 +40,12 @@ class FuseReport:
 
 
 def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = None, *,
-         only=None, skip=None, report_path: str | os.PathLike | None = None) -> FuseReport:
+         only=None, skip=None, report_path: str | os.PathLike | None = None,
+         data_mode: str = "copy") -> FuseReport:
     """Fuse the enabled pattern families of ``model_path``; write ``output_path`` atomically.
 
-    Raises ``OtfuseError`` subclasses for bad input. When nothing matched, an unchanged copy is
+    ``data_mode`` says how external data reaches an output in another folder: ``copy``
+    (reflink or sparse copy) or ``link`` (hard link). Raises ``OtfuseError`` subclasses for bad input. When nothing matched, an unchanged copy is
     still written (if an output was asked for) and ``NothingToFuse`` is raised, carrying the
     report as ``.report``.
     """
@@ -77,7 +79,7 @@ def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = 
         near_misses=near_misses,
     )
     if output_path is not None:
-        save_model(loaded, model, output_path)
+        save_model(loaded, model, output_path, data_mode)
     report.seconds = round(time.perf_counter() - start, 4)
     if report_path is not None:
         write_report(report, report_path)

@@ -113,7 +113,7 @@ def external_model(tmp_path):
 
 
 # -- the happy path ------------------------------------------------------------------------------
-def test_fuse_into_another_folder_links_the_data_and_leaves_the_input_alone(tmp_path, external_model):
+def test_fuse_into_another_folder_copies_the_data_and_leaves_the_input_alone(tmp_path, external_model):
     # The cwd is not the model's folder: validation must resolve external data against the model.
     model_path, data_path, values = external_model
     before = snapshot(model_path, data_path)
@@ -125,9 +125,12 @@ def test_fuse_into_another_folder_links_the_data_and_leaves_the_input_alone(tmp_
 
     assert report.fusions == EXPECTED
     assert snapshot(model_path, data_path) == before
-    linked = out_dir / DATA
-    assert linked.is_file()
-    assert os.path.samefile(linked, data_path) or linked.read_bytes() == data_path.read_bytes()
+    copied = out_dir / DATA
+    assert copied.is_file() and not os.path.samefile(copied, data_path)
+    assert copied.read_bytes() == data_path.read_bytes()
+    assert os.stat(data_path).st_nlink == 1  # onnx refuses multiply-linked data: keep the input loadable
+    onnx.load(model_path, load_external_data=True)
+    onnx.load(output, load_external_data=True)
     assert sorted(p.name for p in out_dir.iterdir()) == sorted([DATA, "fused.onnx"])  # no temp files
 
     fused = load_model(output).model  # every reference resolves next to the output
@@ -143,6 +146,14 @@ def test_fuse_into_another_folder_links_the_data_and_leaves_the_input_alone(tmp_
             assert node.input[-1] in {t.name for t in external}
 
 
+def test_link_mode_hard_links_the_data(tmp_path, external_model):
+    model_path, data_path, _ = external_model
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    otfuse.fuse(model_path, out_dir / "fused.onnx", data_mode="link")
+    assert os.path.samefile(out_dir / DATA, data_path)
+
+
 def _library_available() -> bool:
     from otfuse.session import find_library
 
@@ -150,7 +161,7 @@ def _library_available() -> bool:
 
 
 @pytest.mark.skipif(not _library_available(), reason="the otfuse custom-op library is not built")
-def test_ort_runs_the_fused_model_through_the_linked_data(tmp_path, external_model):
+def test_ort_runs_the_fused_model_through_the_copied_data(tmp_path, external_model):
     model_path, _, _ = external_model
     out_dir = tmp_path / "out"
     out_dir.mkdir()

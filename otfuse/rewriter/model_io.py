@@ -2,14 +2,14 @@
 
 Loading reads only the protobuf (initializers stored as external data stay references) and checks
 that every referenced data file exists and is long enough. Saving writes to a temporary file in the
-output directory and renames it into place, so a failure never leaves a half-written model; external
-data files are hard-linked (or copied) next to the output when it lives in another directory.
+output directory and renames it into place, so a failure never leaves a half-written model. An
+output beside the input shares its external data files; elsewhere they are cloned/copied (or
+hard-linked on request) by external_data.py.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +18,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from otfuse.errors import ModelLoadError, OutputWriteError
+from otfuse.rewriter.external_data import place_external_files, remove
 
 _PROTOBUF_LIMIT = 2**31 - 1
 
@@ -134,43 +135,12 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
     return LoadedModel(model=model, path=path, external_files=external_files)
 
 
-def _place_external_files(files: set[str], src_dir: Path, dst_dir: Path) -> list[Path]:
-    """Make each data file reachable from ``dst_dir``: hard link when possible, else copy.
+def save_model(loaded: LoadedModel, model: onnx.ModelProto, output_path: str | os.PathLike,
+               data_mode: str = "copy") -> Path:
+    """Write ``model`` atomically to ``output_path``; external tensors keep their references.
 
-    Returns the paths this call created, so a later failure can remove them again.
-    """
-    created: list[Path] = []
-    if src_dir.resolve() == dst_dir.resolve():
-        return created
-    try:
-        for location in sorted(files):
-            src, dst = src_dir / location, dst_dir / location
-            if dst.exists():
-                if os.path.samefile(src, dst):
-                    continue
-                raise OutputWriteError(
-                    f"{str(dst)!r} already exists and is not the input's external data file; "
-                    "write the fused model to another folder"
-                )
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(src, dst)
-            except OSError:
-                shutil.copyfile(src, dst)
-            created.append(dst)
-    except OSError as exc:
-        for path in created:
-            path.unlink(missing_ok=True)
-        raise OutputWriteError(f"cannot place external data next to the output: {exc}") from None
-    except OutputWriteError:
-        for path in created:
-            path.unlink(missing_ok=True)
-        raise
-    return created
-
-
-def save_model(loaded: LoadedModel, model: onnx.ModelProto, output_path: str | os.PathLike) -> Path:
-    """Write ``model`` atomically to ``output_path``; external tensors keep their references."""
+    Beside the input, the output shares its data files; elsewhere they are copied or linked
+    (``data_mode``, see external_data.py)."""
     output_path = Path(output_path)
     out_dir = output_path.parent if str(output_path.parent) else Path(".")
     if not out_dir.is_dir():
@@ -183,7 +153,7 @@ def save_model(loaded: LoadedModel, model: onnx.ModelProto, output_path: str | o
         raise OutputWriteError(
             "the fused model is over 2 GB without external data; export the original with external data"
         )
-    created = _place_external_files(loaded.external_files, loaded.base_dir, out_dir)
+    created = place_external_files(loaded.external_files, loaded.base_dir, out_dir, data_mode)
     fd, tmp_name = -1, ""
     try:
         fd, tmp_name = tempfile.mkstemp(prefix=f".{output_path.name}.", suffix=".tmp", dir=out_dir)
@@ -199,8 +169,7 @@ def save_model(loaded: LoadedModel, model: onnx.ModelProto, output_path: str | o
             os.close(fd)
         if tmp_name:
             Path(tmp_name).unlink(missing_ok=True)
-        for path in created:
-            path.unlink(missing_ok=True)
+        remove(created)
         raise OutputWriteError(
             f"cannot write {str(output_path)!r}: {exc.strerror or exc}"
         ) from None
