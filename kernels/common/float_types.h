@@ -4,6 +4,10 @@
 // infinities and NaN, and are written branch-free (selects only) so that row loops containing
 // them still auto-vectorise. They never rely on denormal arithmetic, so ORT's flush-to-zero
 // setting cannot change their result.
+//
+// Functions here are `static`: this header is compiled into several ISA variants of the same
+// kernels (cpu/norm_rows_*.cc), and internal linkage stops the linker from merging an AVX2
+// copy into the baseline code.
 #pragma once
 
 #include <onnxruntime_c_api.h>
@@ -21,13 +25,13 @@ struct BFloat16 {
 };
 static_assert(sizeof(Float16) == 2 && sizeof(BFloat16) == 2, "16-bit storage types must be 2 bytes");
 
-inline uint32_t FloatBits(float value) {
+static inline uint32_t FloatBits(float value) {
   uint32_t bits;
   std::memcpy(&bits, &value, sizeof bits);
   return bits;
 }
 
-inline float BitsToFloat(uint32_t bits) {
+static inline float BitsToFloat(uint32_t bits) {
   float value;
   std::memcpy(&value, &bits, sizeof value);
   return value;
@@ -35,16 +39,16 @@ inline float BitsToFloat(uint32_t bits) {
 
 // All-ones when cond holds: selects written as masks, which GCC if-converts and vectorises
 // where nested ?: with float arithmetic on one side would stop it.
-inline uint32_t MaskIf(bool cond) { return 0u - static_cast<uint32_t>(cond); }
-inline uint32_t Select(uint32_t mask, uint32_t if_set, uint32_t if_clear) {
+static inline uint32_t MaskIf(bool cond) { return 0u - static_cast<uint32_t>(cond); }
+static inline uint32_t Select(uint32_t mask, uint32_t if_set, uint32_t if_clear) {
   return (if_set & mask) | (if_clear & ~mask);
 }
 
-inline float ToFloat(float value) { return value; }
+static inline float ToFloat(float value) { return value; }
 
-inline float ToFloat(BFloat16 value) { return BitsToFloat(static_cast<uint32_t>(value.bits) << 16); }
+static inline float ToFloat(BFloat16 value) { return BitsToFloat(static_cast<uint32_t>(value.bits) << 16); }
 
-inline float ToFloat(Float16 value) {
+static inline float ToFloat(Float16 value) {
   const uint32_t sign = static_cast<uint32_t>(value.bits & 0x8000u) << 16;
   const uint32_t exp_mant = static_cast<uint32_t>(value.bits & 0x7fffu) << 13;  // into float32 position
   const uint32_t exponent = exp_mant & 0x0f800000u;
@@ -59,7 +63,7 @@ inline float ToFloat(Float16 value) {
 }
 
 template <typename T>
-T FromFloat(float value);
+static T FromFloat(float value);
 
 template <>
 inline float FromFloat<float>(float value) {
@@ -100,7 +104,7 @@ inline Float16 FromFloat<Float16>(float value) {
 
 // The value `value` has once stored as T (what an unfused graph's intermediate tensor holds).
 template <typename T>
-inline float RoundTo(float value) {
+static inline float RoundTo(float value) {
   return ToFloat(FromFloat<T>(value));
 }
 

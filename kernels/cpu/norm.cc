@@ -1,110 +1,23 @@
 // CPU kernels of the normalisation family: RMSNorm, AddRMSNorm, LayerNorm, AddLayerNorm
-// (contract: docs/ops.md). Rows of D elements are independent; each row is widened to float32,
-// reduced and scaled in float32 and rounded to T once, at the store.
+// (contract: docs/ops.md). This file checks the node and its inputs, widens the weights and
+// splits the rows over ORT's thread pool; the row math is in norm_rows.inc.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <memory>
+#include <new>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
+#include "common/cpu_features.h"
 #include "common/float_types.h"
 #include "common/shape_check.h"
+#include "cpu/norm_rows.h"
 #include "op_registry.h"
 
 namespace otfuse::cpu {
 namespace {
-
-enum class NormKind { kRms, kLayer };
-
-// One row of the normalised input, as float32.
-template <typename T>
-struct InputRow {
-  const T* x;
-  float operator()(int64_t i) const { return ToFloat(x[i]); }
-};
-
-// One row of A + B, rounded to T as the unfused graph's Add output is, then widened again.
-template <typename T>
-struct SumRow {
-  const T* a;
-  const T* b;
-  float operator()(int64_t i) const { return RoundTo<T>(ToFloat(a[i]) + ToFloat(b[i])); }
-};
-
-template <typename T, typename Row>
-void RmsNormRow(const Row& x, int64_t d, float epsilon, const float* scale, T* y) {
-  float sum_sq = 0.0f;
-#pragma omp simd reduction(+ : sum_sq)
-  for (int64_t i = 0; i < d; ++i) {
-    const float v = x(i);
-    sum_sq += v * v;
-  }
-  const float inv_rms = 1.0f / std::sqrt(sum_sq / static_cast<float>(d) + epsilon);
-  for (int64_t i = 0; i < d; ++i) y[i] = FromFloat<T>(x(i) * inv_rms * scale[i]);
-}
-
-template <typename T, bool kHasBias, typename Row>
-void LayerNormRow(const Row& x, int64_t d, float epsilon, const float* scale, const float* bias, T* y) {
-  // Two passes (mean, then variance around it): no catastrophic cancellation for large means.
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < d; ++i) sum += x(i);
-  const float mean = sum / static_cast<float>(d);
-  float sum_sq = 0.0f;
-#pragma omp simd reduction(+ : sum_sq)
-  for (int64_t i = 0; i < d; ++i) {
-    const float centred = x(i) - mean;
-    sum_sq += centred * centred;
-  }
-  const float inv_std = 1.0f / std::sqrt(sum_sq / static_cast<float>(d) + epsilon);
-  for (int64_t i = 0; i < d; ++i) {
-    float v = (x(i) - mean) * inv_std * scale[i];
-    if constexpr (kHasBias) v += bias[i];
-    y[i] = FromFloat<T>(v);
-  }
-}
-
-template <typename T, typename Row>
-void StoreRow(const Row& x, int64_t d, T* out) {
-  for (int64_t i = 0; i < d; ++i) out[i] = FromFloat<T>(x(i));
-}
-
-// Everything one call needs, with the weights already widened to float32.
-template <typename T>
-struct NormJob {
-  NormKind kind;
-  int64_t d;
-  float epsilon;
-  const T* x;         // X, or A for the Add* ops
-  const T* b;         // B for the Add* ops, else null
-  const float* scale;
-  const float* bias;  // null when absent
-  T* y;
-  T* sum;             // the optional residual-sum output S, else null
-
-  void Rows(int64_t begin, int64_t end) const {
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t offset = r * d;
-      if (b != nullptr) {
-        const SumRow<T> row{x + offset, b + offset};
-        NormaliseRow(row, y + offset);
-        if (sum != nullptr) StoreRow(row, d, sum + offset);
-      } else {
-        NormaliseRow(InputRow<T>{x + offset}, y + offset);
-      }
-    }
-  }
-
-  template <typename Row>
-  void NormaliseRow(const Row& row, T* out) const {
-    if (kind == NormKind::kRms) {
-      RmsNormRow(row, d, epsilon, scale, out);
-    } else if (bias != nullptr) {
-      LayerNormRow<T, true>(row, d, epsilon, scale, bias, out);
-    } else {
-      LayerNormRow<T, false>(row, d, epsilon, scale, nullptr, out);
-    }
-  }
-};
 
 // scale / bias may be T or float32; the row loops always read float32.
 template <typename T>
@@ -119,6 +32,15 @@ const float* WeightsAsFloat(const InputTensor& weights, int64_t count, std::vect
 bool IsSupportedType(ONNXTensorElementDataType type) {
   return type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 ||
          type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+}
+
+template <typename T>
+NormRowsFn<T> RowsFor(CpuIsa isa) {
+#if defined(OTFUSE_HAVE_AVX2_KERNELS)
+  if (isa == CpuIsa::kAvx2) return &avx2::NormRows<T>;
+#endif
+  (void)isa;
+  return &baseline::NormRows<T>;
 }
 
 InputTensor RequiredInput(const KernelContext& ctx, size_t index, const char* name) {
@@ -137,6 +59,7 @@ class NormKernel {
       throw Error("attribute 'epsilon' must be a finite number >= 0, got " + std::to_string(epsilon_));
     }
     axis_ = info.IntAttribute("axis").value_or(-1);
+    isa_ = SelectCpuIsa();
   }
 
   void Compute(const KernelContext& ctx) const {
@@ -216,15 +139,30 @@ class NormKernel {
     job.y = y.As<T>();
     job.sum = sum ? sum.As<T>() : nullptr;
 
+    const NormRowsFn<T> rows_fn = RowsFor<T>(isa_);
+    const bool needs_scratch = !std::is_same_v<T, float> || job.b != nullptr;
     const RowTasks tasks(rows, d);
-    ctx.ParallelFor(tasks.count, [&job, &tasks, rows](size_t task) {
+    std::atomic<bool> out_of_memory{false};
+    ctx.ParallelFor(tasks.count, [&](size_t task) {
       const int64_t begin = static_cast<int64_t>(task) * tasks.rows_per_task;
-      job.Rows(begin, std::min(rows, begin + tasks.rows_per_task));
+      const int64_t end = std::min(rows, begin + tasks.rows_per_task);
+      // Nothing may throw into ORT's worker threads: a failed allocation is reported afterwards.
+      std::unique_ptr<float[]> scratch;
+      if (needs_scratch) {
+        scratch.reset(new (std::nothrow) float[static_cast<size_t>(d)]);
+        if (!scratch) {
+          out_of_memory = true;
+          return;
+        }
+      }
+      rows_fn(job, begin, end, scratch.get());
     });
+    if (out_of_memory) throw Error("out of memory for a " + std::to_string(d) + "-element row buffer");
   }
 
   float epsilon_;
   int64_t axis_;
+  CpuIsa isa_;
 };
 
 template <NormKind kKind, bool kAdd>
