@@ -232,6 +232,21 @@ def test_multithreaded_rows_match_single_thread(library):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("op", OPS)
+def test_cpu_variants_agree_bit_for_bit(library, monkeypatch, op, dtype):
+    # x86-64 builds also carry AVX2/F16C row kernels; OTFUSE_CPU_ISA=baseline forces the portable
+    # ones (read when the session creates its kernels). Both round to nearest even identically.
+    rng = np.random.default_rng(14)
+    inputs = op_inputs(op, rng, (37, 203), dtype)  # 203: vector bodies plus scalar tails
+    inputs[0][0, :4] = np.array([6e4, -6e4, 1e-7, 0.0], np.float32).astype(dtype)  # overflow, subnormal
+    default = run_op(library, op, inputs, N_OUTPUTS[op])
+    monkeypatch.setenv("OTFUSE_CPU_ISA", "baseline")
+    baseline = run_op(library, op, inputs, N_OUTPUTS[op])
+    for a, b in zip(default, baseline):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # the reference overflows to inf too
 def test_half_outputs_round_to_subnormal_and_overflow_to_inf(library):
     x = np.tile(np.array([1.0, -1.0, 2.0, -2.0], np.float16), (3, 4))
