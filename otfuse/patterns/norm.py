@@ -79,6 +79,7 @@ class _NormRule(Rule):
     """Shared checks and rewrite; subclasses pick the pattern and the fused op."""
 
     family = FAMILY
+    anchor_ops = frozenset({"ReduceMean", "LayerNormalization", "RMSNormalization"})
     fused_op = ""
     residual = False
     default_epsilon = 1e-6

@@ -21,8 +21,8 @@ from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.pattern import Failure, Match, Matcher
 from otfuse.rewriter.rule import Replacement, RewriteContext, Rule
 
-# A failed candidate is reported as a near miss only when it got this many nodes deep (or failed
-# a semantic check): a lone Mul that is not a norm is not news.
+# A failed candidate is reported as a near miss when it failed a semantic check, or when its
+# partial match reached one of the rule's anchor ops and got this deep.
 NEAR_MISS_MIN_DEPTH = 3
 _CHECK_FAILURE_DEPTH = 10_000
 
@@ -119,6 +119,13 @@ def _try_root(graph: GraphIndex, ctx: RewriteContext, rules: Sequence[Rule],
     return None, None, None, best_failure
 
 
+def _is_near_miss(rule: Rule, failure: Failure) -> bool:
+    if failure.depth >= _CHECK_FAILURE_DEPTH:
+        return True
+    reached_anchor = any(node.op_type in rule.anchor_ops for node in failure.covered)
+    return reached_anchor and failure.depth >= NEAR_MISS_MIN_DEPTH
+
+
 def run_pass(model: onnx.ModelProto, rules: Sequence[Rule], base_dir: Path | None) -> PassResult:
     """Fuse every match of ``rules`` in ``model.graph`` (in place)."""
     result = PassResult()
@@ -139,7 +146,7 @@ def run_pass(model: onnx.ModelProto, rules: Sequence[Rule], base_dir: Path | Non
             replacements[id(root)] = replacement
             for node in replacement.nodes:
                 result.fusions[node.op_type] += 1
-        elif failure is not None and failure[1].depth >= NEAR_MISS_MIN_DEPTH:
+        elif failure is not None and _is_near_miss(*failure):
             misses.append(NearMiss(failure[0].name, _node_label(root), failure[1].reason,
                                    tuple(n.name for n in failure[1].covered)))
     if replacements:

@@ -60,6 +60,9 @@ class Rule:
     family: str = ""
     pattern: Pattern
     exports: tuple[str, ...] = ()
+    # Op types that make a failed candidate worth reporting: a candidate that never reached one
+    # (a Mul that merely looks like the end of a norm) is not a near miss.
+    anchor_ops: frozenset[str] = frozenset()
 
     def check(self, ctx: RewriteContext, match: Match) -> str | None:
         """Return why this structural match must not be fused, or None to accept it."""
