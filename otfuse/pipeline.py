@@ -16,7 +16,6 @@ from otfuse import OP_DOMAIN, OP_DOMAIN_VERSION, __version__
 from otfuse.errors import ModelLoadError, NothingToFuse, OtfuseError, OutputWriteError
 from otfuse.patterns import FAMILIES, select_families
 from otfuse.rewriter.model_io import check_model, load_model, save_model
-from otfuse.rewriter.passes import run_pass
 
 
 @dataclass
@@ -61,9 +60,10 @@ def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = 
     fusions: Counter = Counter()
     near_misses: list[dict] = []
     for family in families:
-        result = run_pass(model, FAMILIES[family], loaded.base_dir)
-        fusions.update(result.fusions)
-        near_misses += [dict(miss.to_dict(), family=family) for miss in result.near_misses]
+        for family_pass in FAMILIES[family]:
+            result = family_pass.run(model, loaded.base_dir)
+            fusions.update(result.fusions)
+            near_misses += [dict(miss.to_dict(), family=family) for miss in result.near_misses]
 
     if fusions:
         _import_otfuse_domain(model)

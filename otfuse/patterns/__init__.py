@@ -1,16 +1,18 @@
-"""Pattern families, in the order they run. Each family is one module with a ``RULES`` list.
+"""Pattern families, in the order they run. Each family is one module whose ``PASSES`` list
+says what runs: usually one ``RulePass`` over its rules, sometimes followed by a pass that
+combines what the first produced (e.g. pairing the q and k rotations of one attention).
 
 The order matters only across families whose fused ops feed each other (norm_linear consumes
-the norms this family produces); within one family, rules are tried in their listed order.
+the norms this family produces); within one pass, the largest match at each root wins.
 """
 
 from __future__ import annotations
 
 from otfuse.patterns import norm
-from otfuse.rewriter.rule import Rule
+from otfuse.rewriter.passes import Pass
 
-FAMILIES: dict[str, list[Rule]] = {
-    "norm": norm.RULES,
+FAMILIES: dict[str, list[Pass]] = {
+    "norm": norm.PASSES,
 }
 
 

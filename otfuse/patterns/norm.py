@@ -18,6 +18,7 @@ import onnx
 
 from otfuse.patterns import common
 from otfuse.rewriter.pattern import ANY, Const, Either, Match, Op, Var, attr, op, scalar_equal
+from otfuse.rewriter.passes import RulePass
 from otfuse.rewriter.rule import Replacement, RewriteContext, Rule
 
 FLOAT = onnx.TensorProto.FLOAT
@@ -266,3 +267,5 @@ RULES: list[Rule] = [
     AddRMSNormalizationOpRule(),
     RMSNormalizationOpRule(),
 ]
+
+PASSES = [RulePass(RULES)]

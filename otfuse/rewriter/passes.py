@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import onnx
 
@@ -124,6 +125,22 @@ def _is_near_miss(rule: Rule, failure: Failure) -> bool:
         return True
     reached_anchor = any(node.op_type in rule.anchor_ops for node in failure.covered)
     return reached_anchor and failure.depth >= NEAR_MISS_MIN_DEPTH
+
+
+class Pass(Protocol):
+    """One step of a family: rewrites ``model`` in place and says what it fused."""
+
+    def run(self, model: onnx.ModelProto, base_dir: Path | None) -> PassResult: ...
+
+
+@dataclass
+class RulePass:
+    """Match ``rules`` at every root of the graph (``run_pass``)."""
+
+    rules: Sequence[Rule]
+
+    def run(self, model: onnx.ModelProto, base_dir: Path | None) -> PassResult:
+        return run_pass(model, self.rules, base_dir)
 
 
 def run_pass(model: onnx.ModelProto, rules: Sequence[Rule], base_dir: Path | None) -> PassResult:
