@@ -18,6 +18,7 @@ from typing import Protocol
 
 import onnx
 
+from otfuse import OP_DOMAIN
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.pattern import Failure, Match, Matcher
 from otfuse.rewriter.rule import Replacement, RewriteContext, Rule
@@ -162,12 +163,13 @@ def run_pass(model: onnx.ModelProto, rules: Sequence[Rule], base_dir: Path | Non
             claimed.update(id(node) for node in match.covered)
             replacements[id(root)] = replacement
             for node in replacement.nodes:
-                result.fusions[node.op_type] += 1
+                if node.domain == OP_DOMAIN:  # helper nodes a rule adds (a Concat of tables) are not fusions
+                    result.fusions[node.op_type] += 1
         elif failure is not None and _is_near_miss(*failure):
             misses.append(NearMiss(failure[0].name, _node_label(root), failure[1].reason,
                                    tuple(n.name for n in failure[1].covered)))
     if replacements:
-        _apply(model, graph, nodes, claimed, replacements)
+        apply_replacements(model, nodes, claimed, replacements)
     fused_names = {n.name for n in nodes if id(n) in claimed}
     # A candidate whose nodes ended up inside another fusion was not really missed.
     result.near_misses = [m for m in reversed(misses)
@@ -175,8 +177,9 @@ def run_pass(model: onnx.ModelProto, rules: Sequence[Rule], base_dir: Path | Non
     return result
 
 
-def _apply(model: onnx.ModelProto, graph: GraphIndex, nodes: list[onnx.NodeProto],
-           claimed: set[int], replacements: dict[int, Replacement]) -> None:
+def apply_replacements(model: onnx.ModelProto, nodes: list[onnx.NodeProto], claimed: set[int],
+                       replacements: dict[int, Replacement]) -> None:
+    """Drop the ``claimed`` nodes, put each replacement where its root was, re-sort, tidy up."""
     new_nodes: list[onnx.NodeProto] = []
     positions: list[int] = []
     for position, node in enumerate(nodes):
