@@ -65,7 +65,7 @@ def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = 
             fusions.update(result.fusions)
             near_misses += [dict(miss.to_dict(), family=family) for miss in result.near_misses]
 
-    if fusions:
+    if +fusions:
         _import_otfuse_domain(model)
         _validate(model, loaded.base_dir)
     report = FuseReport(
@@ -74,7 +74,7 @@ def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = 
         families=families,
         nodes_before=nodes_before,
         nodes_after=len(model.graph.node),
-        fusions=dict(sorted(fusions.items())),
+        fusions={op: count for op, count in sorted(fusions.items()) if count > 0},
         seconds=0.0,
         near_misses=near_misses,
     )
@@ -83,7 +83,7 @@ def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = 
     report.seconds = round(time.perf_counter() - start, 4)
     if report_path is not None:
         write_report(report, report_path)
-    if not fusions:
+    if not +fusions:
         copy_note = f"; wrote an unchanged copy to {str(output_path)!r}" if output_path else ""
         error = NothingToFuse(f"no fusible subgraph found in {str(model_path)!r}{copy_note}")
         error.report = report
