@@ -107,6 +107,60 @@ std::optional<int64_t> KernelInfo::IntAttribute(const char* name) const {
   return std::nullopt;
 }
 
+// What `name` is when it is not of the type just asked for: "" when absent (or an empty list).
+// The scalar getters check the attribute's type; the array getters read any other type as an
+// empty list, so only a non-empty list identifies a list type.
+static const char* OtherAttributeType(const OrtKernelInfo* info, const char* name) {
+  int64_t as_int = 0;
+  float as_float = 0.0f;
+  size_t size = 0;
+  if (Succeeded(Api().KernelInfoGetAttribute_int64(info, name, &as_int))) return "an int";
+  if (Succeeded(Api().KernelInfoGetAttribute_float(info, name, &as_float))) return "a float";
+  if (Succeeded(Api().KernelInfoGetAttribute_string(info, name, nullptr, &size))) return "a string";
+  size = 0;
+  if (Succeeded(Api().KernelInfoGetAttributeArray_int64(info, name, nullptr, &size)) && size > 0) {
+    return "a list of ints";
+  }
+  size = 0;
+  if (Succeeded(Api().KernelInfoGetAttributeArray_float(info, name, nullptr, &size)) && size > 0) {
+    return "a list of floats";
+  }
+  return "";
+}
+
+std::optional<std::string> KernelInfo::StringAttribute(const char* name) const {
+  size_t size = 0;
+  if (Succeeded(Api().KernelInfoGetAttribute_string(info_, name, nullptr, &size))) {
+    std::string value(size, '\0');
+    ThrowOnError(Api().KernelInfoGetAttribute_string(info_, name, value.data(), &size),
+                 std::string("attribute '") + name + "'");
+    value.resize(size > 0 ? size - 1 : 0);  // size counts the terminating NUL
+    return value;
+  }
+  const std::string other = OtherAttributeType(info_, name);
+  if (!other.empty()) throw Error(std::string("attribute '") + name + "' must be a string, got " + other);
+  return std::nullopt;
+}
+
+std::optional<std::vector<int64_t>> KernelInfo::IntsAttribute(const char* name) const {
+  size_t size = 0;
+  if (Succeeded(Api().KernelInfoGetAttributeArray_int64(info_, name, nullptr, &size))) {
+    if (size == 0) {  // an empty list, or an attribute of another type read as one
+      const std::string other = OtherAttributeType(info_, name);
+      if (!other.empty()) throw Error(std::string("attribute '") + name + "' must be a list of ints, got " + other);
+    }
+    std::vector<int64_t> values(size);
+    if (size > 0) {
+      ThrowOnError(Api().KernelInfoGetAttributeArray_int64(info_, name, values.data(), &size),
+                   std::string("attribute '") + name + "'");
+    }
+    return values;
+  }
+  const std::string other = OtherAttributeType(info_, name);
+  if (!other.empty()) throw Error(std::string("attribute '") + name + "' must be a list of ints, got " + other);
+  return std::nullopt;
+}
+
 size_t KernelContext::InputCount() const {
   size_t count = 0;
   ThrowOnError(Api().KernelContext_GetInputCount(context_, &count));

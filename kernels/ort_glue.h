@@ -72,6 +72,8 @@ class KernelInfo {
   // nullopt when the attribute is absent; Error when present with another type.
   std::optional<float> FloatAttribute(const char* name) const;
   std::optional<int64_t> IntAttribute(const char* name) const;
+  std::optional<std::string> StringAttribute(const char* name) const;
+  std::optional<std::vector<int64_t>> IntsAttribute(const char* name) const;
 
  private:
   const OrtKernelInfo* info_;
