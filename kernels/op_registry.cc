@@ -12,6 +12,7 @@ const CustomOpList& AllOps() {
   static const CustomOpList ops = [] {
     CustomOpList list;
     cpu::AppendNormOps(list);
+    cpu::AppendRotaryOps(list);
     return list;
   }();
   return ops;

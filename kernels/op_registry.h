@@ -12,6 +12,7 @@ constexpr const char* kOpDomain = "otfuse";
 
 namespace cpu {
 void AppendNormOps(CustomOpList& ops);  // RMSNorm, AddRMSNorm, LayerNorm, AddLayerNorm
+void AppendRotaryOps(CustomOpList& ops);  // RotaryEmbedding, RotaryEmbeddingQK
 }  // namespace cpu
 
 }  // namespace otfuse

@@ -1,0 +1,383 @@
+// CPU kernels of the rotary embedding family: RotaryEmbedding and RotaryEmbeddingQK (contract:
+// docs/ops.md). This file checks the node and its inputs, maps every row of X to its cos/sin row
+// (per-dim strides, 0 where cos/sin broadcast; the broadcast is never materialised) and splits
+// the rows over ORT's thread pool; the row math is in rotary_rows.inc.
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <new>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "common/cpu_features.h"
+#include "common/float_types.h"
+#include "common/shape_check.h"
+#include "cpu/rotary_rows.h"
+#include "op_registry.h"
+
+namespace otfuse::cpu {
+namespace {
+
+// cos + sin rows one task keeps hot while it visits every head (BNSD): about 1/8 of a 1 MiB L2.
+constexpr int64_t kCosBlockBytes = 128 * 1024;
+// Work per task, as RowTasks: big enough that thread-pool overhead stays small.
+constexpr int64_t kMinTaskElements = 16384;
+// Enough tasks for the pool to balance; a split stops at kMinTaskElements.
+constexpr size_t kTargetTasks = 16;
+// Shortest run of consecutive positions a task gives each head before heads are split instead.
+constexpr int64_t kMinPositionRun = 16;
+
+bool IsSupportedType(ONNXTensorElementDataType type) {
+  return type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 ||
+         type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+}
+
+InputTensor RequiredInput(const KernelContext& ctx, size_t index, const char* name) {
+  std::optional<InputTensor> tensor = ctx.Input(index);
+  if (!tensor) throw Error(std::string("input '") + name + "' is required");
+  return *tensor;
+}
+
+template <typename T, typename C>
+RotaryRowsFn<T, C> RowsFor(CpuIsa isa) {
+#if defined(OTFUSE_HAVE_AVX2_KERNELS)
+  if (isa == CpuIsa::kAvx2) return &avx2::RotaryRows<T, C>;
+#endif
+  (void)isa;
+  return &baseline::RotaryRows<T, C>;
+}
+
+// Collapsed dims of one kind (cos-varying or broadcast), outermost first.
+struct DimList {
+  std::vector<int64_t> sizes, x_strides, c_strides;
+
+  // Appends an inner dim, merged into the previous one when the pair walks memory as one dim.
+  void Append(int64_t size, int64_t x_stride, int64_t c_stride) {
+    if (!sizes.empty() && x_strides.back() == x_stride * size && c_strides.back() == c_stride * size) {
+      sizes.back() *= size;
+      x_strides.back() = x_stride;
+      c_strides.back() = c_stride;
+      return;
+    }
+    sizes.push_back(size);
+    x_strides.push_back(x_stride);
+    c_strides.push_back(c_stride);
+  }
+
+  int64_t Total() const {
+    int64_t total = 1;
+    for (int64_t size : sizes) total *= size;  // <= X's row count, which did not overflow
+    return total;
+  }
+
+  RotaryDims View(bool with_c) const {
+    return {static_cast<int32_t>(sizes.size()), sizes.data(), x_strides.data(), with_c ? c_strides.data() : nullptr};
+  }
+};
+
+// How the rows of one rotated tensor are visited and split into tasks.
+struct RowPlan {
+  DimList p;  // dims along which cos/sin vary
+  DimList b;  // dims cos/sin are broadcast over
+  bool b_inner = false;
+  int64_t p_total = 1, b_total = 1;
+  int64_t p_block = 1, b_chunk = 1;
+  size_t p_blocks = 0, b_chunks = 0;
+
+  size_t TaskCount() const { return p_blocks * b_chunks; }
+
+  RotaryTask Task(size_t index) const {
+    const int64_t pi = static_cast<int64_t>(index / b_chunks);
+    const int64_t bi = static_cast<int64_t>(index % b_chunks);
+    return {pi * p_block, std::min(p_total, (pi + 1) * p_block), bi * b_chunk,
+            std::min(b_total, (bi + 1) * b_chunk)};
+  }
+};
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Checks that cos (shape already equal to sin's) broadcasts to x.shape[:-1] + [r] and plans the
+// walk over x's rows. `x_name` names x in errors.
+RowPlan PlanRows(const char* x_name, const Shape& x_shape, const Shape& cos_shape, int64_t r, size_t cos_bytes) {
+  const size_t n = x_shape.size() - 1;  // leading dims of X
+  if (cos_shape.empty()) throw Error("cos must have rank >= 1 (its last dim is r), got a scalar");
+  if (cos_shape.size() > x_shape.size()) {
+    throw Error("cos has shape " + ToString(cos_shape) + " of rank " + std::to_string(cos_shape.size()) +
+                ", more than " + x_name + "'s rank " + std::to_string(x_shape.size()) + "; cos/sin broadcast to " +
+                x_name + ".shape[:-1] + [r] and cannot add dims");
+  }
+  const size_t k = cos_shape.size() - 1;  // leading dims of cos, aligned right with X's
+  Shape target(x_shape.begin(), x_shape.end() - 1);
+  target.push_back(r);
+  if (cos_shape.back() != r) {
+    throw Error("cos has shape " + ToString(cos_shape) + " but its last dim must be r = " + std::to_string(r) +
+                " (cos/sin broadcast to " + x_name + ".shape[:-1] + [r] = " + ToString(target) + ")");
+  }
+  for (size_t i = 0; i < k; ++i) {
+    const size_t j = i + (n - k);
+    if (cos_shape[i] != x_shape[j] && cos_shape[i] != 1) {
+      std::string message = "cos has shape " + ToString(cos_shape) + ", which does not broadcast to " + x_name +
+                            ".shape[:-1] + [r] = " + ToString(target) + ": its dim " + std::to_string(i) + " is " +
+                            std::to_string(cos_shape[i]) + ", not " + std::to_string(x_shape[j]) + " or 1";
+      if (cos_shape[i] < x_shape[j]) {
+        message += " (cos/sin cover " + std::to_string(cos_shape[i]) + " positions along " + x_name + "'s dim " +
+                   std::to_string(j) + " of " + std::to_string(x_shape[j]) + ")";
+      }
+      throw Error(message);
+    }
+  }
+
+  RowPlan plan;
+  int64_t x_stride = 1;  // in rows of X
+  std::vector<int64_t> x_strides(n), c_strides(n, 0);
+  for (size_t j = n; j-- > 0;) {
+    x_strides[j] = x_stride;
+    x_stride *= x_shape[j];
+  }
+  int64_t c_stride = 1;  // in rows of cos
+  for (size_t i = k; i-- > 0;) {
+    const size_t j = i + (n - k);
+    if (cos_shape[i] != 1) c_strides[j] = c_stride;
+    c_stride *= cos_shape[i];
+  }
+  bool last_is_broadcast = false;
+  for (size_t j = 0; j < n; ++j) {
+    if (x_shape[j] == 1) continue;  // no effect on any offset
+    last_is_broadcast = c_strides[j] == 0;
+    (last_is_broadcast ? plan.b : plan.p).Append(x_shape[j], x_strides[j], c_strides[j]);
+  }
+  plan.b_inner = last_is_broadcast;
+  plan.p_total = plan.p.Total();
+  plan.b_total = plan.b.Total();
+  if (plan.p_total == 0 || plan.b_total == 0) return plan;  // no rows: no tasks
+
+  // Tasks: blocks of positions (sized for the cache when heads are visited around them) times
+  // chunks of heads. Split positions first (that costs no extra cos/sin traffic), heads once the
+  // position runs get short, until there are enough tasks or they would get too small.
+  const int64_t row_elements = std::max<int64_t>(x_shape.back(), 1);
+  plan.p_block = plan.p_total;
+  if (!plan.b_inner) {
+    const int64_t cos_row_bytes = std::max<int64_t>(2 * r * static_cast<int64_t>(cos_bytes), 1);
+    plan.p_block = std::clamp<int64_t>(kCosBlockBytes / cos_row_bytes, 1, plan.p_total);
+  }
+  plan.b_chunk = plan.b_total;
+  auto task_count = [&] { return CeilDiv(plan.p_total, plan.p_block) * CeilDiv(plan.b_total, plan.b_chunk); };
+  while (task_count() < static_cast<int64_t>(kTargetTasks) &&
+         plan.p_block * plan.b_chunk * row_elements >= 2 * kMinTaskElements) {
+    if (plan.b_chunk > 1 && (plan.p_block < 2 * kMinPositionRun || plan.b_inner)) {
+      plan.b_chunk = CeilDiv(plan.b_chunk, 2);
+    } else if (plan.p_block > 1) {
+      plan.p_block = CeilDiv(plan.p_block, 2);
+    } else {
+      break;
+    }
+  }
+  plan.p_blocks = static_cast<size_t>(CeilDiv(plan.p_total, plan.p_block));
+  plan.b_chunks = static_cast<size_t>(CeilDiv(plan.b_total, plan.b_chunk));
+  return plan;
+}
+
+// One rotated tensor of the node: X, or Q / K.
+struct Rotated {
+  const char* name;
+  InputTensor x;
+  OutputTensor y;
+  int64_t d = 0, r = 0;
+  RowPlan plan;
+};
+
+template <bool kQK>
+class RotaryKernel {
+ public:
+  explicit RotaryKernel(const KernelInfo& info) {
+    const std::string mode = info.StringAttribute("mode").value_or("half");
+    if (mode != "half" && mode != "interleaved") {
+      throw Error("attribute 'mode' must be \"half\" or \"interleaved\", got \"" + mode + "\"");
+    }
+    interleaved_ = mode == "interleaved";
+    rotary_dim_ = info.IntAttribute("rotary_dim").value_or(0);
+    if (rotary_dim_ < 0 || rotary_dim_ % 2 != 0) {
+      throw Error("attribute 'rotary_dim' must be even and >= 0 (0 means the whole last dim), got " +
+                  std::to_string(rotary_dim_));
+    }
+    sections_ = info.IntsAttribute("sections").value_or(std::vector<int64_t>{});
+    int64_t sum = 0;
+    for (int64_t width : sections_) {
+      if (width < 0 || width % 2 != 0) {
+        throw Error("attribute 'sections' " + ToString(sections_) + " must hold even widths >= 0, got " +
+                    std::to_string(width));
+      }
+      if (__builtin_add_overflow(sum, width, &sum)) throw Error("attribute 'sections' sum overflows int64");
+    }
+    sections_sum_ = sum;
+    if (!sections_.empty() && rotary_dim_ > 0 && sum != rotary_dim_) {
+      throw Error("attribute 'sections' " + ToString(sections_) + " sums to " + std::to_string(sum) +
+                  " but must sum to rotary_dim = " + std::to_string(rotary_dim_));
+    }
+    isa_ = SelectCpuIsa();
+  }
+
+  void Compute(const KernelContext& ctx) const {
+    constexpr size_t kCount = kQK ? 2 : 1;
+    static constexpr const char* kNames[2] = {kQK ? "Q" : "X", "K"};
+    Rotated rotated[kCount];
+    for (size_t i = 0; i < kCount; ++i) {
+      rotated[i].name = kNames[i];
+      rotated[i].x = RequiredInput(ctx, i, kNames[i]);
+      const InputTensor& x = rotated[i].x;
+      if (!IsSupportedType(x.type)) {
+        throw Error(std::string(kNames[i]) + " has element type " + ElementTypeName(x.type) +
+                    "; expected float32, float16 or bfloat16");
+      }
+      if (i > 0 && x.type != rotated[0].x.type) {
+        throw Error(std::string("K has element type ") + ElementTypeName(x.type) + " but Q has " +
+                    ElementTypeName(rotated[0].x.type));
+      }
+      if (x.shape.size() < 2) {
+        throw Error(std::string(kNames[i]) + " has shape " + ToString(x.shape) + "; expected rank >= 2 ([..., D])");
+      }
+      DimProduct(x.shape, 0, x.shape.size());  // negative dims, element count overflow
+    }
+    const ONNXTensorElementDataType t = rotated[0].x.type;
+    const InputTensor cos = RequiredInput(ctx, kCount, "cos");
+    const InputTensor sin = RequiredInput(ctx, kCount + 1, "sin");
+    if (cos.type != t && cos.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
+      throw Error(std::string("cos has element type ") + ElementTypeName(cos.type) + "; expected float32" +
+                  (t == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT ? "" : std::string(" or ") + ElementTypeName(t)));
+    }
+    if (sin.type != cos.type) {
+      throw Error(std::string("sin has element type ") + ElementTypeName(sin.type) + " but cos has " +
+                  ElementTypeName(cos.type));
+    }
+    ExpectShape("sin", sin.shape, "cos.shape", cos.shape);
+    DimProduct(cos.shape, 0, cos.shape.size());
+    if constexpr (kQK) {
+      if (rotated[0].x.shape.back() != rotated[1].x.shape.back()) {
+        throw Error("Q has head dim " + std::to_string(rotated[0].x.shape.back()) + " (last dim) but K has " +
+                    std::to_string(rotated[1].x.shape.back()) + "; they must be equal");
+      }
+    }
+    const size_t cos_bytes = cos.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT ? 4 : 2;
+    for (Rotated& item : rotated) {
+      item.d = item.x.shape.back();
+      item.r = RotaryLanes(item.name, item.d);
+      item.plan = PlanRows(item.name, item.x.shape, cos.shape, item.r, cos_bytes);
+    }
+    for (size_t i = 0; i < kCount; ++i) {
+      rotated[i].y = ctx.Output(i, rotated[i].x.shape);
+      if (!rotated[i].y) throw Error(std::string("output ") + std::to_string(i) + " is required");
+    }
+
+    const bool c_float = cos.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    switch (t) {
+      case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT:
+        return Run<float, float>(ctx, rotated, kCount, cos, sin);
+      case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16:
+        return c_float ? Run<Float16, float>(ctx, rotated, kCount, cos, sin)
+                       : Run<Float16, Float16>(ctx, rotated, kCount, cos, sin);
+      default:
+        return c_float ? Run<BFloat16, float>(ctx, rotated, kCount, cos, sin)
+                       : Run<BFloat16, BFloat16>(ctx, rotated, kCount, cos, sin);
+    }
+  }
+
+ private:
+  // r for an input whose last dim is d.
+  int64_t RotaryLanes(const char* name, int64_t d) const {
+    if (rotary_dim_ > d) {
+      throw Error("rotary_dim " + std::to_string(rotary_dim_) + " is larger than " + name +
+                  "'s last dim D = " + std::to_string(d));
+    }
+    const int64_t r = rotary_dim_ > 0 ? rotary_dim_ : d;
+    if (r % 2 != 0) {
+      throw Error(std::string("rotary_dim 0 rotates all of ") + name + "'s last dim D = " + std::to_string(d) +
+                  ", which is odd; r must be even");
+    }
+    if (!sections_.empty() && sections_sum_ != r) {
+      throw Error("attribute 'sections' " + ToString(sections_) + " sums to " + std::to_string(sections_sum_) +
+                  " but must sum to r = " + std::to_string(r) + " (rotary_dim 0: " + name + "'s last dim)");
+    }
+    return r;
+  }
+
+  template <typename T, typename C>
+  void Run(const KernelContext& ctx, const Rotated* rotated, size_t count, const InputTensor& cos,
+           const InputTensor& sin) const {
+    const std::vector<int64_t> whole{rotated[0].r};
+    const std::vector<int64_t>& sections = sections_.empty() ? whole : sections_;
+    std::vector<RotaryJob<T, C>> jobs(count);
+    std::vector<size_t> first_task(count + 1, 0);
+    for (size_t i = 0; i < count; ++i) {
+      const Rotated& item = rotated[i];
+      RotaryJob<T, C>& job = jobs[i];
+      job.d = item.d;
+      job.r = item.r;
+      job.interleaved = interleaved_;
+      job.sections = sections.data();
+      job.section_count = static_cast<int64_t>(sections.size());
+      job.x = item.x.As<T>();
+      job.y = item.y.As<T>();
+      job.cos = cos.As<C>();
+      job.sin = sin.As<C>();
+      job.p_dims = item.plan.p.View(true);
+      job.b_dims = item.plan.b.View(false);
+      job.b_inner = item.plan.b_inner;
+      // Empty tensors (a zero dim, D included) have no tasks.
+      first_task[i + 1] = first_task[i] + (item.d == 0 ? 0 : item.plan.TaskCount());
+    }
+
+    const RotaryRowsFn<T, C> rows_fn = RowsFor<T, C>(isa_);
+    const bool needs_scratch = !std::is_same_v<T, float>;
+    const size_t scratch_floats = static_cast<size_t>(4 * rotated[0].r);
+    std::atomic<bool> out_of_memory{false};
+    ctx.ParallelFor(first_task[count], [&](size_t task) {
+      size_t i = 0;
+      while (task >= first_task[i + 1]) ++i;
+      // Nothing may throw into ORT's worker threads: a failed allocation is reported afterwards.
+      std::unique_ptr<float[]> scratch;
+      if (needs_scratch && scratch_floats > 0) {
+        scratch.reset(new (std::nothrow) float[scratch_floats]);
+        if (!scratch) {
+          out_of_memory = true;
+          return;
+        }
+      }
+      rows_fn(jobs[i], rotated[i].plan.Task(task - first_task[i]), scratch.get());
+    });
+    if (out_of_memory) throw Error("out of memory for a " + std::to_string(scratch_floats) + "-float row buffer");
+  }
+
+  bool interleaved_ = false;
+  int64_t rotary_dim_ = 0;
+  std::vector<int64_t> sections_;
+  int64_t sections_sum_ = 0;
+  CpuIsa isa_;
+};
+
+template <bool kQK>
+void AppendRotaryOp(const char* name, CustomOpList& ops) {
+  // One OrtCustomOp per element type T of X (Q, K) and the outputs; cos and sin are declared
+  // UNDEFINED (any type) because they may be T or float32, and the kernel checks them.
+  for (ONNXTensorElementDataType t : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
+                                      ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}) {
+    OpSpec spec{name, nullptr, {}, {}};
+    spec.inputs.push_back({t});
+    if (kQK) spec.inputs.push_back({t});
+    spec.inputs.push_back({ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED});  // cos
+    spec.inputs.push_back({ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED});  // sin
+    spec.outputs.push_back({t});
+    if (kQK) spec.outputs.push_back({t});
+    ops.push_back(MakeCustomOp<RotaryKernel<kQK>>(std::move(spec)));
+  }
+}
+
+}  // namespace
+
+void AppendRotaryOps(CustomOpList& ops) {
+  AppendRotaryOp<false>("RotaryEmbedding", ops);
+  AppendRotaryOp<true>("RotaryEmbeddingQK", ops);
+}
+
+}  // namespace otfuse::cpu
