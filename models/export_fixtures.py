@@ -12,6 +12,11 @@ Every model is built from a config (no hub access), weights are drawn from a see
 distribution, and every norm weight is perturbed away from 1 (biases away from 0), so a fusion
 that drops the scale or the bias changes the output. The exporter is the torch dynamo exporter
 (`torch.onnx.export(..., dynamo=True)`) with dynamic batch and sequence dims.
+
+Besides the Hugging Face models, `rope3d` is a torch module written here (models/rope3d.py: a
+DiT-style attention block over a T x H x W video token grid with multi-axis "3D" RoPE), exported
+by the dynamo exporter and, as `rope3d_torchscript`, by the TorchScript exporter
+(`dynamo=False`), same weights; its sequence is the static grid (24 tokens), only batch is dynamic.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import io
 import json
 import logging
 import sys
@@ -32,6 +38,9 @@ import onnx
 import torch
 import transformers
 from onnx import numpy_helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # models/rope3d.py, also when imported
+import rope3d  # noqa: E402
 
 OPSET = 20  # torch.onnx's default for the dynamo exporter; onnxruntime >= 1.17 runs it.
 
@@ -293,6 +302,43 @@ FIXTURES: list[Fixture] = [
 ]
 
 
+@dataclasses.dataclass
+class ModuleFixture:
+    """A torch module written in models/ (not a Hugging Face model), exported as it is: one
+    input `hidden_states [batch, seq, hidden]` with a static seq, one output."""
+
+    name: str
+    architecture: str
+    build: Callable[[], torch.nn.Module]
+    exporter: str = "dynamo"  # "dynamo" or "torchscript" (torch.onnx.export(dynamo=False))
+    weights_of: str | None = None  # draw the weights with this fixture's seed (same module, other exporter)
+    dtype: torch.dtype = torch.float32
+    kv_cache: bool = False
+    opset: int = OPSET
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+_ROPE3D_NOTES = [
+    "models/rope3d.py: DiT-style self-attention over a T x H x W = 2 x 3 x 4 token grid (24 tokens, "
+    "frame-major), multi-axis RoPE: head_dim 16 cut into (t, h, w) sections (4, 6, 6), each rotated "
+    "(rotate_half inside the section) by its own axis's cos/sin, then concatenated; non-causal SDPA",
+    "the grid is static, so cos/sin (computed in forward from torch.arange) are constant-folded into "
+    "[1, 1, 24, section] tables; only batch is dynamic",
+]
+
+MODULE_FIXTURES: list[ModuleFixture] = [
+    ModuleFixture("rope3d", "rope3d", rope3d.Rope3DAttention, notes=list(_ROPE3D_NOTES)),
+    ModuleFixture(
+        "rope3d_torchscript", "rope3d", rope3d.Rope3DAttention, exporter="torchscript",
+        weights_of="rope3d",
+        notes=[*_ROPE3D_NOTES, "TorchScript exporter (dynamo=False); same module and weights as rope3d, "
+               "the same input gives the same output"],
+    ),
+]
+
+ALL_FIXTURES: list[Fixture | ModuleFixture] = [*FIXTURES, *MODULE_FIXTURES]
+
+
 # --------------------------------------------------------------------------------------------
 # Model construction
 # --------------------------------------------------------------------------------------------
@@ -446,8 +492,10 @@ def _value_info(vi: onnx.ValueInfoProto) -> dict[str, Any]:
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")  # tried in this order
 
 
-def export_fixture(fx: Fixture, out_dir: Path) -> dict[str, Any]:
+def export_fixture(fx: Fixture | ModuleFixture, out_dir: Path) -> dict[str, Any]:
     """Export with sdpa attention; fall back to eager if the model or the export rejects it."""
+    if isinstance(fx, ModuleFixture):
+        return export_module_fixture(fx, out_dir)
     errors = []
     for attn_impl in ATTN_IMPLEMENTATIONS:
         try:
@@ -571,7 +619,9 @@ def export_with_attention(fx: Fixture, out_dir: Path, attn_impl: str) -> dict[st
     return manifest_entry(fx, proto, config, model, attn_impl, out_path, data)
 
 
-def compare_with_ort(fx: Fixture, data: bytes, names, values, reference, padded_queries: int, label: str) -> None:
+def compare_with_ort(
+    fx: Fixture | ModuleFixture, data: bytes, names, values, reference, padded_queries: int, label: str
+) -> None:
     """Outputs must match torch, except at padded query positions (row 0, the first
     `padded_queries` tokens) whose values are unspecified (fully masked softmax rows; fp16
     torch and onnxruntime disagree there)."""
@@ -593,6 +643,162 @@ def compare_with_ort(fx: Fixture, data: bytes, names, values, reference, padded_
         if not np.isfinite(out).all() or not np.allclose(out, ref, rtol=tol, atol=tol):
             diff = float(np.nanmax(np.abs(out - ref)))
             raise RuntimeError(f"{fx.name} [{label}]: onnxruntime differs from torch (max abs diff {diff:.3g})")
+
+
+# --------------------------------------------------------------------------------------------
+# Modules written here (models/rope3d.py)
+# --------------------------------------------------------------------------------------------
+
+
+MODULE_VERIFY_BATCHES = [SAMPLE_BATCH, 3, 1]  # onnxruntime must reproduce torch at these batches
+
+
+def build_module(fx: ModuleFixture) -> torch.nn.Module:
+    seed = fixture_seed(fx.weights_of or fx.name)
+    torch.manual_seed(seed)
+    module = fx.build()
+    randomize_weights(module, seed)
+    return module.to(fx.dtype).eval()
+
+
+def module_inputs(module: torch.nn.Module, batch: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    hidden = module.to_q.in_features
+    return torch.randn(batch, module.seq_len, hidden, generator=gen).to(dtype)
+
+
+def export_module_fixture(fx: ModuleFixture, out_dir: Path) -> dict[str, Any]:
+    module = build_module(fx)
+    seed = fixture_seed(fx.weights_of or fx.name) + 1
+    sample = module_inputs(module, SAMPLE_BATCH, seed, fx.dtype)
+    names = {"input_names": ["hidden_states"], "output_names": ["output"]}
+    with torch.no_grad():
+        if fx.exporter == "dynamo":
+            program = torch.onnx.export(
+                module, (sample,), dynamo=True, **names, dynamic_shapes=({0: "batch"},),
+                opset_version=fx.opset, optimize=True, external_data=False, verbose=False,
+            )
+            proto = program.model_proto
+        elif fx.exporter == "torchscript":
+            buffer = io.BytesIO()
+            torch.onnx.export(
+                module, (sample,), buffer, dynamo=False, **names,
+                dynamic_axes={"hidden_states": {0: "batch"}, "output": {0: "batch"}},
+                opset_version=fx.opset, do_constant_folding=True, verbose=False,
+            )
+            proto = onnx.load_from_string(buffer.getvalue())
+        else:
+            raise ValueError(f"{fx.name}: unknown exporter {fx.exporter!r}")
+    strip_metadata(proto)
+    proto.doc_string = (
+        f"otfuse fixture {fx.name}: multi-axis (3D) RoPE attention module, random weights, "
+        f"{fx.exporter} exporter (models/export_fixtures.py, models/rope3d.py)"
+    )
+    onnx.checker.check_model(proto, full_check=True)
+    data = proto.SerializeToString()
+
+    for batch in MODULE_VERIFY_BATCHES:
+        x = module_inputs(module, batch, seed + batch, fx.dtype)
+        with torch.no_grad():
+            reference = module(x)
+        compare_with_ort(fx, data, ["hidden_states"], [x], reference, padded_queries=0, label=f"batch={batch}")
+
+    out_path = out_dir / f"{fx.name}.onnx"
+    out_path.write_bytes(data)
+    return module_manifest_entry(fx, proto, module, out_path, data)
+
+
+def module_rotary_details(module: torch.nn.Module) -> dict[str, Any]:
+    """The multi-axis rotary block; the per-axis inv_freq buffers must be the default RoPE
+    frequencies of each section at the module's theta."""
+    for axis, width in zip("thw", module.sections):
+        inv_freq = getattr(module, f"inv_freq_{axis}")
+        if not torch.equal(inv_freq, rope3d.axis_inv_freq(width, module.theta)) or 2 * inv_freq.numel() != width:
+            raise RuntimeError(f"inv_freq_{axis} does not match section {width}, theta {module.theta}")
+    return {
+        "style": "sections",
+        "sections": list(module.sections),
+        "section_axes": ["t", "h", "w"],
+        "section_mode": "rotate_half",  # rotate_half inside each section
+        "rotary_dim": sum(module.sections),
+        "head_dim": module.head_dim,
+        "partial": sum(module.sections) < module.head_dim,
+        "theta": float(module.theta),
+        "rope_type": "default",
+        "grid": list(module.grid),
+    }
+
+
+def module_manifest_entry(fx: ModuleFixture, proto, module, path: Path, data: bytes) -> dict[str, Any]:
+    import onnxscript
+
+    # One attention with RoPE on q and on k, no norms (derived from the module, not the graph).
+    expected = {
+        "rmsnorm": 0,
+        "layernorm": 0,
+        "hidden_norms": 0,
+        "per_head_norms": 0,
+        "attention": 1,
+        "rotary_sites": 1,
+        "rotary_applications": 2,
+        "alibi_sites": 0,
+    }
+    if any(is_norm_module(m) for m in module.modules()):
+        raise RuntimeError(f"{fx.name}: the module has norms; expected counts assume none")
+    observed = graph_structure_counts(proto)
+    mismatched = {k: (v, expected[k]) for k, v in observed.items() if v != expected[k]}
+    if mismatched:
+        raise RuntimeError(f"{fx.name}: graph structure counts (observed, expected) differ: {mismatched}")
+    opset = {imp.domain or "ai.onnx": imp.version for imp in proto.opset_import}
+    exporter = (
+        "torch.onnx.export(dynamo=True, optimize=True)" if fx.exporter == "dynamo"
+        else "torch.onnx.export(dynamo=False, do_constant_folding=True)"
+    )
+    hidden = module.to_q.in_features
+    return {
+        "file": path.name,
+        "architecture": fx.architecture,
+        "model_class": type(module).__name__,
+        "dtype": str(fx.dtype).replace("torch.", ""),
+        "kv_cache": fx.kv_cache,
+        "exporter": exporter,
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "onnxscript": onnxscript.__version__,
+            "onnx": onnx.__version__,
+        },
+        "opset": opset.get("ai.onnx"),
+        "opset_imports": opset,
+        "attn_implementation": "sdpa",  # F.scaled_dot_product_attention
+        "seed": fixture_seed(fx.weights_of or fx.name),
+        "size_bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "inputs": [_value_info(v) for v in proto.graph.input],
+        "outputs": [_value_info(v) for v in proto.graph.output],
+        "config": {
+            "hidden_size": hidden,
+            "num_layers": 1,
+            "num_heads": module.heads,
+            "num_kv_heads": module.heads,
+            "head_dim": module.head_dim,
+            "intermediate_size": None,
+            "vocab_size": None,
+            "max_position_embeddings": None,
+            "norm": None,
+            "norm_classes": [],
+            "norm_eps": None,
+            "position_encoding": "rope",
+            "rotary": module_rotary_details(module),
+            "sliding_window": None,
+            "tie_word_embeddings": False,
+        },
+        "expected": expected,
+        "graph_counts": observed,
+        "graph_op_counts": graph_op_counts(proto),
+        "notes": fx.notes,
+        "attn_fallback_reasons": [],
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -684,8 +890,39 @@ def graph_structure_counts(proto: onnx.ModelProto) -> dict[str, int]:
         "rmsnorm": decomposed_rms + ops["RMSNormalization"],
         "layernorm": ops["LayerNormalization"],
         "attention": ops["Softmax"] + ops["Attention"],
-        "rotary_applications": ops["Neg"] + ops["RotaryEmbedding"],
+        "rotary_applications": rotary_application_count(nodes),
     }
+
+
+def rotary_application_count(nodes) -> int:
+    """RoPE applied to one tensor = one `RotaryEmbedding`, or one rotation `Neg` (rotate_half /
+    rotate_every_two) followed forward to the `Add` of x*cos + rot*sin; the `Add`s of the
+    sections of a multi-axis RoPE, concatenated by one `Concat`, count once together."""
+    consumers: dict[str, list] = {}
+    for n in nodes:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    ends: set[str] = set()  # the Add closing each rotation (the Neg's own output if none does)
+    for n in nodes:
+        if n.op_type != "Neg":
+            continue
+        node, end = n, n.output[0]
+        for _ in range(6):  # Neg [-> Unsqueeze] -> Concat [-> Reshape] -> Mul -> Add
+            users = consumers.get(node.output[0], [])
+            if len(users) != 1:
+                break
+            node = users[0]
+            if node.op_type == "Add":
+                end = node.output[0]
+                break
+        ends.add(end)
+    applications = set()
+    for end in ends:
+        users = consumers.get(end, [])
+        if len(users) == 1 and users[0].op_type == "Concat" and sum(i in ends for i in users[0].input) >= 2:
+            end = users[0].output[0]  # sections concatenated: one application
+        applications.add(end)
+    return len(applications) + sum(1 for n in nodes if n.op_type == "RotaryEmbedding")
 
 
 def manifest_entry(fx, proto, config, model, attn_impl, path: Path, data: bytes) -> dict[str, Any]:
@@ -769,13 +1006,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "fixtures")
     opts = parser.parse_args(argv)
 
-    names = [fx.name for fx in FIXTURES]
-    selected = FIXTURES
+    names = [fx.name for fx in ALL_FIXTURES]
+    selected = ALL_FIXTURES
     if opts.only:
         unknown = sorted(set(opts.only) - set(names))
         if unknown:
             parser.error(f"unknown fixture(s) {unknown}; known: {names}")
-        selected = [fx for fx in FIXTURES if fx.name in opts.only]
+        selected = [fx for fx in ALL_FIXTURES if fx.name in opts.only]
 
     opts.out.mkdir(parents=True, exist_ok=True)
     manifest_path = opts.out / "manifest.json"

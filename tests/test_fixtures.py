@@ -52,7 +52,7 @@ def resolve_dim(dim: int | str) -> int:
 
 def make_feeds(entry: dict) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
-    vocab = entry["config"]["vocab_size"]
+    vocab = entry["config"]["vocab_size"]  # None for the modules written in models/ (rope3d)
     past = DIMS["past_seq"] if entry["kv_cache"] else 0
     feeds = {}
     for spec in entry["inputs"]:
@@ -67,6 +67,8 @@ def make_feeds(entry: dict) -> dict[str, np.ndarray]:
             value = np.broadcast_to(np.arange(past, past + shape[1], dtype=np.int64), shape).copy()
         elif name.startswith("past_key_values."):
             value = (0.5 * rng.standard_normal(shape)).astype(dtype)
+        elif name == "hidden_states":
+            value = rng.standard_normal(shape).astype(dtype)
         else:
             raise AssertionError(f"{entry['file']}: no feed rule for input {name!r}")
         assert value.dtype == dtype, (name, value.dtype, dtype)
@@ -113,8 +115,38 @@ def structure_counts(model: onnx.ModelProto) -> dict[str, int]:
         "rmsnorm": rms + ops["RMSNormalization"],
         "layernorm": ops["LayerNormalization"],
         "attention": ops["Softmax"] + ops["Attention"],
-        "rotary_applications": ops["Neg"] + ops["RotaryEmbedding"],
+        "rotary_applications": rotary_application_count(nodes),
     }
+
+
+def rotary_application_count(nodes) -> int:
+    """One per `RotaryEmbedding`, or per rotation `Neg` followed forward to the `Add` of
+    x*cos + rot*sin; the section `Add`s of a multi-axis RoPE joined by one `Concat` count once."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in nodes:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    ends = set()
+    for n in nodes:
+        if n.op_type != "Neg":
+            continue
+        node, end = n, n.output[0]
+        for _ in range(6):
+            users = consumers.get(node.output[0], [])
+            if len(users) != 1:
+                break
+            node = users[0]
+            if node.op_type == "Add":
+                end = node.output[0]
+                break
+        ends.add(end)
+    applications = set()
+    for end in ends:
+        users = consumers.get(end, [])
+        if len(users) == 1 and users[0].op_type == "Concat" and sum(i in ends for i in users[0].input) >= 2:
+            end = users[0].output[0]
+        applications.add(end)
+    return len(applications) + sum(1 for n in nodes if n.op_type == "RotaryEmbedding")
 
 
 def norm_parameters(model: onnx.ModelProto) -> list[tuple[str, np.ndarray, np.ndarray | None]]:
@@ -190,6 +222,11 @@ def test_dynamic_batch_and_sequence(fixture):
     name, entry, path, model = fixture
     for spec in entry["inputs"]:
         assert spec["shape"][0] == "batch", spec
+    if entry["architecture"] == "rope3d":  # static token grid: only batch is dynamic
+        grid = entry["config"]["rotary"]["grid"]
+        (spec,) = entry["inputs"]
+        assert spec["shape"] == ["batch", int(np.prod(grid)), entry["config"]["hidden_size"]]
+        return
     ids = next(s for s in entry["inputs"] if s["name"] == "input_ids")
     assert ids["shape"] == ["batch", "seq"]
 
@@ -237,3 +274,165 @@ def test_norm_weights_are_perturbed(fixture):
             assert np.abs(bias.astype(np.float32)).max() > 0.05, f"{node}: bias ~ 0"
     distinct = {scale.astype(np.float32).tobytes() for _, scale, _ in norms}
     assert len(distinct) == len(norms), "norm scales shared between norms"
+
+
+# --- multi-axis ("3D") RoPE attention module (models/rope3d.py): rope3d, rope3d_torchscript ----
+
+ROPE3D = sorted(name for name, e in ENTRIES.items() if e["architecture"] == "rope3d")
+
+
+def constant_values(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Initializers and `Constant` node outputs (the TorchScript exporter uses the latter)."""
+    values = initializer_values(model)
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.attribute[0].name == "value":
+            values[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    return values
+
+
+def rope3d_tables(rotary: dict) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(cos, sin) [S, section] per axis, float64: token positions frame-major over the grid, the
+    default RoPE frequencies of each section, Concat(f, f)."""
+    coords = np.stack(np.meshgrid(*(np.arange(n) for n in rotary["grid"]), indexing="ij"), -1).reshape(-1, 3)
+    tables = []
+    for axis, width in enumerate(rotary["sections"]):
+        inv_freq = 1.0 / rotary["theta"] ** (np.arange(0, width, 2) / width)
+        angle = coords[:, axis, None] * inv_freq[None, :]
+        emb = np.concatenate([angle, angle], axis=-1)
+        tables.append((np.cos(emb), np.sin(emb)))
+    return tables
+
+
+def rope3d_reference(entry: dict, model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    """The block in numpy (float64) from the graph's weights: q/k/v projections, multi-axis RoPE
+    on q and k, softmax(q k^T / sqrt(d)) v, output projection."""
+    inits = initializer_values(model)
+    producer = {out: n for n in model.graph.node for out in n.output}
+    weights = {}
+    for n in model.graph.node:  # Add(MatMul(x, W), <proj>.bias), either operand order
+        bias = next((i for i in n.input if i.endswith(".bias")), None) if n.op_type == "Add" else None
+        if bias is None:
+            continue
+        (other,) = [i for i in n.input if i != bias]
+        matmul = producer[other]
+        assert matmul.op_type == "MatMul" and matmul.input[1] in inits, matmul.name
+        weights[bias.removesuffix(".bias")] = (
+            inits[matmul.input[1]].astype(np.float64), inits[bias].astype(np.float64))
+    assert sorted(weights) == ["to_k", "to_out", "to_q", "to_v"], sorted(weights)
+
+    cfg = entry["config"]
+    heads, head_dim = cfg["num_heads"], cfg["head_dim"]
+    batch, seq, hidden = x.shape
+    x = x.astype(np.float64)
+
+    def project(name, value):
+        w, b = weights[name]
+        return value @ w + b
+
+    def split_heads(value):
+        return value.reshape(batch, seq, heads, head_dim).transpose(0, 2, 1, 3)
+
+    def rope(value):
+        out, start = [], 0
+        for cos, sin in rope3d_tables(cfg["rotary"]):
+            width = cos.shape[-1]
+            sec = value[..., start : start + width]
+            x1, x2 = sec[..., : width // 2], sec[..., width // 2 :]
+            out.append(sec * cos + np.concatenate([-x2, x1], axis=-1) * sin)
+            start += width
+        return np.concatenate(out, axis=-1)
+
+    q = rope(split_heads(project("to_q", x)))
+    k = rope(split_heads(project("to_k", x)))
+    v = split_heads(project("to_v", x))
+    scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(head_dim)
+    probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    attn = (probs @ v).transpose(0, 2, 1, 3).reshape(batch, seq, hidden)
+    return project("to_out", attn)
+
+
+@pytest.fixture(scope="module", params=ROPE3D)
+def rope3d_fixture(request):
+    name = request.param
+    entry = ENTRIES[name]
+    return name, entry, onnx.load(str(FIXTURES / entry["file"]))
+
+
+def test_rope3d_fixtures_present():
+    assert ROPE3D == ["rope3d", "rope3d_torchscript"]
+    assert ENTRIES["rope3d"]["exporter"].startswith("torch.onnx.export(dynamo=True")
+    assert ENTRIES["rope3d_torchscript"]["exporter"].startswith("torch.onnx.export(dynamo=False")
+    for name in ROPE3D:
+        rotary = ENTRIES[name]["config"]["rotary"]
+        assert rotary["style"] == "sections" and rotary["sections"] == [4, 6, 6]
+        assert sum(rotary["sections"]) == rotary["rotary_dim"] == rotary["head_dim"] == 16
+        expected = ENTRIES[name]["expected"]
+        assert (expected["rotary_sites"], expected["rotary_applications"], expected["attention"]) == (1, 2, 1)
+
+
+def test_rope3d_matches_numpy_reference(rope3d_fixture):
+    name, entry, model = rope3d_fixture
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for batch in (1, 3):
+        x = np.random.default_rng(batch).standard_normal((batch, 24, 64)).astype(np.float32)
+        (out,) = sess.run(None, {"hidden_states": x})
+        np.testing.assert_allclose(out, rope3d_reference(entry, model, x), rtol=1e-4, atol=1e-5)
+
+
+def test_rope3d_exporters_agree():
+    x = np.random.default_rng(7).standard_normal((2, 24, 64)).astype(np.float32)
+    outs = [
+        ort.InferenceSession(str(FIXTURES / ENTRIES[name]["file"]), providers=["CPUExecutionProvider"]).run(
+            None, {"hidden_states": x})[0]
+        for name in ROPE3D
+    ]
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-6)
+
+
+def test_rope3d_sections_as_documented(rope3d_fixture):
+    """Per rotated tensor (q, then k): an outer Concat(axis=-1) of three section Adds; section i is
+    Slice(x, start_i, end_i, axes=[3]) of the same head-transposed tensor, rotated as
+    Add(Mul(sec, cos_i), Mul(Concat(Neg(sec[h:]), sec[:h]), sin_i)) with cos_i / sin_i constant
+    [1, 1, 24, section] tables equal to the per-axis RoPE tables (see models/README.md)."""
+    name, entry, model = rope3d_fixture
+    values = constant_values(model)
+    producer = {out: n for n in model.graph.node for out in n.output}
+    tables = rope3d_tables(entry["config"]["rotary"])
+    bounds = [(0, 4), (4, 10), (10, None)]
+
+    def const(name):
+        return values[name].reshape(-1).tolist()
+
+    outer = [
+        n for n in model.graph.node
+        if n.op_type == "Concat" and len(n.input) == 3
+        and all(i in producer and producer[i].op_type == "Add" for i in n.input)
+    ]
+    assert len(outer) == 2, [n.name for n in outer]
+    sources = []
+    for concat in outer:
+        assert [a.i for a in concat.attribute if a.name == "axis"] == [-1]
+        section_sources = set()
+        for add_out, (start, end), (cos, sin) in zip(concat.input, bounds, tables):
+            mul_cos, mul_sin = (producer[i] for i in producer[add_out].input)
+            assert mul_cos.op_type == mul_sin.op_type == "Mul"
+            section, cos_name = mul_cos.input
+            rotated, sin_name = mul_sin.input
+            np.testing.assert_allclose(values[cos_name], cos[None, None], atol=1e-6)
+            np.testing.assert_allclose(values[sin_name], sin[None, None], atol=1e-6)
+            sl = producer[section]
+            assert sl.op_type == "Slice" and const(sl.input[3]) == [3] and const(sl.input[4]) == [1]
+            assert const(sl.input[1]) == [start]
+            assert const(sl.input[2]) == [end] if end is not None else const(sl.input[2])[0] >= 16
+            section_sources.add(sl.input[0])
+            neg_concat = producer[rotated]
+            assert neg_concat.op_type == "Concat" and producer[neg_concat.input[0]].op_type == "Neg"
+            half = producer[producer[neg_concat.input[0]].input[0]]  # Slice(sec, h, INT64_MAX)
+            first = producer[neg_concat.input[1]]  # Slice(sec, 0, h)
+            assert half.op_type == first.op_type == "Slice" and half.input[0] == first.input[0] == section
+        assert len(section_sources) == 1  # the three sections cut from one tensor
+        (source,) = section_sources
+        assert producer[source].op_type == "Transpose"
+        sources.append(source)
+    assert len(set(sources)) == 2  # q and k
