@@ -13,6 +13,7 @@ const CustomOpList& AllOps() {
     CustomOpList list;
     cpu::AppendNormOps(list);
     cpu::AppendRotaryOps(list);
+    cpu::AppendAttentionOps(list);
     return list;
   }();
   return ops;

@@ -13,6 +13,7 @@ constexpr const char* kOpDomain = "otfuse";
 namespace cpu {
 void AppendNormOps(CustomOpList& ops);  // RMSNorm, AddRMSNorm, LayerNorm, AddLayerNorm
 void AppendRotaryOps(CustomOpList& ops);  // RotaryEmbedding, RotaryEmbeddingQK
+void AppendAttentionOps(CustomOpList& ops);  // Attention, RopeAttention
 }  // namespace cpu
 
 }  // namespace otfuse

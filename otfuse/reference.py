@@ -158,3 +158,135 @@ def rotary_embedding_qk(
         raise ValueError(f"Q shape {q.shape} and K shape {k.shape} must have the same last dim")
     return (rotary_embedding(q, cos, sin, mode, rotary_dim, sections),
             rotary_embedding(k, cos, sin, mode, rotary_dim, sections))
+
+
+# ---- attention family ----
+
+
+def _heads_bnsd(x: np.ndarray, layout: str, heads: int, name: str) -> np.ndarray:
+    """Q, K or V as [B, N, S, D] from its layout (BSND may be rank 3, [B, S, N*D])."""
+    if layout == "BNSD":
+        if x.ndim != 4:
+            raise ValueError(f"{name} shape {x.shape}: layout BNSD needs rank 4")
+        out = x
+    elif layout == "BSND":
+        if x.ndim == 3:
+            if x.shape[2] % heads:
+                raise ValueError(f"{name} shape {x.shape}: last dim is not a multiple of {heads} heads")
+            x = x.reshape(x.shape[0], x.shape[1], heads, x.shape[2] // heads)
+        if x.ndim != 4:
+            raise ValueError(f"{name} shape {x.shape}: layout BSND needs rank 4 or 3")
+        out = x.transpose(0, 2, 1, 3)
+    else:
+        raise ValueError(f"layout must be 'BNSD' or 'BSND', got {layout!r}")
+    if out.shape[1] != heads:
+        raise ValueError(f"{name} shape {x.shape} has {out.shape[1]} heads, expected {heads}")
+    return out
+
+
+def attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    attn_bias: np.ndarray | None = None,
+    key_padding_mask: np.ndarray | None = None,
+    past_key: np.ndarray | None = None,
+    past_value: np.ndarray | None = None,
+    *,
+    num_heads: int,
+    kv_num_heads: int | None = None,
+    scale: float = 0.0,
+    causal: int = 0,
+    window: int = 0,
+    softcap: float = 0.0,
+    layout: str = "BNSD",
+    output_layout: str | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Attention (docs/ops.md, "Attention family"), naive: materialises the [B, N, Sq, Skv] scores.
+
+    Returns (Y, present_key, present_value). Scores, softmax and P·V are float32; Y is rounded to
+    Q's type once. Rows with no visible key are 0.
+    """
+    kv_num_heads = kv_num_heads or num_heads
+    if num_heads % kv_num_heads:
+        raise ValueError(f"num_heads {num_heads} is not a multiple of kv_num_heads {kv_num_heads}")
+    if window and not causal:
+        raise ValueError("window > 0 needs causal = 1")
+    output_layout = output_layout or layout
+    q4 = _heads_bnsd(q, layout, num_heads, "Q")
+    k4 = _heads_bnsd(k, layout, kv_num_heads, "K")
+    v4 = _heads_bnsd(v, layout, kv_num_heads, "V")
+    if (past_key is None) != (past_value is None):
+        raise ValueError("past_key and past_value must be given together")
+    present_k = k4 if past_key is None else np.concatenate([past_key, k4], axis=2)
+    present_v = v4 if past_value is None else np.concatenate([past_value, v4], axis=2)
+    b, n, sq, d = q4.shape
+    skv = present_k.shape[2]
+    group = num_heads // kv_num_heads
+    k32 = np.repeat(present_k.astype(_F32), group, axis=1)
+    v32 = np.repeat(present_v.astype(_F32), group, axis=1)
+    scale = _F32(scale) if scale else _F32(1.0 / np.sqrt(d)) if d else _F32(1.0)
+    scores = np.matmul(q4.astype(_F32), k32.transpose(0, 1, 3, 2)) * scale
+    if softcap:
+        scores = _F32(softcap) * np.tanh(scores / _F32(softcap))
+    if attn_bias is not None:
+        scores = scores + np.broadcast_to(attn_bias.astype(_F32), (b, n, sq, skv))
+    visible = np.ones((b, n, sq, skv), bool)
+    if key_padding_mask is not None:
+        if key_padding_mask.shape != (b, skv):
+            raise ValueError(f"key_padding_mask shape {key_padding_mask.shape} != [B, Skv] = {(b, skv)}")
+        visible &= (key_padding_mask != 0)[:, None, None, :]
+    if causal:
+        t = (skv - sq) + np.arange(sq)[:, None]  # absolute position of each query row
+        j = np.arange(skv)[None, :]
+        band = j <= t
+        if window:
+            band &= j > t - window
+        visible &= band
+    scores = np.where(visible, scores, _F32(-np.inf)).astype(_F32)
+    with np.errstate(invalid="ignore"):
+        m = scores.max(axis=-1, keepdims=True) if skv else np.full((b, n, sq, 1), -np.inf, _F32)
+        empty = m == -np.inf  # no visible key: the row is 0
+        p = np.exp(scores - np.where(empty, _F32(0), m)).astype(_F32)
+        l = p.sum(axis=-1, keepdims=True, dtype=_F32)
+        y = np.matmul(p, v32) / np.where(empty, _F32(1), l)
+    y = np.where(empty, _F32(0), y).astype(_F32)
+    if output_layout == "BSND":
+        y = y.transpose(0, 2, 1, 3)
+        if layout == "BSND" and q.ndim == 3:
+            y = y.reshape(b, sq, n * y.shape[-1])
+    elif output_layout != "BNSD":
+        raise ValueError(f"output_layout must be 'BNSD' or 'BSND', got {output_layout!r}")
+    return y.astype(q.dtype), present_k, present_v
+
+
+def rope_attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    cos: np.ndarray,
+    sin: np.ndarray,
+    attn_bias: np.ndarray | None = None,
+    key_padding_mask: np.ndarray | None = None,
+    past_key: np.ndarray | None = None,
+    past_value: np.ndarray | None = None,
+    *,
+    num_heads: int,
+    kv_num_heads: int | None = None,
+    rotary_mode: str = "half",
+    rotary_dim: int = 0,
+    rotary_sections=(),
+    layout: str = "BNSD",
+    **attention_attrs,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """RopeAttention: Attention of RotaryEmbedding(Q) and RotaryEmbedding(K) (the new keys only;
+    past keys are already rotated), cos/sin broadcast against the rank-4 view of Q and K in
+    `layout`. The rotated Q and K are rounded to T, as the unfused RotaryEmbedding stores them."""
+    kv_num_heads = kv_num_heads or num_heads
+
+    def rotated(x: np.ndarray, heads: int) -> np.ndarray:
+        x4 = x.reshape(x.shape[0], x.shape[1], heads, -1) if layout == "BSND" and x.ndim == 3 else x
+        return rotary_embedding(x4, cos, sin, rotary_mode, rotary_dim, rotary_sections).reshape(x.shape)
+
+    return attention(rotated(q, num_heads), rotated(k, kv_num_heads), v, attn_bias, key_padding_mask, past_key,
+                     past_value, num_heads=num_heads, kv_num_heads=kv_num_heads, layout=layout, **attention_attrs)

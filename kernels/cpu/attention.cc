@@ -1,0 +1,555 @@
+// CPU kernels of the attention family: Attention and RopeAttention (contract: docs/ops.md,
+// "Attention family"). This file checks the node and its inputs, builds an AttentionJob and runs
+// its phases on ORT's thread pool; the tile math is in attention_tiles.inc.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/cpu_features.h"
+#include "common/float_types.h"
+#include "common/shape_check.h"
+#include "cpu/attention_tiles.h"
+#include "op_registry.h"
+
+namespace otfuse::cpu {
+namespace {
+
+// Tile sizes, chosen by measurement (bench/attention_kernel.py, docs/ops.md "CPU kernel"):
+// 64 query rows x 128 keys keeps a task's Q, S, O tiles and the packed K/V panels it streams
+// (~230 KiB with D = 128) inside a 1 MiB L2.
+constexpr int64_t kBlockQ = 64;
+constexpr int64_t kBlockKv = 128;
+// Fewer query rows than this (decoding) read K/V rows in place instead of packing them first:
+// packing costs a pass over the whole cache that so few rows cannot amortise.
+constexpr int64_t kMinRowsForPacking = 8;
+
+enum class Layout { kBnsd, kBsnd };
+
+const char* LayoutName(Layout layout) { return layout == Layout::kBnsd ? "BNSD" : "BSND"; }
+
+Layout ParseLayout(const KernelInfo& info, const char* name, Layout fallback) {
+  const std::optional<std::string> value = info.StringAttribute(name);
+  if (!value) return fallback;
+  if (*value == "BNSD") return Layout::kBnsd;
+  if (*value == "BSND") return Layout::kBsnd;
+  throw Error(std::string("attribute '") + name + "' must be \"BNSD\" or \"BSND\", got \"" + *value + "\"");
+}
+
+bool IsSupportedType(ONNXTensorElementDataType type) {
+  return type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 ||
+         type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+}
+
+InputTensor RequiredInput(const KernelContext& ctx, size_t index, const char* name) {
+  std::optional<InputTensor> tensor = ctx.Input(index);
+  if (!tensor) throw Error(std::string("input '") + name + "' is required");
+  return *tensor;
+}
+
+void ExpectType(const char* name, const InputTensor& tensor, ONNXTensorElementDataType expected,
+                const char* expected_from) {
+  if (tensor.type != expected) {
+    throw Error(std::string(name) + " has element type " + ElementTypeName(tensor.type) + " but " + expected_from +
+                " has " + ElementTypeName(expected));
+  }
+}
+
+// Q, K or V seen as [B, heads, S, D] with element strides.
+struct HeadView {
+  int64_t batch, heads, seq, d;
+  int64_t sb, sh, ss;
+  bool rank3;  // a BSND tensor given as [B, S, heads * D]
+};
+
+HeadView ViewHeads(const char* name, const InputTensor& t, Layout layout, int64_t heads, const char* heads_attr) {
+  const Shape& s = t.shape;
+  DimProduct(s, 0, s.size());  // no negative dims, no overflow
+  HeadView v{};
+  const std::string what = std::string(name) + " has shape " + ToString(s) + " but layout " + LayoutName(layout);
+  if (layout == Layout::kBnsd) {
+    if (s.size() != 4) throw Error(what + " needs rank 4 [B, N, S, D]");
+    v = HeadView{s[0], s[1], s[2], s[3], s[1] * s[2] * s[3], s[2] * s[3], s[3], false};
+  } else if (s.size() == 4) {
+    v = HeadView{s[0], s[2], s[1], s[3], s[1] * s[2] * s[3], s[3], s[2] * s[3], false};
+  } else if (s.size() == 3) {
+    if (s[2] % heads != 0) {
+      throw Error(what + " [B, S, N*D]: the last dim " + std::to_string(s[2]) + " is not a multiple of " + heads_attr +
+                  " = " + std::to_string(heads));
+    }
+    const int64_t d = s[2] / heads;
+    v = HeadView{s[0], heads, s[1], d, s[1] * s[2], d, s[2], true};
+  } else {
+    throw Error(what + " needs rank 4 [B, S, N, D] or rank 3 [B, S, N*D]");
+  }
+  if (v.heads != heads) {
+    throw Error(std::string(name) + " has shape " + ToString(s) + ": " + std::to_string(v.heads) + " heads in layout " +
+                LayoutName(layout) + " but " + heads_attr + " = " + std::to_string(heads));
+  }
+  return v;
+}
+
+// Strides (in elements) of `shape` broadcast to `target` with numpy rules (aligned right);
+// a broadcast dim gets stride 0.
+std::vector<int64_t> BroadcastStrides(const char* name, const Shape& shape, const Shape& target,
+                                      const std::string& target_name) {
+  const std::string message = std::string(name) + " has shape " + ToString(shape) + ", not broadcastable to " +
+                              target_name + " = " + ToString(target);
+  if (shape.size() > target.size()) throw Error(message + " (rank " + std::to_string(shape.size()) + ")");
+  DimProduct(shape, 0, shape.size());
+  std::vector<int64_t> strides(target.size(), 0);
+  int64_t stride = 1;
+  for (size_t k = 0; k < shape.size(); ++k) {
+    const size_t from_end = shape.size() - 1 - k;
+    const size_t t = target.size() - 1 - k;
+    const int64_t dim = shape[from_end];
+    if (dim != target[t] && dim != 1) throw Error(message);
+    strides[t] = (dim == 1 && target[t] != 1) ? 0 : stride;
+    stride *= dim;
+  }
+  return strides;
+}
+
+// One rotation table: lane i < r of the rotated row is cos[i]*x[i] + sin[i]*(sign[i]*x[src[i]]).
+void BuildRotation(bool interleaved, const std::vector<int64_t>& sections, int64_t r, std::vector<int32_t>& src,
+                   std::vector<float>& sign) {
+  src.assign(static_cast<size_t>(r), 0);
+  sign.assign(static_cast<size_t>(r), 1.0f);
+  if (interleaved) {
+    for (int64_t i = 0; i < r; i += 2) {
+      src[i] = static_cast<int32_t>(i + 1);
+      sign[i] = -1.0f;
+      src[i + 1] = static_cast<int32_t>(i);
+    }
+    return;
+  }
+  int64_t offset = 0;
+  const std::vector<int64_t> widths = sections.empty() ? std::vector<int64_t>{r} : sections;
+  for (int64_t width : widths) {
+    const int64_t half = width / 2;
+    for (int64_t i = 0; i < width; ++i) {
+      const bool first = i < half;
+      src[offset + i] = static_cast<int32_t>(offset + (first ? i + half : i - half));
+      sign[offset + i] = first ? -1.0f : 1.0f;
+    }
+    offset += width;
+  }
+}
+
+struct Tiles {
+  int64_t block_q = kBlockQ;
+  int64_t block_kv = kBlockKv;
+  int force_path = 0;  // 0: by row count, 1: direct, 2: packed
+};
+
+// OTFUSE_ATTENTION_TILES="64x128" and OTFUSE_ATTENTION_PATH=direct|packed are tuning and test
+// knobs (docs/ops.md); read when a session creates its kernels.
+Tiles ReadTiles() {
+  Tiles tiles;
+  if (const char* text = std::getenv("OTFUSE_ATTENTION_TILES")) {
+    long bq = 0, bkv = 0;
+    if (std::sscanf(text, "%ldx%ld", &bq, &bkv) == 2 && bq >= 1 && bq <= 1024 && bkv >= kPanel && bkv <= 4096 &&
+        bkv % kPanel == 0) {
+      tiles.block_q = bq;
+      tiles.block_kv = bkv;
+    } else {
+      throw Error(std::string("OTFUSE_ATTENTION_TILES=") + text +
+                  " is not QxKV with 1 <= Q <= 1024 and KV a multiple of 16 in [16, 4096]");
+    }
+  }
+  if (const char* path = std::getenv("OTFUSE_ATTENTION_PATH")) {
+    if (std::strcmp(path, "direct") == 0) tiles.force_path = 1;
+    else if (std::strcmp(path, "packed") == 0) tiles.force_path = 2;
+  }
+  return tiles;
+}
+
+struct InputIndex {
+  size_t cos, sin, bias, key_mask, past_key, past_value;
+};
+
+template <bool kRope>
+constexpr InputIndex Indices() {
+  if constexpr (kRope) return InputIndex{3, 4, 5, 6, 7, 8};
+  return InputIndex{0, 0, 3, 4, 5, 6};
+}
+
+template <bool kRope>
+class AttentionKernel {
+ public:
+  explicit AttentionKernel(const KernelInfo& info) {
+    const std::optional<int64_t> heads = info.IntAttribute("num_heads");
+    if (!heads) throw Error("attribute 'num_heads' is required");
+    num_heads_ = *heads;
+    kv_num_heads_ = info.IntAttribute("kv_num_heads").value_or(num_heads_);
+    if (num_heads_ < 1 || kv_num_heads_ < 1) {
+      throw Error("num_heads and kv_num_heads must be >= 1, got " + std::to_string(num_heads_) + " and " +
+                  std::to_string(kv_num_heads_));
+    }
+    if (num_heads_ % kv_num_heads_ != 0) {
+      throw Error("num_heads = " + std::to_string(num_heads_) + " is not a multiple of kv_num_heads = " +
+                  std::to_string(kv_num_heads_));
+    }
+    scale_ = info.FloatAttribute("scale").value_or(0.0f);
+    if (!std::isfinite(scale_)) throw Error("attribute 'scale' must be finite");
+    const int64_t causal = info.IntAttribute("causal").value_or(0);
+    if (causal != 0 && causal != 1) throw Error("attribute 'causal' must be 0 or 1, got " + std::to_string(causal));
+    causal_ = causal == 1;
+    window_ = info.IntAttribute("window").value_or(0);
+    if (window_ < 0) throw Error("attribute 'window' must be >= 0, got " + std::to_string(window_));
+    if (window_ > 0 && !causal_) throw Error("attribute 'window' > 0 needs causal = 1");
+    softcap_ = info.FloatAttribute("softcap").value_or(0.0f);
+    if (!(softcap_ >= 0.0f) || !std::isfinite(softcap_)) {
+      throw Error("attribute 'softcap' must be a finite number >= 0, got " + std::to_string(softcap_));
+    }
+    layout_ = ParseLayout(info, "layout", Layout::kBnsd);
+    output_layout_ = ParseLayout(info, "output_layout", layout_);
+    if constexpr (kRope) {
+      const std::string mode = info.StringAttribute("rotary_mode").value_or("half");
+      if (mode != "half" && mode != "interleaved") {
+        throw Error("attribute 'rotary_mode' must be \"half\" or \"interleaved\", got \"" + mode + "\"");
+      }
+      interleaved_ = mode == "interleaved";
+      rotary_dim_ = info.IntAttribute("rotary_dim").value_or(0);
+      if (rotary_dim_ < 0 || rotary_dim_ % 2 != 0) {
+        throw Error("attribute 'rotary_dim' must be even and >= 0, got " + std::to_string(rotary_dim_));
+      }
+      sections_ = info.IntsAttribute("rotary_sections").value_or(std::vector<int64_t>{});
+      int64_t total = 0;
+      for (int64_t w : sections_) {
+        if (w < 0 || w % 2 != 0) throw Error("attribute 'rotary_sections' must hold even widths >= 0");
+        total += w;
+      }
+      if (!sections_.empty() && rotary_dim_ != 0 && total != rotary_dim_) {
+        throw Error("attribute 'rotary_sections' sums to " + std::to_string(total) + " but rotary_dim = " +
+                    std::to_string(rotary_dim_));
+      }
+    }
+    const CpuIsa isa = SelectCpuIsa();
+    use_avx2_ = isa == CpuIsa::kAvx2 && __builtin_cpu_supports("fma");
+    tiles_ = ReadTiles();
+  }
+
+  void Compute(const KernelContext& ctx) const {
+    const InputTensor q = RequiredInput(ctx, 0, "Q");
+    if (!IsSupportedType(q.type)) {
+      throw Error(std::string("Q has element type ") + ElementTypeName(q.type) +
+                  "; expected float32, float16 or bfloat16");
+    }
+    switch (q.type) {
+      case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: return Run<float>(ctx, q);
+      case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: return Run<Float16>(ctx, q);
+      default: return Run<BFloat16>(ctx, q);
+    }
+  }
+
+ private:
+  template <typename T>
+  AttentionFns<T> Functions() const {
+#if defined(OTFUSE_HAVE_AVX2_KERNELS)
+    if (use_avx2_) return avx2::AttentionFunctions<T>();
+#endif
+    return baseline::AttentionFunctions<T>();
+  }
+
+  template <typename T>
+  void Run(const KernelContext& ctx, const InputTensor& q) const {
+    constexpr InputIndex kIn = Indices<kRope>();
+    const InputTensor k = RequiredInput(ctx, 1, "K");
+    const InputTensor v = RequiredInput(ctx, 2, "V");
+    ExpectType("K", k, q.type, "Q");
+    ExpectType("V", v, q.type, "Q");
+    const HeadView qv = ViewHeads("Q", q, layout_, num_heads_, "num_heads");
+    const HeadView kv = ViewHeads("K", k, layout_, kv_num_heads_, "kv_num_heads");
+    const HeadView vv = ViewHeads("V", v, layout_, kv_num_heads_, "kv_num_heads");
+    const int64_t batch = qv.batch;
+    if (kv.batch != batch || vv.batch != batch) {
+      throw Error("batch sizes differ: Q " + std::to_string(batch) + ", K " + std::to_string(kv.batch) + ", V " +
+                  std::to_string(vv.batch));
+    }
+    if (kv.d != qv.d) {
+      throw Error("K's head size D = " + std::to_string(kv.d) + " differs from Q's D = " + std::to_string(qv.d));
+    }
+    if (vv.seq != kv.seq) {
+      throw Error("V has " + std::to_string(vv.seq) + " positions but K has " + std::to_string(kv.seq));
+    }
+    const int64_t d = qv.d, dv = vv.d, sq = qv.seq, s_new = kv.seq;
+    const int64_t nq = num_heads_, nkv = kv_num_heads_;
+
+    // past_key / past_value: both or neither, [B, Nkv, P, D] and [B, Nkv, P, Dv].
+    const std::optional<InputTensor> past_k = ctx.Input(kIn.past_key);
+    const std::optional<InputTensor> past_v = ctx.Input(kIn.past_value);
+    if (past_k.has_value() != past_v.has_value()) {
+      throw Error(std::string("past_key and past_value must be given together; only ") +
+                  (past_k ? "past_key" : "past_value") + " is");
+    }
+    int64_t past = 0;
+    if (past_k) {
+      ExpectType("past_key", *past_k, q.type, "Q");
+      ExpectType("past_value", *past_v, q.type, "Q");
+      if (past_k->shape.size() != 4) {
+        throw Error("past_key has shape " + ToString(past_k->shape) + "; expected rank 4 [B, Nkv, P, D]");
+      }
+      DimProduct(past_k->shape, 0, 4);
+      past = past_k->shape[2];
+      ExpectShape("past_key", past_k->shape, "[B, kv_num_heads, P, D]", Shape{batch, nkv, past, d});
+      ExpectShape("past_value", past_v->shape, "[B, kv_num_heads, P, Dv]", Shape{batch, nkv, past, dv});
+    }
+    int64_t skv = 0;
+    if (__builtin_add_overflow(past, s_new, &skv)) throw Error("past + new sequence length overflows");
+    const Shape scores_shape{batch, nq, sq, skv};
+
+    AttentionJob<T> job{};
+    job.batch = batch;
+    job.q_heads = nq;
+    job.kv_heads = nkv;
+    job.group = nq / nkv;
+    job.sq = sq;
+    job.skv = skv;
+    job.d = d;
+    job.dv = dv;
+    job.causal_offset = skv - sq;
+    job.causal = causal_;
+    job.window = window_;
+    job.scale = scale_ != 0.0f ? scale_ : (d > 0 ? 1.0f / std::sqrt(static_cast<float>(d)) : 1.0f);
+    job.softcap = softcap_;
+    job.q = q.As<T>();
+    job.q_sb = qv.sb, job.q_sh = qv.sh, job.q_ss = qv.ss;
+    job.k_past = past_k ? past_k->As<T>() : nullptr;
+    job.v_past = past_v ? past_v->As<T>() : nullptr;
+    job.k_past_len = job.v_past_len = past;
+    job.k_new = k.As<T>();
+    job.k_sb = kv.sb, job.k_sh = kv.sh, job.k_ss = kv.ss;
+    job.v_new = v.As<T>();
+    job.v_sb = vv.sb, job.v_sh = vv.sh, job.v_ss = vv.ss;
+
+    // attn_bias: T or float32, broadcastable to [B, N, Sq, Skv].
+    if (const std::optional<InputTensor> bias = ctx.Input(kIn.bias)) {
+      if (bias->type != q.type && bias->type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
+        throw Error(std::string("attn_bias has element type ") + ElementTypeName(bias->type) +
+                    "; expected float32 or Q's type " + ElementTypeName(q.type));
+      }
+      const std::vector<int64_t> st = BroadcastStrides("attn_bias", bias->shape, scores_shape, "[B, N, Sq, Skv]");
+      job.bias = bias->data;
+      job.bias_is_float = bias->type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+      job.bias_sb = st[0], job.bias_sh = st[1], job.bias_si = st[2], job.bias_sj = st[3];
+    }
+    // key_padding_mask: [B, Skv], nonzero = attend.
+    if (const std::optional<InputTensor> mask = ctx.Input(kIn.key_mask)) {
+      switch (mask->type) {
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL: job.key_mask_type = MaskType::kBool; break;
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32: job.key_mask_type = MaskType::kInt32; break;
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: job.key_mask_type = MaskType::kInt64; break;
+        default:
+          throw Error(std::string("key_padding_mask has element type ") + ElementTypeName(mask->type) +
+                      "; expected bool, int32 or int64");
+      }
+      ExpectShape("key_padding_mask", mask->shape, "[B, Skv]", Shape{batch, skv});
+      job.key_mask = mask->data;
+    }
+
+    // Rotary embedding: cos/sin broadcast against Q's and K's [.., r] in the input layout.
+    std::vector<int32_t> rot_src;
+    std::vector<float> rot_sign;
+    KvRowsJob<T> rows{};
+    if constexpr (kRope) {
+      const InputTensor cos = RequiredInput(ctx, kIn.cos, "cos");
+      const InputTensor sin = RequiredInput(ctx, kIn.sin, "sin");
+      if (cos.type != q.type && cos.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
+        throw Error(std::string("cos has element type ") + ElementTypeName(cos.type) +
+                    "; expected float32 or Q's type " + ElementTypeName(q.type));
+      }
+      ExpectType("sin", sin, cos.type, "cos");
+      ExpectShape("sin", sin.shape, "cos.shape", cos.shape);
+      const int64_t r = rotary_dim_ == 0 ? d : rotary_dim_;
+      if (r > d || r % 2 != 0) {
+        throw Error("rotary_dim = " + std::to_string(r) + " must be even and <= the head size D = " + std::to_string(d));
+      }
+      if (!sections_.empty()) {
+        int64_t total = 0;
+        for (int64_t w : sections_) total += w;
+        if (total != r) {
+          throw Error("attribute 'rotary_sections' sums to " + std::to_string(total) + " but the rotary width is " +
+                      std::to_string(r));
+        }
+      }
+      BuildRotation(interleaved_, sections_, r, rot_src, rot_sign);
+      if (cos.shape.empty() || cos.shape.back() != r) {
+        throw Error("cos has shape " + ToString(cos.shape) + "; its last dim must be the rotary width " +
+                    std::to_string(r));
+      }
+      const auto view = [&](const HeadView& hv) {
+        return layout_ == Layout::kBnsd ? Shape{hv.batch, hv.heads, hv.seq, r} : Shape{hv.batch, hv.seq, hv.heads, r};
+      };
+      const char* view_name = layout_ == Layout::kBnsd ? "[B, N, S, r]" : "[B, S, N, r]";
+      const std::vector<int64_t> cq = BroadcastStrides("cos", cos.shape, view(qv), std::string("Q's ") + view_name);
+      const std::vector<int64_t> ck = BroadcastStrides("cos", cos.shape, view(kv), std::string("K's ") + view_name);
+      const bool bnsd = layout_ == Layout::kBnsd;
+      job.rotary_dim = r;
+      job.cos = cos.data;
+      job.sin = sin.data;
+      job.cos_is_float = cos.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+      job.cq_sb = cq[0], job.cq_sh = bnsd ? cq[1] : cq[2], job.cq_ss = bnsd ? cq[2] : cq[1];
+      rows.ck_sb = ck[0], rows.ck_sh = bnsd ? ck[1] : ck[2], rows.ck_ss = bnsd ? ck[2] : ck[1];
+      job.rot_src = rot_src.data();
+      job.rot_sign = rot_sign.data();
+    }
+
+    // Outputs.
+    Shape y_shape;
+    if (output_layout_ == Layout::kBnsd) {
+      y_shape = {batch, nq, sq, dv};
+      job.y_sb = nq * sq * dv, job.y_sh = sq * dv, job.y_ss = dv;
+    } else {
+      y_shape = qv.rank3 ? Shape{batch, sq, nq * dv} : Shape{batch, sq, nq, dv};
+      job.y_sb = sq * nq * dv, job.y_sh = dv, job.y_ss = nq * dv;
+    }
+    const OutputTensor y = ctx.Output(0, y_shape);
+    if (!y) throw Error("output 'Y' is required");
+    job.y = y.As<T>();
+    const OutputTensor present_k = ctx.Output(1, Shape{batch, nkv, skv, d});
+    const OutputTensor present_v = ctx.Output(2, Shape{batch, nkv, skv, dv});
+
+    // Tiling and scratch sizes.
+    job.block_q = tiles_.block_q;
+    job.block_kv = tiles_.block_kv;
+    job.kv_tiles = (skv + job.block_kv - 1) / job.block_kv;
+    job.dv_padded = (dv + kPanel - 1) / kPanel * kPanel;
+    job.k_tile_floats = job.block_kv * d;
+    job.v_tile_floats = job.block_kv * job.dv_padded;
+    const AttentionFns<T> fns = Functions<T>();
+
+    // Phase 1: present = past ++ new (keys rotated for RopeAttention), or rotated keys to scratch.
+    std::unique_ptr<T[]> rotated;
+    const bool rotate_to_scratch = kRope && !present_k && s_new > 0;
+    if (present_k || present_v || rotate_to_scratch) {
+      rows.present_key = present_k ? present_k.As<T>() : nullptr;
+      rows.present_value = present_v ? present_v.As<T>() : nullptr;
+      if (rotate_to_scratch) {
+        rotated.reset(new (std::nothrow) T[static_cast<size_t>(DimProduct(Shape{batch, nkv, s_new, d}, 0, 4))]);
+        if (!rotated) throw Error("out of memory for the rotated keys");
+        rows.rotated_key = rotated.get();
+      }
+      rows.past_key = job.k_past;
+      rows.past_value = job.v_past;
+      rows.past_len = past;
+      rows.new_len = s_new;
+      RunTasks(ctx, batch * nkv, KvRowsScratchFloats(job), [&](int64_t task, float* scratch) {
+        fns.kv_rows(job, rows, task / nkv, task % nkv, scratch);
+      });
+      if (present_k) {
+        job.k_past = present_k.As<T>();
+        job.k_past_len = skv;
+      } else if (rotate_to_scratch) {
+        job.k_new = rotated.get();
+        job.k_sb = nkv * s_new * d, job.k_sh = s_new * d, job.k_ss = d;
+      }
+      if (present_v) {
+        job.v_past = present_v.As<T>();
+        job.v_past_len = skv;
+      }
+    }
+    if (batch == 0 || nq == 0 || sq == 0 || dv == 0) return;
+
+    // Keys any query may see: [first_key, end_key); tiles outside are never packed nor read.
+    const int64_t end_key = causal_ ? std::min(skv, std::max<int64_t>(job.causal_offset + sq, 0)) : skv;
+    const int64_t first_key = window_ > 0 ? std::max<int64_t>(0, job.causal_offset - window_ + 1) : 0;
+
+    // Phase 2: pack the used key/value tiles into float32 panels.
+    const bool packed = tiles_.force_path == 2 || (tiles_.force_path == 0 && sq >= kMinRowsForPacking);
+    std::unique_ptr<float[]> packed_kv;
+    if (packed && first_key < end_key) {
+      const int64_t per_tile = job.k_tile_floats + job.v_tile_floats;
+      const int64_t total = DimProduct(Shape{batch, nkv, job.kv_tiles, per_tile}, 0, 4);
+      packed_kv.reset(new (std::nothrow) float[static_cast<size_t>(total)]);
+      if (!packed_kv) throw Error("out of memory for the packed keys and values (" + std::to_string(total) + " floats)");
+      job.k_packed = packed_kv.get();
+      job.v_packed = packed_kv.get() + batch * nkv * job.kv_tiles * job.k_tile_floats;
+      const int64_t tile_begin = first_key / job.block_kv;
+      const int64_t tile_count = (end_key + job.block_kv - 1) / job.block_kv - tile_begin;
+      RunTasks(ctx, batch * nkv * tile_count, PackScratchFloats(job), [&](int64_t task, float* scratch) {
+        const int64_t bg = task / tile_count;
+        fns.pack_kv(job, bg / nkv, bg % nkv, tile_begin + task % tile_count, scratch);
+      });
+    }
+
+    // Phase 3: attention, one task per (batch, head, query tile); the last query tiles see the
+    // most keys under a causal mask, so they are handed out first.
+    const int64_t q_tiles = (sq + job.block_q - 1) / job.block_q;
+    const int64_t heads_total = batch * nq;
+    RunTasks(ctx, heads_total * q_tiles, AttendScratchFloats(job), [&](int64_t task, float* scratch) {
+      const int64_t q_tile = q_tiles - 1 - task / heads_total;
+      const int64_t bh = task % heads_total;
+      fns.attend(job, bh / nq, bh % nq, q_tile, scratch);
+    });
+  }
+
+  // Runs fn(task, scratch) for every task on ORT's thread pool with `scratch_floats` floats of
+  // scratch per task. Nothing may throw into ORT's workers: a failed allocation is reported after.
+  template <typename Fn>
+  static void RunTasks(const KernelContext& ctx, int64_t count, int64_t scratch_floats, const Fn& fn) {
+    if (count <= 0) return;
+    std::atomic<bool> out_of_memory{false};
+    ctx.ParallelFor(static_cast<size_t>(count), [&](size_t task) {
+      std::unique_ptr<float[]> scratch(new (std::nothrow) float[static_cast<size_t>(std::max<int64_t>(scratch_floats, 1))]);
+      if (!scratch) {
+        out_of_memory = true;
+        return;
+      }
+      fn(static_cast<int64_t>(task), scratch.get());
+    });
+    if (out_of_memory) throw Error("out of memory for " + std::to_string(scratch_floats) + " floats of scratch");
+  }
+
+  int64_t num_heads_ = 0;
+  int64_t kv_num_heads_ = 0;
+  float scale_ = 0.0f;
+  bool causal_ = false;
+  int64_t window_ = 0;
+  float softcap_ = 0.0f;
+  Layout layout_ = Layout::kBnsd;
+  Layout output_layout_ = Layout::kBnsd;
+  bool interleaved_ = false;
+  int64_t rotary_dim_ = 0;
+  std::vector<int64_t> sections_;
+  bool use_avx2_ = false;
+  Tiles tiles_;
+};
+
+template <bool kRope>
+void AppendAttentionOp(const char* name, CustomOpList& ops) {
+  // One OrtCustomOp per element type T of Q, K, V, past_*, Y and present_*. attn_bias, cos and
+  // sin (T or float32) and key_padding_mask (bool, int32 or int64) are declared UNDEFINED and
+  // checked by the kernel.
+  constexpr ONNXTensorElementDataType kAny = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  for (ONNXTensorElementDataType t : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
+                                      ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}) {
+    OpSpec spec{name, nullptr, {}, {}};
+    spec.inputs = {{t}, {t}, {t}};  // Q, K, V
+    if (kRope) {
+      spec.inputs.push_back({kAny});  // cos
+      spec.inputs.push_back({kAny});  // sin
+    }
+    spec.inputs.push_back({kAny, true});  // attn_bias
+    spec.inputs.push_back({kAny, true});  // key_padding_mask
+    spec.inputs.push_back({t, true});     // past_key
+    spec.inputs.push_back({t, true});     // past_value
+    spec.outputs = {{t}, {t, true}, {t, true}};  // Y, present_key, present_value
+    ops.push_back(MakeCustomOp<AttentionKernel<kRope>>(std::move(spec)));
+  }
+}
+
+}  // namespace
+
+void AppendAttentionOps(CustomOpList& ops) {
+  AppendAttentionOp<false>("Attention", ops);
+  AppendAttentionOp<true>("RopeAttention", ops);
+}
+
+}  // namespace otfuse::cpu

@@ -1,0 +1,151 @@
+// Tile math of the attention family (Attention, RopeAttention), compiled once per CPU variant
+// (attention_tiles_baseline.cc, attention_tiles_avx2.cc); attention.cc validates the node, fills
+// an AttentionJob and schedules the phases below on ORT's thread pool.
+//
+// Phases of one Compute:
+//   1. KvRows (per batch x kv head, only when needed): present_key / present_value = past ++ new,
+//      new keys rotated for RopeAttention; or, for RopeAttention without present_key, the
+//      rotated new keys into a scratch tensor of K's size. Afterwards every key is read from one
+//      place per segment and never rotated again.
+//   2. PackKv (per batch x kv head x key tile, "tiled" path only): keys and values widened to
+//      float32 once, keys transposed, into panels the micro-kernels stream (O(Skv * D) floats).
+//   3. Attend (per batch x head x query tile): flash attention with an online softmax; key tiles
+//      wholly outside the causal/window band are skipped, only tiles that straddle its edges are
+//      masked element by element.
+// The "direct" path (few query rows, e.g. decoding) skips phase 2 and reads the key/value rows
+// where they are.
+#pragma once
+
+#include <cstdint>
+
+#include "common/float_types.h"
+
+namespace otfuse::cpu {
+
+// Element type of key_padding_mask.
+enum class MaskType : int32_t { kNone, kBool, kInt32, kInt64 };
+
+// Column width of a packed panel: the micro-kernels work on 16 floats (two AVX2 registers).
+constexpr int64_t kPanel = 16;
+
+// Everything the phases need. Plain data only: it crosses between translation units built for
+// different ISAs. Strides are in elements. Row (b, h, i) of a [.., D] tensor starts at
+// base + b*sb + h*sh + i*ss and its D elements are contiguous.
+template <typename T>
+struct AttentionJob {
+  int64_t batch;
+  int64_t q_heads;
+  int64_t kv_heads;
+  int64_t group;  // q_heads / kv_heads: query head h reads kv head h / group
+  int64_t sq;     // query rows
+  int64_t skv;    // keys in total (past + new)
+  int64_t d;      // head size of Q and K
+  int64_t dv;     // head size of V and Y
+  int64_t causal_offset;  // query row i sits at absolute position causal_offset + i (= skv - sq)
+  bool causal;
+  int64_t window;  // 0: none; else key j is seen from position t iff t - window < j <= t
+  float scale;
+  float softcap;  // 0: none
+
+  const T* q;
+  int64_t q_sb, q_sh, q_ss;
+
+  // Keys and values [0, past_len) come from a BNSD tensor [B, Nkv, past_len, D] (past_key, or
+  // present_key once written, then past_len == skv); keys [past_len, skv) from the new tensor.
+  const T* k_past;
+  const T* v_past;
+  int64_t k_past_len;
+  int64_t v_past_len;
+  const T* k_new;
+  int64_t k_sb, k_sh, k_ss;
+  const T* v_new;
+  int64_t v_sb, v_sh, v_ss;
+
+  // attn_bias broadcast to [B, N, Sq, Skv]: element at bias + b*sb + h*sh + i*si + j*sj.
+  const void* bias;  // null: none
+  bool bias_is_float;  // else T
+  int64_t bias_sb, bias_sh, bias_si, bias_sj;
+
+  const void* key_mask;  // [B, Skv], nonzero = attend; null: none
+  MaskType key_mask_type;
+
+  // Rotary embedding of the queries (RopeAttention; rotary_dim == 0: none). cos/sin rows of
+  // rotary_dim elements, broadcast over Q's (b, h, i) with the strides below; lane i < rotary_dim
+  // of the rotated row is cos[i]*x[i] + sin[i]*(rot_sign[i]*x[rot_src[i]]).
+  int64_t rotary_dim;
+  const void* cos;
+  const void* sin;
+  bool cos_is_float;  // else T
+  int64_t cq_sb, cq_sh, cq_ss;
+  const int32_t* rot_src;
+  const float* rot_sign;
+
+  T* y;
+  int64_t y_sb, y_sh, y_ss;
+
+  // Tiling. Packed keys of tile t of (b, kv head g): k_packed + ((b*kv_heads + g)*kv_tiles + t)
+  // * k_tile_floats, laid out [panel][d][kPanel]; values likewise [panel of dv][key][kPanel].
+  int64_t block_q;   // query rows per task
+  int64_t block_kv;  // keys per tile, a multiple of kPanel
+  int64_t kv_tiles;
+  int64_t dv_padded;  // dv rounded up to kPanel
+  int64_t k_tile_floats;
+  int64_t v_tile_floats;
+  float* k_packed;  // null: direct path
+  float* v_packed;
+};
+
+// Phase 1 inputs: where present / the rotated keys go, and the rotation of the new keys.
+template <typename T>
+struct KvRowsJob {
+  T* present_key;    // [B, Nkv, past + new, D] or null
+  T* present_value;  // [B, Nkv, past + new, Dv] or null
+  T* rotated_key;    // [B, Nkv, new, D] scratch, or null
+  const T* past_key;
+  const T* past_value;
+  int64_t past_len;
+  int64_t new_len;
+  // cos/sin broadcast over K's (b, kv head, i); rotary_dim == 0: no rotation.
+  int64_t ck_sb, ck_sh, ck_ss;
+};
+
+// Floats of per-task scratch each phase needs (the regions of Attend's start on 16-float
+// boundaries; see CarveScratch in attention_tiles.inc). `static`: this header is compiled into
+// several ISA variants (see common/float_types.h).
+static inline int64_t RoundUp16(int64_t n) { return (n + 15) / 16 * 16; }
+
+template <typename T>
+static int64_t AttendScratchFloats(const AttentionJob<T>& job) {
+  const int64_t bq = job.block_q, bkv = job.block_kv;
+  const int64_t widest = job.d > job.dv ? job.d : job.dv;
+  return RoundUp16(bq * job.d) + RoundUp16(bq * bkv) + RoundUp16(bq * job.dv_padded) + 2 * RoundUp16(bq) +
+         2 * RoundUp16(bkv) + widest + 2 * job.rotary_dim;
+}
+
+template <typename T>
+static int64_t KvRowsScratchFloats(const AttentionJob<T>& job) {
+  return 2 * job.d + 2 * job.rotary_dim;
+}
+
+template <typename T>
+static int64_t PackScratchFloats(const AttentionJob<T>& job) {
+  return job.d > job.dv ? job.d : job.dv;
+}
+
+template <typename T>
+struct AttentionFns {
+  void (*kv_rows)(const AttentionJob<T>& job, const KvRowsJob<T>& rows, int64_t b, int64_t g, float* scratch);
+  void (*pack_kv)(const AttentionJob<T>& job, int64_t b, int64_t g, int64_t tile, float* scratch);
+  void (*attend)(const AttentionJob<T>& job, int64_t b, int64_t h, int64_t q_tile, float* scratch);
+};
+
+namespace baseline {
+template <typename T>
+AttentionFns<T> AttentionFunctions();
+}
+namespace avx2 {
+template <typename T>
+AttentionFns<T> AttentionFunctions();
+}
+
+}  // namespace otfuse::cpu

@@ -1,0 +1,3 @@
+// The attention tile kernels for the build's baseline ISA (SSE2 on x86-64, NEON on aarch64).
+#define OTFUSE_ISA_NAMESPACE baseline
+#include "cpu/attention_tiles.inc"
