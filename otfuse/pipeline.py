@@ -12,7 +12,7 @@ from pathlib import Path
 
 import onnx
 
-from otfuse import OP_DOMAIN, OP_DOMAIN_VERSION, __version__
+from otfuse import __version__
 from otfuse.errors import ModelLoadError, NothingToFuse, OtfuseError, OutputWriteError
 from otfuse.patterns import FAMILIES, select_families
 from otfuse.rewriter.model_io import check_model, load_model, save_model
@@ -66,7 +66,7 @@ def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = 
             near_misses += [dict(miss.to_dict(), family=family) for miss in result.near_misses]
 
     if +fusions:
-        _import_otfuse_domain(model)
+        _record_otfuse_version(model)
         _validate(model, loaded.base_dir)
     report = FuseReport(
         input_path=str(model_path),
@@ -91,9 +91,8 @@ def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = 
     return report
 
 
-def _import_otfuse_domain(model: onnx.ModelProto) -> None:
-    if not any(entry.domain == OP_DOMAIN for entry in model.opset_import):
-        model.opset_import.append(onnx.helper.make_opsetid(OP_DOMAIN, OP_DOMAIN_VERSION))
+def _record_otfuse_version(model: onnx.ModelProto) -> None:
+    # The passes already import the otfuse domain; record which otfuse wrote the model.
     if not any(p.key == "otfuse.version" for p in model.metadata_props):
         model.metadata_props.append(onnx.StringStringEntryProto(key="otfuse.version", value=__version__))
 

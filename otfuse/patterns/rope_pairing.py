@@ -8,6 +8,7 @@ ops upstream (the same projection input). Unpaired rotations stay single.
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from pathlib import Path
 
@@ -52,9 +53,27 @@ def _reaches(graph: GraphIndex, start: onnx.NodeProto, target: onnx.NodeProto) -
     return False
 
 
-def _key(node: onnx.NodeProto) -> tuple:
-    attrs = tuple(sorted((a.name, str(onnx.helper.get_attribute_value(a))) for a in node.attribute))
-    return (node.input[1], node.input[2], attrs)
+def _attrs(node: onnx.NodeProto) -> tuple:
+    return tuple(sorted((a.name, str(onnx.helper.get_attribute_value(a))) for a in node.attribute))
+
+
+def _identity(graph: GraphIndex, name: str, depth: int = 3) -> tuple:
+    """What a value is, as far as equality goes: constants by content, small computations by
+    structure. Two exports may give q and k separate but identical cos tables."""
+    if graph.is_constant(name):
+        size = graph.constant_size(name)
+        if size is not None and size <= 65536:
+            value = graph.constant_value(name)
+            return ("const", str(value.dtype), value.shape, hashlib.sha1(value.tobytes()).hexdigest())
+    node = graph.producer.get(name)
+    if node is None or depth == 0:
+        return ("value", name)
+    return (node.op_type, node.domain, _attrs(node), list(node.output).index(name),
+            tuple(_identity(graph, parent, depth - 1) for parent in node.input))
+
+
+def _key(graph: GraphIndex, node: onnx.NodeProto) -> tuple:
+    return (_identity(graph, node.input[1]), _identity(graph, node.input[2]), _attrs(node))
 
 
 class PairQKPass:
@@ -91,7 +110,7 @@ class PairQKPass:
         first_head = (graph.shape(first.input[0]) or [None])[-1]
         near_first = _upstream(graph, first.input[0], _ANCESTOR_HOPS) | {first.input[0]}
         for other in later:
-            if id(other) in paired or _key(other) != _key(first):
+            if id(other) in paired or _key(graph, other) != _key(graph, first):
                 continue
             if first_head is None or (graph.shape(other.input[0]) or [None])[-1] != first_head:
                 continue

@@ -15,6 +15,7 @@ import onnx
 from onnx import numpy_helper
 
 from otfuse.rewriter.model_io import external_info, is_external
+from otfuse.rewriter.shape_folding import MAX_FOLDED_ELEMENTS, fold_static_values
 
 Dim = int | str | None  # a static size, a symbolic name, or unknown
 
@@ -112,6 +113,7 @@ class GraphIndex:
             if name not in self.graph_inputs:
                 self._constant_tensors[name] = tensor
         self.types = self._infer_types()
+        self.folded = self._fold_static_values()
 
     # -- structure -------------------------------------------------------------------------
     def _register_constant_node(self, node: onnx.NodeProto) -> None:
@@ -128,6 +130,22 @@ class GraphIndex:
 
     def is_graph_output(self, name: str) -> bool:
         return name in self.graph_outputs
+
+    def _fold_static_values(self) -> set[str]:
+        """Canonicalisation: values known before run time count as constants (shape_folding.py)."""
+
+        def small_constant(name: str) -> np.ndarray | None:
+            size = self.constant_size(name)
+            return self.constant_value(name) if size is not None and size <= MAX_FOLDED_ELEMENTS else None
+
+        folded = fold_static_values(list(self.graph.node), small_constant, self.shape)
+        names = set()
+        for name, value in folded.items():
+            if name not in self._constant_tensors:
+                self._constant_tensors[name] = value
+                self._values[name] = value
+                names.add(name)
+        return names
 
     # -- constants ---------------------------------------------------------------------------
     def is_constant(self, name: str) -> bool:

@@ -18,7 +18,7 @@ from typing import Protocol
 
 import onnx
 
-from otfuse import OP_DOMAIN
+from otfuse import OP_DOMAIN, OP_DOMAIN_VERSION
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.pattern import Failure, Match, Matcher
 from otfuse.rewriter.rule import Replacement, RewriteContext, Rule
@@ -61,10 +61,26 @@ def _private_value_leak(graph: GraphIndex, match: Match, root_value: str, rule: 
             if graph.is_graph_output(value):
                 return f"interior value {value!r} of {_node_label(node)} is a graph output"
             for user in graph.uses(value):
-                if id(user) not in inside:
+                if id(user) not in inside and not _only_feeds(graph, user, inside):
                     return (f"interior value {value!r} of {_node_label(node)} is also used by "
                             f"{_node_label(user)}")
     return None
+
+
+def _only_feeds(graph: GraphIndex, node: onnx.NodeProto, inside: set[int], depth: int = 8) -> bool:
+    """Whether ``node`` only serves the match (e.g. ``Shape(x) -> Gather -> Div`` computing a
+    Slice bound inside it): then it dies with the match and is removed as dead code."""
+    if depth == 0:
+        return False
+    for out in node.output:
+        if not out:
+            continue
+        if graph.is_graph_output(out):
+            return False
+        for user in graph.uses(out):
+            if id(user) not in inside and not _only_feeds(graph, user, inside, depth - 1):
+                return False
+    return True
 
 
 def exported_values(match: Match, rule: Rule) -> set[str]:
@@ -180,6 +196,9 @@ def run_pass(model: onnx.ModelProto, rules: Sequence[Rule], base_dir: Path | Non
 def apply_replacements(model: onnx.ModelProto, nodes: list[onnx.NodeProto], claimed: set[int],
                        replacements: dict[int, Replacement]) -> None:
     """Drop the ``claimed`` nodes, put each replacement where its root was, re-sort, tidy up."""
+    if not any(entry.domain == OP_DOMAIN for entry in model.opset_import):
+        # Imported at once: later passes' shape inference must know the domain.
+        model.opset_import.append(onnx.helper.make_opsetid(OP_DOMAIN, OP_DOMAIN_VERSION))
     new_nodes: list[onnx.NodeProto] = []
     positions: list[int] = []
     for position, node in enumerate(nodes):
@@ -240,19 +259,38 @@ def _node_reads(node: onnx.NodeProto) -> set[str]:
 
 def _drop_released_constants(graph: onnx.GraphProto, nodes: list[onnx.NodeProto],
                              released: set[str]) -> list[onnx.NodeProto]:
-    """Remove initializers and Constant nodes that only the replaced nodes read."""
-    still_read = set().union(*(_node_reads(node) for node in nodes)) if nodes else set()
-    still_read |= {o.name for o in graph.output}
-    dead = released - still_read
-    if not dead:
-        return nodes
+    """Remove what only the replaced nodes read: initializers, and nodes (Constants, shape
+    arithmetic) left without any reader, transitively. Other dead code is not ours to touch."""
     graph_inputs = {i.name for i in graph.input}
-    keep_inits = [t for t in graph.initializer if t.name not in dead or t.name in graph_inputs]
+    graph_outputs = {o.name for o in graph.output}
+    reads: dict[str, int] = {}
+    for node in nodes:
+        for name in _node_reads(node):
+            reads[name] = reads.get(name, 0) + 1
+    producer = {out: node for node in nodes for out in node.output if out}
+    dead_nodes: set[int] = set()
+    dead_values: set[str] = set()
+    pending = [name for name in released if not reads.get(name) and name not in graph_outputs]
+    while pending:
+        name = pending.pop()
+        if name in dead_values:
+            continue
+        dead_values.add(name)
+        node = producer.get(name)
+        if node is None or id(node) in dead_nodes:
+            continue
+        if any(reads.get(out) or out in graph_outputs for out in node.output if out):
+            continue
+        dead_nodes.add(id(node))
+        for parent in _node_reads(node):
+            reads[parent] -= 1
+            if not reads[parent] and parent not in graph_outputs:
+                pending.append(parent)
+    keep_inits = [t for t in graph.initializer if t.name not in dead_values or t.name in graph_inputs]
     if len(keep_inits) != len(graph.initializer):
         del graph.initializer[:]
         graph.initializer.extend(keep_inits)
-    return [n for n in nodes
-            if not (n.op_type == "Constant" and n.domain in ("", "ai.onnx") and n.output[0] in dead)]
+    return [n for n in nodes if id(n) not in dead_nodes]
 
 
 def _drop_stale_value_info(graph: onnx.GraphProto) -> None:

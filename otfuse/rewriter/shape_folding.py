@@ -1,0 +1,140 @@
+"""Canonicalisation: see through small computations whose result is known before run time.
+
+TorchScript exports compute split points and scales from shapes at run time
+(``Shape(x) -> Gather(3) -> Div(2) -> Cast -> Unsqueeze`` feeding a Slice, or
+``Sqrt(Cast(Shape(q)[-1:]))`` for the attention scale). When ``x``'s shape is static these are
+constants; patterns then treat them as such. Nothing in the graph changes: the values are known
+to the index only, and the nodes that computed them become dead (and are removed) only if a
+fusion consumes their result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+
+
+# Never fold anything bigger: this is about shapes, scales and small tables, not weights.
+MAX_FOLDED_ELEMENTS = 16384
+
+Lookup = Callable[[str], np.ndarray | None]
+
+
+def attr(node: onnx.NodeProto, name: str, default=None):
+    for attribute in node.attribute:
+        if attribute.name == name:
+            return onnx.helper.get_attribute_value(attribute)
+    return default
+
+
+def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if np.issubdtype(a.dtype, np.integer):
+        return (np.trunc(a / b)).astype(a.dtype)  # ONNX Div truncates integers toward zero
+    return (a / b).astype(a.dtype)
+
+
+def _slice(node, values) -> np.ndarray:
+    data, starts, ends = values[0], values[1], values[2]
+    axes = values[3] if len(values) > 3 and values[3] is not None else np.arange(len(starts))
+    steps = values[4] if len(values) > 4 and values[4] is not None else np.ones(len(starts), np.int64)
+    index = [slice(None)] * data.ndim
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        index[int(axis)] = slice(int(start), int(end), int(step))
+    return data[tuple(index)]
+
+
+def _shape(node, values, shape) -> np.ndarray:
+    dims = np.array(shape, dtype=np.int64)
+    start, end = attr(node, "start", 0), attr(node, "end", None)
+    return dims[start:end]
+
+
+def _axes(node, values, position: int) -> list[int]:
+    if len(values) > position and values[position] is not None:
+        return [int(a) for a in values[position].reshape(-1)]
+    return list(attr(node, "axes", []))
+
+
+_FOLDERS: dict[str, Callable] = {
+    "Identity": lambda node, v: v[0],
+    "Cast": lambda node, v: v[0].astype(onnx.helper.tensor_dtype_to_np_dtype(attr(node, "to"))),
+    "Gather": lambda node, v: np.take(v[0], v[1].astype(np.int64), axis=attr(node, "axis", 0)),
+    "Slice": _slice,
+    "Unsqueeze": lambda node, v: np.expand_dims(v[0], tuple(sorted(a % (v[0].ndim + len(_axes(node, v, 1)))
+                                                                   for a in _axes(node, v, 1)))),
+    "Squeeze": lambda node, v: np.squeeze(v[0], tuple(_axes(node, v, 1)) or None),
+    "Concat": lambda node, v: np.concatenate(v, axis=attr(node, "axis")),
+    "Reshape": lambda node, v: v[0].reshape([int(d) if d != 0 else v[0].shape[i]
+                                             for i, d in enumerate(v[1])]),
+    "Add": lambda node, v: (v[0] + v[1]).astype(v[0].dtype),
+    "Sub": lambda node, v: (v[0] - v[1]).astype(v[0].dtype),
+    "Mul": lambda node, v: (v[0] * v[1]).astype(v[0].dtype),
+    "Div": lambda node, v: _int_div(v[0], v[1]),
+    "Sqrt": lambda node, v: np.sqrt(v[0]).astype(v[0].dtype),
+    "Reciprocal": lambda node, v: (1 / v[0]).astype(v[0].dtype),
+    "Floor": lambda node, v: np.floor(v[0]),
+    "Ceil": lambda node, v: np.ceil(v[0]),
+}
+
+
+def _select_static_dims(node: onnx.NodeProto, dims: np.ndarray, values) -> np.ndarray | None:
+    """Gather/Slice on a partly known shape: a result when every selected dim is static."""
+    if node.op_type == "Gather" and values[1] is not None and attr(node, "axis", 0) == 0:
+        picked = dims[values[1].astype(np.int64)]
+    elif node.op_type == "Slice" and all(v is not None for v in values[1:3]):
+        picked = _slice(node, [dims] + values[1:])
+    else:
+        return None
+    picked = np.asarray(picked, dtype=object)
+    if any(not isinstance(d, (int, np.integer)) for d in picked.reshape(-1)):
+        return None
+    return picked.astype(np.int64)
+
+
+def fold_static_values(nodes: list[onnx.NodeProto], constant: Lookup, shape_of) -> dict[str, np.ndarray]:
+    """Values computable now: outputs of foldable nodes whose inputs are constants (or folded),
+    Shape of a value whose shape is static, and static dims picked out of a partly known shape.
+    ``shape_of(name)`` gives a tuple of dims (int, or str/None when unknown) or None."""
+    folded: dict[str, np.ndarray] = {}
+    partial_shapes: dict[str, np.ndarray] = {}  # Shape outputs with some dims unknown (object arrays)
+
+    def value_of(name: str) -> np.ndarray | None:
+        if not name:
+            return None
+        return folded[name] if name in folded else constant(name)
+
+    for node in nodes:
+        if node.domain not in ("", "ai.onnx") or len(node.output) != 1:
+            continue
+        try:
+            if node.op_type == "Shape":
+                shape = shape_of(node.input[0])
+                if shape is None:
+                    continue
+                if not all(isinstance(d, int) for d in shape):
+                    partial_shapes[node.output[0]] = np.array(
+                        list(shape)[attr(node, "start", 0):attr(node, "end", None)], dtype=object)
+                    continue
+                result = _shape(node, [], shape)
+            elif node.input and node.input[0] in partial_shapes:
+                values = [None] + [value_of(name) for name in node.input[1:]]
+                result = _select_static_dims(node, partial_shapes[node.input[0]], values)
+                if result is None:
+                    continue
+            elif node.op_type in _FOLDERS:
+                values = [value_of(name) for name in node.input]
+                required = values if node.op_type != "Slice" else values[:3]
+                if any(v is None for v in required) or not values:
+                    continue
+                if any(v.size > MAX_FOLDED_ELEMENTS for v in values if v is not None):
+                    continue
+                result = np.asarray(_FOLDERS[node.op_type](node, values))
+            else:
+                continue
+        except (ValueError, IndexError, TypeError, ZeroDivisionError, FloatingPointError):
+            continue  # not foldable as written: leave it to run time
+        if result.size <= MAX_FOLDED_ELEMENTS:
+            folded[node.output[0]] = result
+    return folded
