@@ -12,6 +12,7 @@ const CustomOpList& AllOps() {
   static const CustomOpList ops = [] {
     CustomOpList list;
     cpu::AppendNormOps(list);
+    cpu::AppendNormLinearOps(list);
     cpu::AppendRotaryOps(list);
     cpu::AppendAttentionOps(list);
     return list;

@@ -12,6 +12,7 @@ constexpr const char* kOpDomain = "otfuse";
 
 namespace cpu {
 void AppendNormOps(CustomOpList& ops);  // RMSNorm, AddRMSNorm, LayerNorm, AddLayerNorm
+void AppendNormLinearOps(CustomOpList& ops);  // RMSNormLinear, AddRMSNormLinear, LayerNormLinear, AddLayerNormLinear
 void AppendRotaryOps(CustomOpList& ops);  // RotaryEmbedding, RotaryEmbeddingQK
 void AppendAttentionOps(CustomOpList& ops);  // Attention, RopeAttention
 }  // namespace cpu

@@ -161,6 +161,27 @@ std::optional<std::vector<int64_t>> KernelInfo::IntsAttribute(const char* name) 
   return std::nullopt;
 }
 
+size_t KernelInfo::InputCount() const {
+  size_t count = 0;
+  ThrowOnError(Api().KernelInfo_GetInputCount(info_, &count));
+  return count;
+}
+
+std::optional<InputTensor> KernelInfo::ConstantInput(size_t index) const {
+  int is_constant = 0;
+  const OrtValue* value = nullptr;
+  if (!Succeeded(Api().KernelInfoGetConstantInput_tensor(info_, index, &is_constant, &value)) || !is_constant ||
+      value == nullptr) {
+    return std::nullopt;
+  }
+  InputTensor tensor;
+  ReadTypeAndShape(value, &tensor.type, &tensor.shape);
+  void* data = nullptr;
+  ThrowOnError(Api().GetTensorMutableData(const_cast<OrtValue*>(value), &data));
+  tensor.data = data;
+  return tensor;
+}
+
 size_t KernelContext::InputCount() const {
   size_t count = 0;
   ThrowOnError(Api().KernelContext_GetInputCount(context_, &count));

@@ -72,6 +72,11 @@ class KernelInfo {
   // nullopt when the attribute is absent; Error when present with another type.
   std::optional<float> FloatAttribute(const char* name) const;
   std::optional<int64_t> IntAttribute(const char* name) const;
+  // Number of inputs of the node (variadic ones included).
+  size_t InputCount() const;
+  // The input's value when it is a constant initializer (ORT keeps it alive for the session),
+  // else nullopt: the kernel must read it from the KernelContext on every run.
+  std::optional<InputTensor> ConstantInput(size_t index) const;
   std::optional<std::string> StringAttribute(const char* name) const;
   std::optional<std::vector<int64_t>> IntsAttribute(const char* name) const;
 

@@ -290,3 +290,52 @@ def rope_attention(
 
     return attention(rotated(q, num_heads), rotated(k, kv_num_heads), v, attn_bias, key_padding_mask, past_key,
                      past_value, num_heads=num_heads, kv_num_heads=kv_num_heads, layout=layout, **attention_attrs)
+
+
+# ---- Norm + Linear family ----
+
+
+def _projections(normed: np.ndarray, weights, biases=None, transposed=None) -> list[np.ndarray]:
+    """Y_i = round_T(float32(normed) @ float32(W_i) + float32(bias_i)): the normalised rows as
+    rounded to T, one float32 GEMM per projection, one rounding at the end."""
+    transposed = list(transposed) if transposed is not None else [False] * len(weights)
+    biases = list(biases) if biases is not None else [None] * len(weights)
+    if not (len(weights) == len(transposed) == len(biases)):
+        raise ValueError("weights, biases and transposed must have one entry per projection")
+    a = normed.astype(_F32)
+    outputs = []
+    for w, bias, t in zip(weights, biases, transposed):
+        w32 = w.astype(_F32).T if t else w.astype(_F32)
+        if w32.ndim != 2 or w32.shape[0] != a.shape[-1]:
+            raise ValueError(f"weight shape {w.shape} (transposed={bool(t)}) does not match K={a.shape[-1]}")
+        y = np.matmul(a, w32)
+        if bias is not None:
+            if tuple(bias.shape) != (w32.shape[1],):
+                raise ValueError(f"bias shape {bias.shape} != [{w32.shape[1]}]")
+            y = y + bias.astype(_F32)
+        outputs.append(y.astype(normed.dtype))
+    return outputs
+
+
+def rms_norm_linear(x, scale, weights, biases=None, transposed=None, epsilon=1e-6):
+    """RMSNormLinear: Yn = RMSNorm(X) (rounded to T); returns ([Y_i], Yn)."""
+    normed = rms_norm(x, scale, epsilon, -1)
+    return _projections(normed, weights, biases, transposed), normed
+
+
+def add_rms_norm_linear(a, b, scale, weights, biases=None, transposed=None, epsilon=1e-6):
+    """AddRMSNormLinear: S = A + B; Yn = RMSNorm(S); returns ([Y_i], S, Yn)."""
+    normed, s = add_rms_norm(a, b, scale, epsilon, -1)
+    return _projections(normed, weights, biases, transposed), s, normed
+
+
+def layer_norm_linear(x, scale, norm_bias, weights, biases=None, transposed=None, epsilon=1e-5):
+    """LayerNormLinear: Yn = LayerNorm(X) (rounded to T); returns ([Y_i], Yn)."""
+    normed = layer_norm(x, scale, norm_bias, epsilon, -1)
+    return _projections(normed, weights, biases, transposed), normed
+
+
+def add_layer_norm_linear(a, b, scale, norm_bias, weights, biases=None, transposed=None, epsilon=1e-5):
+    """AddLayerNormLinear: S = A + B; Yn = LayerNorm(S); returns ([Y_i], S, Yn)."""
+    normed, s = add_layer_norm(a, b, scale, norm_bias, epsilon, -1)
+    return _projections(normed, weights, biases, transposed), s, normed

@@ -20,6 +20,9 @@ struct IoSpec {
   // UNDEFINED accepts any element type; the kernel then checks it at run time.
   ONNXTensorElementDataType type;
   bool optional = false;
+  // Only the last input / output may be variadic: it takes every remaining value of the node
+  // (at least 1). A variadic input of type UNDEFINED accepts mixed types (checked at run time).
+  bool variadic = false;
 };
 
 struct OpSpec {
@@ -48,9 +51,13 @@ class CustomOp final : public OrtCustomOp {
       return Characteristic(Self(op).spec_.outputs.at(i));
     };
     GetInputMemoryType = [](const OrtCustomOp*, size_t) { return OrtMemTypeDefault; };
-    // No variadic inputs or outputs; ORT may still call these.
+    // Variadic inputs of type UNDEFINED may mix types; typed ones (and outputs) are homogeneous.
     GetVariadicInputMinArity = [](const OrtCustomOp*) { return 1; };
-    GetVariadicInputHomogeneity = [](const OrtCustomOp*) { return 1; };
+    GetVariadicInputHomogeneity = [](const OrtCustomOp* op) {
+      const auto& inputs = Self(op).spec_.inputs;
+      return static_cast<int>(inputs.empty() || !inputs.back().variadic ||
+                              inputs.back().type != ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED);
+    };
     GetVariadicOutputMinArity = [](const OrtCustomOp*) { return 1; };
     GetVariadicOutputHomogeneity = [](const OrtCustomOp*) { return 1; };
     CreateKernelV2 = &CreateInstance;
@@ -70,6 +77,7 @@ class CustomOp final : public OrtCustomOp {
   static const CustomOp& Self(const OrtCustomOp* op) { return *static_cast<const CustomOp*>(op); }
 
   static OrtCustomOpInputOutputCharacteristic Characteristic(const IoSpec& io) {
+    if (io.variadic) return INPUT_OUTPUT_VARIADIC;
     return io.optional ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
   }
 

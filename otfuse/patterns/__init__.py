@@ -8,11 +8,12 @@ the norms this family produces); within one pass, the largest match at each root
 
 from __future__ import annotations
 
-from otfuse.patterns import norm
+from otfuse.patterns import norm, rope
 from otfuse.rewriter.passes import Pass
 
 FAMILIES: dict[str, list[Pass]] = {
     "norm": norm.PASSES,
+    "rope": rope.PASSES,
 }
 
 

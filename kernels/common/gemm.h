@@ -1,0 +1,116 @@
+// A small float32 GEMM against a weight matrix packed once: C = A · B, A row-major float32 [M, K],
+// B constant (packed when the kernel is created), C handed to the caller panel by panel.
+//
+// Why our own and not a BLAS: measured on this project's 2-core AVX-512 machine (bench/README.md,
+// "Norm + Linear"), OpenBLAS 0.3.34 (scipy-openblas32, SkylakeX kernels) ran a [M,4096]x[4096,28160]
+// product in 29.8 / 44.0 / 602 ms at M = 1 / 16 / 512, ORT's MLAS in 13.6 / 24.3 / 622 ms, and this
+// code in ~15 / ~30 / ~590 ms; a BLAS also repacks B on every call, cannot keep float16 or
+// bfloat16 weights in their own type (half the bytes to stream at small M, where the product is
+// memory bound), and brings its own thread pool. Here B is packed once, in its own element
+// type, and the work is split over ORT's intra-op thread pool (KernelContext::ParallelFor), so
+// there is exactly one pool and nothing to tune.
+//
+// Layout. B is stored as panels of kPanelWidth (16) columns; panel p holds [K][16] values,
+// columns past the end of a block are zero. Blocks appended with Append() start on a new panel,
+// so every panel belongs to one block (one projection of a fused Norm + Linear node). A is packed
+// per call into blocks of up to kRowBlock (6) rows, [K][rows] each, so the micro-kernel reads
+// it with broadcasts. K is cut into slices of kDepth (256): a B slice (16 KiB in float32) stays
+// in L1 while every row block of A passes over it; float16 / bfloat16 slices are widened into a
+// float32 buffer once per slice (or read directly when there is a single row block).
+//
+// Numerics: float32 products summed in a fixed order (k ascending, in slices of kDepth), the
+// same for every thread count. The AVX2 variant uses FMA, the baseline variant multiply + add,
+// so the two agree within float32 rounding, not bit for bit.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ort_glue.h"
+
+namespace otfuse {
+
+constexpr int64_t kPanelWidth = 16;
+constexpr int64_t kRowBlock = 6;
+constexpr int64_t kDepth = 256;
+
+enum class PackedType { kFloat32, kFloat16, kBFloat16 };
+
+class PackedB {
+ public:
+  PackedB() = default;
+  PackedB(int64_t k, PackedType type) : k_(k), type_(type) {}
+
+  // Appends the columns of one weight: `data` is [K, n] row-major, or [n, K] when `transposed`,
+  // of element type `type` (must be the packed type). Returns the block's first panel.
+  int64_t Append(const void* data, int64_t n, bool transposed);
+
+  int64_t k() const { return k_; }
+  PackedType type() const { return type_; }
+  int64_t panels() const { return panels_; }
+  size_t element_size() const { return type_ == PackedType::kFloat32 ? 4 : 2; }
+  // Panel p: K * kPanelWidth elements of type().
+  const void* panel(int64_t p) const {
+    return storage_.get() + static_cast<size_t>(p) * static_cast<size_t>(k_) * kPanelWidth * element_size();
+  }
+
+ private:
+  void Grow(int64_t new_panels);
+
+  int64_t k_ = 0;
+  PackedType type_ = PackedType::kFloat32;
+  int64_t panels_ = 0;
+  int64_t capacity_ = 0;  // panels
+  struct Free {
+    void operator()(unsigned char* p) const;
+  };
+  std::unique_ptr<unsigned char[], Free> storage_;
+};
+
+// Receives finished output panels: rows [0, m) of panel `panel`, acc[r * kPanelWidth + j] is
+// C[r, panel * 16 + j] (in the packed column numbering). Called from worker threads, one call
+// per panel; must not throw.
+class GemmSink {
+ public:
+  virtual ~GemmSink() = default;
+  virtual void Panel(int64_t panel, int64_t m, const float* acc) const = 0;
+};
+
+// C = A · B for A float32 row-major [m, b.k()] with row stride lda; every panel of B once, split
+// over ORT's thread pool. Throws Error when out of memory.
+void GemmPacked(const KernelContext& ctx, int64_t m, const float* a, int64_t lda, const PackedB& b,
+                const GemmSink& sink);
+
+// Convenience for other kernels: C (float32 row-major [m, n], row stride ldc) = A · B where B was
+// packed as a single block of n columns.
+void Sgemm(const KernelContext& ctx, int64_t m, int64_t n, const float* a, int64_t lda, const PackedB& b,
+           float* c, int64_t ldc);
+
+const char* GemmIsaName();
+
+namespace gemm_detail {
+
+// Everything one worker needs; plain data (crosses between ISA translation units).
+struct PanelsJob {
+  int64_t m;
+  int64_t k;
+  PackedType type;
+  const float* a_packed;  // row blocks of kRowBlock rows: block r at a_packed + r*kRowBlock*k, [k][rows]
+  const PackedB* b;
+  const GemmSink* sink;
+};
+
+// Panels [begin, end) of the job. `b_buffer` holds kDepth * kPanelWidth floats, `acc` m * 16.
+using PanelsFn = void (*)(const PanelsJob& job, int64_t begin, int64_t end, float* b_buffer, float* acc);
+
+namespace baseline {
+void Panels(const PanelsJob& job, int64_t begin, int64_t end, float* b_buffer, float* acc);
+}
+namespace avx2 {
+void Panels(const PanelsJob& job, int64_t begin, int64_t end, float* b_buffer, float* acc);
+}
+
+}  // namespace gemm_detail
+}  // namespace otfuse
