@@ -2,10 +2,16 @@
 #include "op_registry.h"
 
 #include <mutex>
+#include <set>
 #include <string>
 
 namespace otfuse {
 namespace {
+
+// Ascend (CANN) kernels, one line per family.
+void AppendAscendOps(CustomOpList& list, ascend::Placement placement) {
+  ascend::AppendAscendNormOps(list, placement);
+}
 
 // The one registration list. New families (and the Ascend backend's CANN kernels) go here.
 const CustomOpList& AllOps() {
@@ -15,9 +21,48 @@ const CustomOpList& AllOps() {
     cpu::AppendNormLinearOps(list);
     cpu::AppendRotaryOps(list);
     cpu::AppendAttentionOps(list);
+    AppendAscendOps(list, ascend::Placement::kCannEp);
     return list;
   }();
   return ops;
+}
+
+// TEST ONLY (otfuse.ascend_ep.fake_mode=1): the Ascend kernels under the CPU EP, in place of the
+// CPU kernels of the same ops; every other op keeps its CPU kernel. The Ascend kernels then
+// refuse to start unless the CANN runtime found is otfuse's CPU test double (tests/fake_cann).
+const CustomOpList& CpuTestDoubleOps() {
+  static const CustomOpList ops = [] {
+    CustomOpList list;
+    AppendAscendOps(list, ascend::Placement::kCpuTestDouble);
+    std::set<std::string> replaced;
+    for (const CustomOpPtr& op : list) replaced.insert(op->GetName(op.get()));
+    for (const CustomOpPtr& op : AllOps()) {
+      const char* ep = op->GetExecutionProviderType(op.get());
+      const bool on_cpu = ep == nullptr || std::string(ep) == "CPUExecutionProvider";
+      if (on_cpu && replaced.count(op->GetName(op.get())) == 0) list.push_back(op);
+    }
+    return list;
+  }();
+  return ops;
+}
+
+constexpr const char* kFakeModeKey = "otfuse.ascend_ep.fake_mode";
+
+bool FakeModeRequested(const OrtSessionOptions* options) {
+  int has = 0;
+  if (OrtStatus* status = Api().HasSessionConfigEntry(options, kFakeModeKey, &has)) {
+    Api().ReleaseStatus(status);
+    return false;
+  }
+  if (!has) return false;
+  size_t size = 0;
+  ThrowOnError(Api().GetSessionConfigEntry(options, kFakeModeKey, nullptr, &size), kFakeModeKey);
+  std::string value(size, '\0');
+  ThrowOnError(Api().GetSessionConfigEntry(options, kFakeModeKey, value.data(), &size), kFakeModeKey);
+  value.resize(size > 0 ? size - 1 : 0);  // size counts the terminating NUL
+  if (value == "1") return true;
+  if (value == "0" || value.empty()) return false;
+  throw Error(std::string("session config ") + kFakeModeKey + " must be 0 or 1, got '" + value + "'");
 }
 
 // A domain must outlive every session created from the options it was added to; ORT does not
@@ -45,7 +90,8 @@ DomainKeeper& Domains() {
 OrtStatus* Register(OrtSessionOptions* options) {
   OrtCustomOpDomain* domain = nullptr;
   if (OrtStatus* status = Api().CreateCustomOpDomain(kOpDomain, &domain)) return status;
-  for (const CustomOpPtr& op : AllOps()) {
+  const CustomOpList& ops = FakeModeRequested(options) ? CpuTestDoubleOps() : AllOps();
+  for (const CustomOpPtr& op : ops) {
     if (OrtStatus* status = Api().CustomOpDomain_Add(domain, op.get())) {
       Api().ReleaseCustomOpDomain(domain);
       return status;

@@ -4,6 +4,7 @@
 // whose declared types match the node (see docs/building.md, "How the ops are registered").
 #pragma once
 
+#include "ascend/placement.h"
 #include "common/custom_op.h"
 
 namespace otfuse {
@@ -16,5 +17,13 @@ void AppendNormLinearOps(CustomOpList& ops);  // RMSNormLinear, AddRMSNormLinear
 void AppendRotaryOps(CustomOpList& ops);  // RotaryEmbedding, RotaryEmbeddingQK
 void AppendAttentionOps(CustomOpList& ops);  // Attention, RopeAttention
 }  // namespace cpu
+
+// Ascend (CANN) kernels: registered for the CANN EP, so ORT only runs them in sessions that have
+// it (CANNExecutionProvider::GetCapability claims a node whose kernel lookup succeeds). With the
+// test-only session config otfuse.ascend_ep.fake_mode=1 they replace the CPU kernels of the same
+// ops under the CPU EP instead, backed by the CANN test double (docs/building.md).
+namespace ascend {
+void AppendAscendNormOps(CustomOpList& ops, Placement placement);  // RMSNorm, AddRMSNorm, LayerNorm, AddLayerNorm
+}  // namespace ascend
 
 }  // namespace otfuse

@@ -89,6 +89,8 @@ class KernelInfo {
 class KernelContext {
  public:
   explicit KernelContext(OrtKernelContext* context) : context_(context) {}
+  // The raw context, for C API calls this wrapper does not cover (e.g. the compute stream).
+  OrtKernelContext* raw() const { return context_; }
 
   size_t InputCount() const;
   size_t OutputCount() const;

@@ -1,0 +1,152 @@
+// The CANN runtime and operator libraries, loaded with dlopen when an Ascend kernel is first
+// created, so libotfuse_ops.so builds and loads on machines without CANN (nothing links them).
+//
+// Only the few entry points the Ascend kernels call are declared, each from CANN's public
+// documentation (cited beside it); no CANN header is used or copied. Where the docs give a type
+// as an opaque struct (aclTensor, aclIntArray, aclOpExecutor) we only ever hold pointers to it.
+//
+// Where the libraries are found (the same order as otfuse.ascend_ep.find_cann_runtime()):
+//   1. $OTFUSE_CANN_LIB_DIR, when set: the only place looked at (pin a toolkit; tests use it);
+//   2. $ASCEND_HOME_PATH/lib64, 3. $ASCEND_TOOLKIT_HOME/lib64 (both set by CANN's set_env.sh);
+//   4. every directory of $LD_LIBRARY_PATH, read when the kernel is created;
+//   5. /usr/local/Ascend/cann/lib64, /usr/local/Ascend/ascend-toolkit/latest/lib64.
+// The first directory holding libascendcl.so is used; it must also hold libnnopbase.so (tensor
+// descriptors) and libopapi_nn.so or libopapi.so (the aclnn operators). Source
+// `set_env.sh` before starting the process, so the CANN libraries' own dependencies resolve.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ort_glue.h"
+
+namespace otfuse::ascend {
+
+// ---------------------------------------------------------------------------------------------
+// Types and enums (values from the CANN docs; only the members we use).
+// ---------------------------------------------------------------------------------------------
+
+// aclTensor / aclIntArray / aclOpExecutor: opaque, created and destroyed by the runtime.
+//   "aclCreateTensor", CANN 8.0.0 operator API reference,
+//   https://www.hiascend.com/document/detail/en/canncommercial/800/apiref/aolapi/operatorlist_00019.html
+struct aclTensor;
+struct aclIntArray;
+struct aclOpExecutor;
+using aclrtStream = void*;   // "aclrtStream": a stream handle, the one ORT's CANN EP computes on
+using aclnnStatus = int32_t; // aclnn return codes: "aclnn Return Codes", hicann/ops-nn
+                             //   docs/en/context/aclnn_return_codes_nn.md (0 = ACLNN_SUCCESS)
+using aclError = int;        // acl runtime return codes (0 = ACL_SUCCESS)
+
+// "aclDataType", CANN 8.5.0 application development API reference,
+//   https://www.hiascend.com/document/detail/en/canncommercial/850/API/appdevgapi/aclcppdevg_03_1346.html
+enum aclDataType : int32_t {
+  ACL_DT_UNDEFINED = -1,
+  ACL_FLOAT = 0,
+  ACL_FLOAT16 = 1,
+  ACL_INT64 = 9,
+  ACL_BF16 = 27,
+};
+
+// "aclFormat", CANN 8.5.0 application development API reference (pyACL aclFormat table),
+//   https://www.hiascend.com/document/detail/en/canncommercial/850/API/appdevgapi/aclpythondevg_01_0914.html
+enum aclFormat : int32_t {
+  ACL_FORMAT_ND = 2,
+};
+
+// "aclrtMemMallocPolicy" (first member), CANN 8.0.RC2 application development API reference,
+//   https://www.hiascend.com/document/detail/zh/canncommercial/80RC2/apiref/appdevgapi/aclcppdevg_03_1335.html
+enum aclrtMemMallocPolicy : int32_t {
+  ACL_MEM_MALLOC_HUGE_FIRST = 0,
+};
+
+// ---------------------------------------------------------------------------------------------
+// Entry points. Signatures as documented; we call them through these pointer types.
+// ---------------------------------------------------------------------------------------------
+namespace fn {
+// aclCreateTensor(viewDims, viewDimsNum, dataType, stride, offset, format, storageDims,
+//                 storageDimsNum, tensorData) -> aclTensor*   (libnnopbase.so)
+//   https://www.hiascend.com/document/detail/en/canncommercial/800/apiref/aolapi/operatorlist_00019.html
+using CreateTensor = aclTensor* (*)(const int64_t* view_dims, uint64_t view_dims_num, aclDataType data_type,
+                                    const int64_t* stride, int64_t offset, aclFormat format,
+                                    const int64_t* storage_dims, uint64_t storage_dims_num, void* tensor_data);
+// aclDestroyTensor(const aclTensor*) -> aclnnStatus   (libnnopbase.so)
+//   https://www.hiascend.com/document/detail/en/canncommercial/850/API/aolapi/operatorlist_00027.html
+using DestroyTensor = aclnnStatus (*)(const aclTensor* tensor);
+// aclCreateIntArray(const int64_t* value, uint64_t size) -> aclIntArray*   (libnnopbase.so)
+//   https://www.hiascend.com/document/detail/en/canncommercial/850/API/aolapi/operatorlist_00016.html
+using CreateIntArray = aclIntArray* (*)(const int64_t* value, uint64_t size);
+// aclDestroyIntArray(const aclIntArray*) -> aclnnStatus   (libnnopbase.so)
+//   https://www.hiascend.com/document/detail/en/canncommercial/850/API/aolapi/operatorlist_00024.html
+using DestroyIntArray = aclnnStatus (*)(const aclIntArray* array);
+// aclGetRecentErrMsg() -> const char*: gets and clears this thread's latest error description
+//   (libascendcl.so). https://www.hiascend.com/document/detail/zh/CANNCommunityEdition/80RC3alpha002/apiref/appdevgapi/aclcppdevg_03_0028.html
+using GetRecentErrMsg = const char* (*)();
+// aclrtMalloc(void** devPtr, size_t size, aclrtMemMallocPolicy) -> aclError   (libascendcl.so)
+//   https://www.hiascend.com/document/detail/en/canncommercial/850/API/appdevgapi/aclcppdevg_03_0095.html
+using RtMalloc = aclError (*)(void** dev_ptr, size_t size, aclrtMemMallocPolicy policy);
+// aclrtFree(void* devPtr) -> aclError   (libascendcl.so; paired with aclrtMalloc, same reference)
+using RtFree = aclError (*)(void* dev_ptr);
+// aclrtSynchronizeStream(aclrtStream) -> aclError   (libascendcl.so; used in every aclnn sample,
+//   e.g. hicann/ops-nn norm/rms_norm/docs/aclnnRmsNorm_en.md "Example")
+using RtSynchronizeStream = aclError (*)(aclrtStream stream);
+// aclrtMemsetAsync(void* devPtr, size_t maxCount, int32_t value, size_t count, aclrtStream)
+//   -> aclError   (libascendcl.so)
+//   https://www.hiascend.com/document/detail/zh/canncommercial/850/API/appdevgapi/aclcppdevg_03_0104.html
+using RtMemsetAsync = aclError (*)(void* dev_ptr, size_t max_count, int32_t value, size_t count,
+                                   aclrtStream stream);
+// Phase two of every aclnn operator: aclnnXxx(workspace, workspaceSize, executor, stream).
+//   "Two-phase API", hicann/ops-nn docs/en/context/two_phase_api.md
+using AclnnExecute = aclnnStatus (*)(void* workspace, uint64_t workspace_size, aclOpExecutor* executor,
+                                     aclrtStream stream);
+}  // namespace fn
+
+// The loaded runtime. One instance per library directory, alive until the process exits (CANN
+// libraries are never unloaded: ORT's CANN EP may share them).
+class CannRuntime {
+ public:
+  // The runtime for the current environment (see the search order above). Throws Error saying
+  // where it looked when no directory qualifies or a library fails to load.
+  static const CannRuntime& Load();
+
+  const std::string& directory() const { return directory_; }
+  // The libraries actually opened, "libascendcl.so libnnopbase.so libopapi.so".
+  const std::string& libraries() const { return libraries_; }
+  // True for otfuse's CPU test double (tests/fake_cann): it exports otfuse_fake_cann_runtime.
+  bool is_test_double() const { return is_test_double_; }
+
+  // The address of `name` in any of the loaded libraries, or nullptr.
+  void* Find(const char* name) const;
+  // As Find, but throws Error naming the symbol, the directory and the CANN version hint.
+  void* Require(const char* name) const;
+
+  // Always present (checked by Load).
+  fn::CreateTensor create_tensor = nullptr;
+  fn::DestroyTensor destroy_tensor = nullptr;
+  fn::CreateIntArray create_int_array = nullptr;
+  fn::DestroyIntArray destroy_int_array = nullptr;
+  // Optional: nullptr when the runtime does not export them.
+  fn::GetRecentErrMsg get_recent_err_msg = nullptr;
+  fn::RtMalloc rt_malloc = nullptr;
+  fn::RtFree rt_free = nullptr;
+  fn::RtSynchronizeStream rt_synchronize_stream = nullptr;
+  fn::RtMemsetAsync rt_memset_async = nullptr;
+
+  // aclGetRecentErrMsg(), or "" when there is none (or no such entry point).
+  std::string RecentErrorMessage() const;
+
+ private:
+  CannRuntime() = default;
+  std::string directory_;
+  std::string libraries_;
+  std::vector<void*> handles_;
+  bool is_test_double_ = false;
+
+  friend struct RuntimeLoader;
+};
+
+// Human-readable name of an aclnn status ("ACLNN_ERR_PARAM_INVALID"), or "" when unknown.
+const char* AclnnStatusName(aclnnStatus status);
+
+}  // namespace otfuse::ascend
