@@ -12,7 +12,7 @@ from pathlib import Path
 
 import onnx
 
-from otfuse import __version__
+from otfuse import OP_DOMAIN, __version__
 from otfuse.errors import ModelLoadError, NothingToFuse, OtfuseError, OutputWriteError
 from otfuse.patterns import FAMILIES, select_families
 from otfuse.rewriter.model_io import check_model, load_model, save_model
@@ -57,15 +57,16 @@ def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = 
     model = loaded.model  # our in-memory copy: the input file is never touched
     nodes_before = len(model.graph.node)
 
-    fusions: Counter = Counter()
+    already_fused = _fused_op_census(model)
     near_misses: list[dict] = []
     for family in families:
         for family_pass in FAMILIES[family]:
             result = family_pass.run(model, loaded.base_dir)
-            fusions.update(result.fusions)
             near_misses += [dict(miss.to_dict(), family=family) for miss in result.near_misses]
+    # Counted on the result: a later pass may absorb what an earlier one fused (RoPE into attention).
+    fusions = _fused_op_census(model) - already_fused
 
-    if +fusions:
+    if fusions:
         _record_otfuse_version(model)
         _validate(model, loaded.base_dir)
     report = FuseReport(
@@ -74,7 +75,7 @@ def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = 
         families=families,
         nodes_before=nodes_before,
         nodes_after=len(model.graph.node),
-        fusions={op: count for op, count in sorted(fusions.items()) if count > 0},
+        fusions=dict(sorted(fusions.items())),
         seconds=0.0,
         near_misses=near_misses,
     )
@@ -83,12 +84,16 @@ def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = 
     report.seconds = round(time.perf_counter() - start, 4)
     if report_path is not None:
         write_report(report, report_path)
-    if not +fusions:
+    if not fusions:
         copy_note = f"; wrote an unchanged copy to {str(output_path)!r}" if output_path else ""
         error = NothingToFuse(f"no fusible subgraph found in {str(model_path)!r}{copy_note}")
         error.report = report
         raise error
     return report
+
+
+def _fused_op_census(model: onnx.ModelProto) -> Counter:
+    return Counter(node.op_type for node in model.graph.node if node.domain == OP_DOMAIN)
 
 
 def _record_otfuse_version(model: onnx.ModelProto) -> None:

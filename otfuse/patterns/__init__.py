@@ -8,12 +8,14 @@ the norms this family produces); within one pass, the largest match at each root
 
 from __future__ import annotations
 
-from otfuse.patterns import norm, rope
+from otfuse.patterns import attention, norm, norm_linear, rope
 from otfuse.rewriter.passes import Pass
 
 FAMILIES: dict[str, list[Pass]] = {
     "norm": norm.PASSES,
+    "norm_linear": norm_linear.PASSES,
     "rope": rope.PASSES,
+    "attention": attention.PASSES,
 }
 
 

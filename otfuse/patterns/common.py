@@ -35,11 +35,23 @@ def check_float_io(graph: GraphIndex, x: str, y: str) -> str | None:
     return None
 
 
+def _canonical_dim(dim):
+    """Symbolic sums from shape inference in one spelling: 'past_seq + seq' == 'seq + past_seq'."""
+    if isinstance(dim, str) and "+" in dim and not any(c in dim for c in "*/()-"):
+        return "+".join(sorted(term.strip() for term in dim.split("+")))
+    return dim
+
+
+def dims_equal(a, b) -> bool:
+    """Known and provably equal: the same number, or the same symbolic expression."""
+    return a is not None and b is not None and _canonical_dim(a) == _canonical_dim(b)
+
+
 def shapes_equal(a, b) -> bool:
     """Equal when every dim is known and equal (same number, or same symbolic name)."""
     if a is None or b is None or len(a) != len(b):
         return False
-    return all(x is not None and x == y for x, y in zip(a, b))
+    return all(dims_equal(x, y) for x, y in zip(a, b))
 
 
 def check_same_shape(graph: GraphIndex, a: str, b: str, total: str) -> str | None:

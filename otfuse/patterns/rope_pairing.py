@@ -101,9 +101,8 @@ class PairQKPass:
             replacements[id(first)] = Replacement([fused])
         if not replacements:
             return PassResult()
-        apply_replacements(model, list(model.graph.node), paired, replacements)
-        return PassResult(fusions=Counter({"RotaryEmbeddingQK": len(replacements),
-                                           "RotaryEmbedding": -2 * len(replacements)}))
+        apply_replacements(model, list(model.graph.node), paired, replacements, graph)
+        return PassResult(fusions=Counter({"RotaryEmbeddingQK": len(replacements)}))
 
     def _partner(self, graph: GraphIndex, first: onnx.NodeProto, later: list[onnx.NodeProto],
                  paired: set[int]) -> onnx.NodeProto | None:

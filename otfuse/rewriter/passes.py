@@ -53,7 +53,7 @@ def _node_label(node: onnx.NodeProto) -> str:
 def _private_value_leak(graph: GraphIndex, match: Match, root_value: str, rule: Rule) -> str | None:
     """Why the match cannot be removed: an interior value is needed outside it."""
     inside = {id(node) for node in match.covered}
-    allowed = {root_value} | exported_values(match, rule)
+    allowed = produced_values(graph, match, root_value, rule)
     for node in match.covered:
         for value in node.output:
             if not value or value in allowed:
@@ -81,6 +81,13 @@ def _only_feeds(graph: GraphIndex, node: onnx.NodeProto, inside: set[int], depth
             if id(user) not in inside and not _only_feeds(graph, user, inside, depth - 1):
                 return False
     return True
+
+
+def produced_values(graph: GraphIndex, match: Match, root_value: str, rule: Rule) -> set[str]:
+    """Values the replacement produces: the rule's own list (fan-out rules), else the root's
+    value and the exported ones."""
+    produced = rule.produced_values(graph, match, root_value)
+    return produced if produced is not None else {root_value} | exported_values(match, rule)
 
 
 def exported_values(match: Match, rule: Rule) -> set[str]:
@@ -112,6 +119,13 @@ def _try_root(graph: GraphIndex, ctx: RewriteContext, rules: Sequence[Rule],
     for rule in rules:
         matcher = Matcher(graph)
         for match in matcher.matches(rule.pattern, root_value):
+            grown = rule.grow(ctx, match)
+            if grown is None:
+                continue
+            if isinstance(grown, str):
+                matcher.best_failure = Failure(_CHECK_FAILURE_DEPTH + len(match.covered), grown, match.covered)
+                continue
+            match = grown
             if accepted is not None and len(match.covered) <= len(accepted[1].covered):
                 break  # cannot beat what we have
             if any(id(node) in claimed for node in match.covered):
@@ -181,11 +195,14 @@ def run_pass(model: onnx.ModelProto, rules: Sequence[Rule], base_dir: Path | Non
             for node in replacement.nodes:
                 if node.domain == OP_DOMAIN:  # helper nodes a rule adds (a Concat of tables) are not fusions
                     result.fusions[node.op_type] += 1
+            for node in match.covered:
+                if node.domain == OP_DOMAIN:  # a fused node absorbed by a larger fusion (norm -> norm + linear)
+                    result.fusions[node.op_type] -= 1
         elif failure is not None and _is_near_miss(*failure):
             misses.append(NearMiss(failure[0].name, _node_label(root), failure[1].reason,
                                    tuple(n.name for n in failure[1].covered)))
     if replacements:
-        apply_replacements(model, nodes, claimed, replacements)
+        apply_replacements(model, nodes, claimed, replacements, graph)
     fused_names = {n.name for n in nodes if id(n) in claimed}
     # A candidate whose nodes ended up inside another fusion was not really missed.
     result.near_misses = [m for m in reversed(misses)
@@ -194,7 +211,7 @@ def run_pass(model: onnx.ModelProto, rules: Sequence[Rule], base_dir: Path | Non
 
 
 def apply_replacements(model: onnx.ModelProto, nodes: list[onnx.NodeProto], claimed: set[int],
-                       replacements: dict[int, Replacement]) -> None:
+                       replacements: dict[int, Replacement], graph: GraphIndex | None = None) -> None:
     """Drop the ``claimed`` nodes, put each replacement where its root was, re-sort, tidy up."""
     if not any(entry.domain == OP_DOMAIN for entry in model.opset_import):
         # Imported at once: later passes' shape inference must know the domain.
@@ -212,6 +229,8 @@ def apply_replacements(model: onnx.ModelProto, nodes: list[onnx.NodeProto], clai
     for replacement in replacements.values():
         model.graph.initializer.extend(replacement.initializers)
     released = {name for node in nodes if id(node) in claimed for name in node.input if name}
+    if graph is not None:
+        _declare_fused_output_types(model.graph, graph, replacements)
     ordered = _toposort(new_nodes, positions, model.graph)
     ordered = _drop_released_constants(model.graph, ordered, released)
     del model.graph.node[:]
@@ -291,6 +310,23 @@ def _drop_released_constants(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]
         del graph.initializer[:]
         graph.initializer.extend(keep_inits)
     return [n for n in nodes if id(n) not in dead_nodes]
+
+
+def _declare_fused_output_types(model_graph: onnx.GraphProto, graph: GraphIndex,
+                                replacements: dict[int, Replacement]) -> None:
+    """Fused outputs keep the names, and so the types, of what they replace: declare them, since
+    shape inference cannot see through our ops and later passes (and ORT) rely on them."""
+    declared = {v.name for v in list(model_graph.value_info) + list(model_graph.output)}
+    for replacement in replacements.values():
+        for node in replacement.nodes:
+            for name in node.output:
+                value_type = graph.value_type(name)
+                if not name or name in declared or value_type is None or not value_type.elem_type:
+                    continue
+                shape = None if value_type.shape is None else list(value_type.shape)
+                model_graph.value_info.append(
+                    onnx.helper.make_tensor_value_info(name, value_type.elem_type, shape))
+                declared.add(name)
 
 
 def _drop_stale_value_info(graph: onnx.GraphProto) -> None:

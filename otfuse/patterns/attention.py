@@ -1,0 +1,278 @@
+"""Attention family: scaled dot-product attention chains fused into ``Attention`` (docs/ops.md),
+and into ``RopeAttention`` when the q/k rotation feeds only this attention.
+
+The chain as exporters write it (Hugging Face SDPA through the dynamo or TorchScript exporter):
+
+    q [B,N,S,D] -> [Mul scale] ------------------------------\\
+    k [B,Nkv,S,D] -> [Concat(past, k)] -> [repeat_kv] -> Kᵀ -> [Mul scale] -> MatMul -> [Mul|Div scale]
+        -> [Add mask] -> Softmax(-1) -> [Where(IsNaN(p), 0, p)] -> MatMul(·, repeat_kv(v)) -> [Transpose]
+
+repeat_kv is ``Unsqueeze(2) -> Expand -> Reshape`` (read as an index map, no copy); Kᵀ is a
+Transpose of the last two axes, or the dynamo exporter's ``Reshape -> Transpose -> Reshape``.
+The additive mask is passed through as ``attn_bias``: whatever the graph computed (causal,
+sliding window, padding, ALiBi), the fused node adds exactly it, so the fusion is exact.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+
+from otfuse import OP_DOMAIN
+from otfuse.patterns import common
+from otfuse.rewriter.graph import GraphIndex
+from otfuse.rewriter.passes import RulePass
+from otfuse.rewriter.pattern import ANY, Const, Either, Match, Var, attr, op
+from otfuse.rewriter.rule import Replacement, RewriteContext, Rule
+
+FAMILY = "attention"
+
+
+class _Refuse(Exception):
+    """A check failed; the message is the near-miss reason."""
+
+
+def _repeat_kv(x, tag: str):
+    """repeat_kv(x, n_rep): Unsqueeze(axis 2) -> Expand -> Reshape merging (Nkv, rep) into heads."""
+    expanded = op.Expand(Either(op.Unsqueeze(x, Const(f"{tag}_unsq_axes"), _bind=f"{tag}_unsq"),
+                                op.Unsqueeze(x, _bind=f"{tag}_unsq")),
+                         Var(f"{tag}_expand_shape"), _bind=f"{tag}_expand")
+    return Either(op.Reshape(expanded, Var(f"{tag}_merge_shape"), _bind=f"{tag}_merge"), x)
+
+
+def _with_cache(tag: str):
+    """The keys (values) attention reads: new ones, or Concat(past, new) along the sequence."""
+    return Either(op.Concat(Var(f"past_{tag}"), Var(tag), axis=ANY, _bind=f"{tag}_cache"), Var(tag))
+
+
+def _transposed(k):
+    return Either(op.Transpose(k, perm=[0, 1, 3, 2], _bind="k_transpose"),
+                  op.Reshape(op.Transpose(op.Reshape(k, Var("kt_flat_shape"), _bind="kt_flat"), perm=[0, 2, 1]),
+                             Var("kt_shape"), _bind="kt_unflat"))
+
+
+def _scaled(value, tag: str):
+    return Either(op.Mul(value, Const(f"{tag}_mul")), op.Div(value, Const(f"{tag}_div")), value)
+
+
+def _attention(q, k):
+    keys = _repeat_kv(k, "k")
+    scores = op.MatMul(_scaled(q, "q"), _scaled(_transposed(keys), "kt"), _bind="qk")
+    scores = _scaled(scores, "scores")
+    probs = op.Softmax(Either(op.Add(scores, Var("mask")), scores), _bind="softmax")
+    guarded = Either(op.Where(op.IsNaN(probs), Const("nan_fill"), probs, _bind="nan_guard"), probs)
+    out = op.MatMul(guarded, _repeat_kv(_with_cache("v"), "v"), _bind="pv")
+    return Either(op.Transpose(out, perm=[0, 2, 1, 3], _bind="out_transpose"), out)
+
+
+def _rope_pair(index: int):
+    return op.RotaryEmbeddingQK(Var("q_raw"), Var("k_raw"), Var("cos"), Var("sin"), _domain=OP_DOMAIN,
+                                _output=index, _bind="rope")
+
+
+def _rope_keys():
+    """The new keys as rotated by the pair node (possibly appended to a past cache)."""
+    return Either(op.Concat(Var("past_k"), _rope_pair(1), axis=ANY, _bind="k_cache"), _rope_pair(1))
+
+
+def _dims(graph: GraphIndex, value: str, rank: int, what: str) -> tuple:
+    shape = graph.shape(value)
+    if shape is None or len(shape) != rank:
+        raise _Refuse(f"{what} {value!r} must have a known rank-{rank} shape, has {shape}")
+    return shape
+
+
+def _may_equal(a, b) -> bool:
+    """False only when two dims are provably different (two different numbers)."""
+    return not (isinstance(a, int) and isinstance(b, int) and a != b)
+
+
+def _scalar(graph: GraphIndex, match: Match, name: str) -> float:
+    value = graph.scalar_value(match.value(name))
+    if value is None or not math.isfinite(value) or value == 0:
+        raise _Refuse(f"scale constant '{name}' is not one finite non-zero number")
+    return value
+
+
+class AttentionRule(Rule):
+    name = "Attention"
+    family = FAMILY
+    anchor_ops = frozenset({"Softmax"})
+    exports = ("k_cache", "v_cache")
+    fused_op = "Attention"
+    pattern = _attention(Var("q"), _with_cache("k"))
+
+    def check(self, ctx: RewriteContext, match: Match) -> str | None:
+        try:
+            self.attributes(ctx.graph, match)
+        except _Refuse as refusal:
+            return str(refusal)
+        return None
+
+    # -- the pieces -----------------------------------------------------------------------------
+    def q_value(self, match: Match) -> str:
+        return match.value("q")
+
+    def k_new(self, match: Match) -> str:
+        return match.value("k")
+
+    def keys_read(self, match: Match) -> str:
+        """Keys attention reads before repeat_kv: the cache Concat output, or the new keys."""
+        return match.node("k_cache").output[0] if match.has("k_cache") else self.k_new(match)
+
+    def attributes(self, graph: GraphIndex, match: Match) -> dict:
+        q, k_all = self.q_value(match), self.keys_read(match)
+        v_all = match.node("v_cache").output[0] if match.has("v_cache") else match.value("v")
+        batch, heads, q_len, head_dim = _dims(graph, q, 4, "q")
+        _, kv_heads, kv_len, k_dim = _dims(graph, k_all, 4, "k")
+        _, v_heads, v_len, v_dim = _dims(graph, v_all, 4, "v")
+        if not all(isinstance(d, int) for d in (heads, head_dim, kv_heads, v_heads, v_dim)):
+            raise _Refuse("head counts and head sizes must be static")
+        # Sequence lengths are checked by the kernel at run time; head layout must be proven here.
+        if k_dim != head_dim or v_heads != kv_heads or not _may_equal(v_len, kv_len):
+            raise _Refuse(f"q/k/v shapes do not line up: q {graph.shape(q)}, k {graph.shape(k_all)}, "
+                          f"v {graph.shape(v_all)}")
+        elem = graph.elem_type(q)
+        if elem not in common.FLOAT_TYPES or graph.elem_type(k_all) != elem or graph.elem_type(v_all) != elem:
+            raise _Refuse("q, k and v must share one float type")
+        for tag, source in (("k", k_all), ("v", v_all)):
+            self._check_repeat(graph, match, tag, source, heads, kv_heads)
+        if not match.has("k_merge") and kv_heads != heads:
+            raise _Refuse(f"{kv_heads} kv heads meet {heads} query heads without repeat_kv")
+        self._check_transpose(graph, match)
+        for tag in ("k_cache", "v_cache"):
+            if match.has(tag) and attr(match.node(tag), "axis") not in (2, -2):
+                raise _Refuse(f"the cache Concat {match.node(tag).name!r} does not append along the sequence")
+        if match.has("k_cache") != match.has("v_cache"):
+            raise _Refuse("only one of k and v has a cache")
+        self._check_softmax(graph, match)
+        if match.has("mask"):
+            self._check_mask(graph, match.value("mask"), (batch, heads, q_len, kv_len))
+        if match.has("nan_guard"):
+            fill = graph.scalar_value(match.value("nan_fill"))
+            if fill != 0.0:
+                raise _Refuse(f"the NaN guard fills {fill}, not 0")
+        if graph.elem_type(self.root_output(match)) != elem:
+            raise _Refuse("the output type differs from q's")
+        return {
+            "num_heads": heads,
+            "kv_num_heads": kv_heads,
+            "scale": self._scale(graph, match),
+            "layout": "BNSD",
+            "output_layout": "BSND" if match.has("out_transpose") else "BNSD",
+        }
+
+    def root_output(self, match: Match) -> str:
+        return match.covered[0].output[0]
+
+    def _check_repeat(self, graph, match, tag, source, heads, kv_heads) -> None:
+        if not match.has(f"{tag}_merge"):
+            return
+        unsq = match.node(f"{tag}_unsq")
+        axes = ([int(a) for a in graph.constant_value(match.value(f"{tag}_unsq_axes")).reshape(-1)]
+                if match.has(f"{tag}_unsq_axes") else list(attr(unsq, "axes", [])))
+        if axes != [2]:
+            raise _Refuse(f"repeat_kv Unsqueeze {unsq.name!r} adds axis {axes}, not 2")
+        expanded = _dims(graph, match.node(f"{tag}_expand").output[0], 5, "repeat_kv Expand")
+        merged = _dims(graph, match.node(f"{tag}_merge").output[0], 4, "repeat_kv Reshape")
+        src = graph.shape(source)
+        rep = heads // kv_heads
+        if heads % kv_heads or not common.shapes_equal(expanded, [src[0], kv_heads, rep, src[2], src[3]]):
+            raise _Refuse(f"repeat_kv expands {list(src)} to {list(expanded)}, not x{rep} along a new axis 2")
+        if not common.shapes_equal(merged, [src[0], heads, src[2], src[3]]):
+            raise _Refuse(f"repeat_kv merges into {list(merged)}, not [B, {heads}, S, D]")
+
+    def _check_transpose(self, graph, match) -> None:
+        if match.has("k_transpose"):
+            return
+        keys = match.node("kt_flat").input[0]
+        k_shape = _dims(graph, keys, 4, "keys")
+        flat = graph.shape(match.node("kt_flat").output[0])
+        unflat = graph.shape(match.node("kt_unflat").output[0])
+        if flat is None or len(flat) != 3 or not common.shapes_equal(flat[1:], k_shape[2:]):
+            raise _Refuse(f"Kᵀ's first Reshape gives {flat}, not [B*N, S, D]")
+        if not common.shapes_equal(unflat, [k_shape[0], k_shape[1], k_shape[3], k_shape[2]]):
+            raise _Refuse(f"Kᵀ's last Reshape gives {unflat}, not [B, N, D, S]")
+
+    def _check_softmax(self, graph, match) -> None:
+        node = match.node("softmax")
+        opset = next((e.version for e in graph.model.opset_import if e.domain in ("", "ai.onnx")), 0)
+        axis = attr(node, "axis", -1 if opset >= 13 else 1)
+        if axis not in (-1, 3):
+            raise _Refuse(f"Softmax runs over axis {axis}, not the keys")
+
+    def _check_mask(self, graph, mask, target) -> None:
+        shape = graph.shape(mask)
+        if shape is None or len(shape) > 4:
+            raise _Refuse(f"the mask {mask!r} has an unknown or too large rank")
+        for dim, want in zip(reversed(shape), reversed(target)):
+            # The kernel checks broadcasting at run time; refuse only what provably widens scores.
+            if dim != 1 and not _may_equal(dim, want):
+                raise _Refuse(f"the mask shape {list(shape)} does not broadcast to {list(target)}")
+        if graph.elem_type(mask) not in common.FLOAT_TYPES:
+            raise _Refuse(f"the mask {mask!r} is not a float tensor")
+
+    def _scale(self, graph, match) -> float:
+        scale = 1.0
+        for tag in ("q", "kt", "scores"):
+            if match.has(f"{tag}_mul"):
+                scale *= _scalar(graph, match, f"{tag}_mul")
+            if match.has(f"{tag}_div"):
+                scale /= _scalar(graph, match, f"{tag}_div")
+        return float(np.float32(scale))
+
+    # -- rewrite --------------------------------------------------------------------------------
+    def inputs(self, match: Match) -> list[str]:
+        return [self.q_value(match), self.k_new(match), match.value("v")]
+
+    def extra_attributes(self, graph: GraphIndex, match: Match) -> dict:
+        return {}
+
+    def rewrite(self, ctx: RewriteContext, match: Match, root: onnx.NodeProto) -> Replacement:
+        graph = ctx.graph
+        attributes = {**self.attributes(graph, match), **self.extra_attributes(graph, match)}
+        cached = match.has("k_cache")
+        inputs = self.inputs(match) + [
+            match.value("mask") if match.has("mask") else "",
+            "",
+            match.value("past_k") if cached else "",
+            match.value("past_v") if cached else "",
+        ]
+        while inputs and not inputs[-1]:
+            inputs.pop()
+        outputs = [root.output[0]]
+        if cached:
+            outputs += [match.node("k_cache").output[0], match.node("v_cache").output[0]]
+        node = ctx.fused_node(self.fused_op, inputs, outputs, root, **attributes)
+        return Replacement([node])
+
+
+class RopeAttentionRule(AttentionRule):
+    """The rotation of q and k (one RotaryEmbeddingQK node) folded into the attention."""
+
+    name = "RopeAttention"
+    fused_op = "RopeAttention"
+    pattern = _attention(_rope_pair(0), _rope_keys())
+
+    def q_value(self, match: Match) -> str:
+        return match.node("rope").output[0]
+
+    def k_new(self, match: Match) -> str:
+        return match.node("rope").output[1]
+
+    def inputs(self, match: Match) -> list[str]:
+        return [match.value("q_raw"), match.value("k_raw"), match.value("v"),
+                match.value("cos"), match.value("sin")]
+
+    def extra_attributes(self, graph: GraphIndex, match: Match) -> dict:
+        rope = {a.name: onnx.helper.get_attribute_value(a) for a in match.node("rope").attribute}
+        extra = {"rotary_mode": rope.get("mode", b"half").decode(), "rotary_dim": rope.get("rotary_dim", 0)}
+        if rope.get("sections"):
+            extra["rotary_sections"] = list(rope["sections"])
+        return extra
+
+
+RULES: list[Rule] = [RopeAttentionRule(), AttentionRule()]
+PASSES = [RulePass(RULES)]
