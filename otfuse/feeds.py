@@ -119,6 +119,13 @@ class DimResolver:
         self.has_past = has_past
         self.used: set[str] = set()
         self.resolved: dict[str, int] = {}  # symbolic name -> size, so shared names agree
+        # A size given for a model's own dim name also sizes its class, so derived dims agree:
+        # --dims past_seq=4,seq=3 makes a 'total_seq' mask 7 long.
+        for name, value in list(self.overrides.items()):
+            cls = _classify_name(name) if name not in DIM_CLASSES else None
+            if cls in DIM_CLASSES and cls not in self.overrides:
+                self.overrides[cls] = value
+                self.used.add(cls)
 
     def cls_value(self, cls: str) -> int:
         if cls in self.overrides:

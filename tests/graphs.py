@@ -217,3 +217,65 @@ def rope_sections_model(sections=(4, 6, 6), head_dim=16, split=False) -> onnx.Mo
     b.nodes[-1].output[0] = "y"
     b.output("y", F32, ["batch", 4, "seq", head_dim])
     return b.model()
+
+
+# -- attention ---------------------------------------------------------------------------------------
+def _repeat_heads(b: GraphBuilder, x: str, batch_dims, kv_heads: int, rep: int, head_dim: int,
+                  interleave: bool) -> str:
+    """repeat_kv as HF writes it (kv head g serves query heads g*rep .. g*rep+rep-1), or the
+    other grouping (query head h reads kv head h % kv_heads) when ``interleave``."""
+    axis = 1 if interleave else 2
+    unsq = b.node("Unsqueeze", [x, b.const(np.array([axis], dtype=np.int64))])
+    shape_5d = [1, rep, kv_heads, 1, head_dim] if interleave else [1, kv_heads, rep, 1, head_dim]
+    expanded = b.node("Expand", [unsq, b.const(np.array(shape_5d, dtype=np.int64))])
+    return b.node("Reshape", [expanded, b.const(np.array([0, kv_heads * rep, -1, head_dim], dtype=np.int64))])
+
+
+STATIC_SEQ, STATIC_BATCH = 5, 2  # the Reshape-Transpose-Reshape Kᵀ variant is built with static sizes
+
+
+def attention_model(*, heads=4, kv_heads=2, head_dim=8, scale_at="both", q_scale=None, k_scale=None,
+                    kt="transpose", mask=True, nan_guard=True, softmax_axis=-1, out_transpose=True,
+                    v_grouping="hf", k_perm=(0, 1, 3, 2), leak_probs=False, dtype=np.float32,
+                    scale_input=False) -> onnx.ModelProto:
+    """q [B,N,S,D], k/v [B,Nkv,S,D] graph inputs -> SDPA as the dynamo exporter writes it."""
+    b = GraphBuilder()
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    seq = STATIC_SEQ if kt != "transpose" else "seq"
+    batch = STATIC_BATCH if kt != "transpose" else "batch"
+    q = b.input("q", elem, [batch, heads, seq, head_dim])
+    k = b.input("k", elem, [batch, kv_heads, seq, head_dim])
+    v = b.input("v", elem, [batch, kv_heads, seq, head_dim])
+    rep = heads // kv_heads
+    if rep > 1:
+        k = _repeat_heads(b, k, None, kv_heads, rep, head_dim, interleave=False)
+        v = _repeat_heads(b, v, None, kv_heads, rep, head_dim, interleave=v_grouping != "hf")
+    if kt == "transpose":
+        kT = b.node("Transpose", [k], perm=list(k_perm))
+    else:  # the dynamo exporter's Reshape [-1, S, D] -> Transpose -> Reshape [B, N, D, S] (static S)
+        flat = b.node("Reshape", [k, b.const(np.array([-1, STATIC_SEQ, head_dim], dtype=np.int64))])
+        tr = b.node("Transpose", [flat], perm=[0, 2, 1])
+        kT = b.node("Reshape", [tr, b.const(np.array([STATIC_BATCH, heads, head_dim, STATIC_SEQ], dtype=np.int64))])
+    side = np.asarray(head_dim ** -0.25, dtype=dtype)
+    if scale_at == "both":
+        q = b.node("Mul", [q, b.const(np.asarray(q_scale if q_scale is not None else side, dtype=dtype))])
+        kT = b.node("Mul", [kT, b.input("k_scale_in", elem, []) if scale_input
+                            else b.const(np.asarray(k_scale if k_scale is not None else side, dtype=dtype))])
+    scores = b.node("MatMul", [q, kT])
+    if scale_at == "scores_div":
+        scores = b.node("Div", [scores, b.const(np.asarray(np.sqrt(head_dim), dtype=dtype))])
+    if mask:
+        scores = b.node("Add", [scores, b.input("mask", elem, [batch, 1, seq, seq])])
+    probs = b.node("Softmax", [scores], axis=softmax_axis)
+    if nan_guard:
+        probs = b.node("Where", [b.node("IsNaN", [probs]), b.const(np.asarray(0.0, dtype=dtype)), probs])
+    out = b.node("MatMul", [probs, v])
+    if out_transpose:
+        out = b.node("Transpose", [out], perm=[0, 2, 1, 3])
+    b.nodes[-1].output[0] = "y"
+    b.output("y", elem, [batch, seq, heads, head_dim] if out_transpose else [batch, heads, seq, head_dim])
+    if leak_probs:
+        softmax = next(n for n in b.nodes if n.op_type == "Softmax")
+        b.nodes.append(helper.make_node("Identity", [softmax.output[0]], ["probs_out"]))
+        b.outputs.append(helper.make_empty_tensor_value_info("probs_out"))
+    return b.model()

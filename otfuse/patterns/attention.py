@@ -176,7 +176,7 @@ class AttentionRule(Rule):
         if axes != [2]:
             raise _Refuse(f"repeat_kv Unsqueeze {unsq.name!r} adds axis {axes}, not 2")
         expanded = _dims(graph, match.node(f"{tag}_expand").output[0], 5, "repeat_kv Expand")
-        merged = _dims(graph, match.node(f"{tag}_merge").output[0], 4, "repeat_kv Reshape")
+        merged = common.reshaped_dims(graph, match.node(f"{tag}_merge"))
         src = graph.shape(source)
         rep = heads // kv_heads
         if heads % kv_heads or not common.shapes_equal(expanded, [src[0], kv_heads, rep, src[2], src[3]]):
@@ -189,8 +189,8 @@ class AttentionRule(Rule):
             return
         keys = match.node("kt_flat").input[0]
         k_shape = _dims(graph, keys, 4, "keys")
-        flat = graph.shape(match.node("kt_flat").output[0])
-        unflat = graph.shape(match.node("kt_unflat").output[0])
+        flat = common.reshaped_dims(graph, match.node("kt_flat"))
+        unflat = common.reshaped_dims(graph, match.node("kt_unflat"))
         if flat is None or len(flat) != 3 or not common.shapes_equal(flat[1:], k_shape[2:]):
             raise _Refuse(f"Kᵀ's first Reshape gives {flat}, not [B*N, S, D]")
         if not common.shapes_equal(unflat, [k_shape[0], k_shape[1], k_shape[3], k_shape[2]]):

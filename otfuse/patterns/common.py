@@ -6,6 +6,7 @@ that sentence is what the report shows as a near miss.
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 
 from otfuse.rewriter.graph import GraphIndex
@@ -152,3 +153,41 @@ def row_parameter(ctx: RewriteContext, value: str, x: str, axis: int) -> tuple[s
     array = graph.constant_value(value).reshape(dims)
     new = ctx.constant(f"{value}_row", array)
     return new.name, [new]
+
+
+def reshaped_dims(graph: GraphIndex, node: onnx.NodeProto):
+    """The output dims of a Reshape: inferred ones when all are known, else worked out from a
+    constant target shape (0 copies the input dim, -1 takes what is left) with symbolic dims
+    cancelled as factors: [B, 2, 2, S, 8] -> [0, 4, -1, 8] gives [B, 4, S, 8]."""
+    inferred = graph.shape(node.output[0])
+    if inferred is not None and all(d is not None for d in inferred):
+        return inferred
+    source = graph.shape(node.input[0])
+    if source is None or not graph.is_constant(node.input[1]) or any(d is None for d in source):
+        return inferred
+    target = [int(d) for d in graph.constant_value(node.input[1]).reshape(-1)]
+    if attr(node, "allowzero", 0):
+        return inferred
+    dims = [source[i] if d == 0 else d for i, d in enumerate(target)]
+    if -1 not in dims:
+        return tuple(dims)
+    symbols = [d for d in source if isinstance(d, str)]
+    number = int(np.prod([d for d in source if isinstance(d, int)], dtype=np.int64))
+    for d in dims:
+        if d == -1:
+            continue
+        if isinstance(d, str):
+            if d not in symbols:
+                return inferred
+            symbols.remove(d)
+        else:
+            if d == 0 or number % d:
+                return inferred
+            number //= d
+    if len(symbols) == 1 and number == 1:
+        rest = symbols[0]
+    elif not symbols:
+        rest = number
+    else:
+        return inferred
+    return tuple(rest if d == -1 else d for d in dims)

@@ -44,8 +44,8 @@ def _type_from_proto(type_proto: onnx.TypeProto) -> ValueType | None:
         for dim in tensor.shape.dim:
             if dim.HasField("dim_value"):
                 dims.append(int(dim.dim_value))
-            elif dim.HasField("dim_param") and dim.dim_param:
-                dims.append(dim.dim_param)
+            elif dim.HasField("dim_param") and dim.dim_param and not dim.dim_param.startswith("unk__"):
+                dims.append(dim.dim_param)  # 'unk__N' is shape inference's name for "unknown"
             else:
                 dims.append(None)
         shape = tuple(dims)
