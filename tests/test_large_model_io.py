@@ -27,7 +27,9 @@ from otfuse.rewriter.model_io import external_info, is_external, load_model
 
 HIDDEN = 64
 DATA = "model.onnx.data"
-EXPECTED = {"AddRMSNorm": 2, "RMSNorm": 1}
+# The norm -> MatMul pairs become Norm + Linear nodes (weights still never read); the last norm
+# feeds no projection and stays an AddRMSNorm.
+EXPECTED = {"AddRMSNorm": 1, "AddRMSNormLinear": 1, "RMSNormLinear": 1}
 
 
 def three_norm_model() -> onnx.ModelProto:
@@ -135,7 +137,7 @@ def test_fuse_into_another_folder_copies_the_data_and_leaves_the_input_alone(tmp
 
     fused = load_model(output).model  # every reference resolves next to the output
     assert sorted(n.op_type for n in fused.graph.node if n.domain == "otfuse") == \
-        ["AddRMSNorm", "AddRMSNorm", "RMSNorm"]
+        ["AddRMSNorm", "AddRMSNormLinear", "RMSNormLinear"]
     external = [t for t in fused.graph.initializer if is_external(t)]
     assert len(external) == 3 + 2  # three norm weights and two projections, still on disk
     for tensor in external:  # the data reached through the output folder is the original weight

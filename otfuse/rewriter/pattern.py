@@ -121,6 +121,11 @@ class Match:
     def node(self, name: str) -> onnx.NodeProto:
         return self.nodes[name]
 
+    def grown(self, nodes: tuple[onnx.NodeProto, ...], **named: onnx.NodeProto) -> "Match":
+        """This match plus downstream ``nodes`` (a rule's ``grow``), optionally bound by name."""
+        extra = tuple(n for n in nodes if not any(n is c for c in self.covered))
+        return self._with(covered=self.covered + extra, nodes={**self.nodes, **named})
+
     def _with(self, **changes: Any) -> "Match":
         return Match(**{**self.__dict__, **changes})
 

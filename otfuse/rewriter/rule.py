@@ -64,6 +64,19 @@ class Rule:
     # (a Mul that merely looks like the end of a norm) is not a near miss.
     anchor_ops: frozenset[str] = frozenset()
 
+    def grow(self, ctx: RewriteContext, match: Match) -> Match | str | None:
+        """Extend a structural match downstream, for fan-out rules whose pattern matches one node
+        (the root) and whose fusion also takes some of its consumers (``Match.grown``). Return the
+        grown match, a reason (reported as a near miss), or None (not a candidate; silent). The
+        pass then applies the usual checks to the grown match: no overlap with other fusions, no
+        interior value leaking (against ``produced_values``), no interior value read."""
+        return match
+
+    def produced_values(self, graph: GraphIndex, match: Match, root_value: str) -> set[str] | None:
+        """Values of the (grown) match that the replacement produces; every other value computed
+        inside the match must be private. None: the root's value and ``exports``."""
+        return None
+
     def check(self, ctx: RewriteContext, match: Match) -> str | None:
         """Return why this structural match must not be fused, or None to accept it."""
         return None
