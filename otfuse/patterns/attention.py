@@ -274,5 +274,105 @@ class RopeAttentionRule(AttentionRule):
         return extra
 
 
-RULES: list[Rule] = [RopeAttentionRule(), AttentionRule()]
+
+
+# -- eager attention on [B*N, S, D] tensors with an ALiBi bias (BLOOM's baddbmm) ---------------------
+def _merged_heads(tag: str):
+    """[B, N, S, D] reshaped to [B*N, S, D]."""
+    return op.Reshape(Var(tag), Var(f"{tag}_flat_shape"), _bind=f"{tag}_flat")
+
+
+def _flat_attention():
+    keys_t = op.Transpose(_merged_heads("k"), perm=[0, 2, 1], _bind="k_transpose3")
+    scores = _scaled(op.MatMul(_scaled(_merged_heads("q"), "q"), keys_t, _bind="qk"), "scores")
+    biased = Either(op.Add(scores, Var("alibi")), scores)
+    scores4 = op.Reshape(biased, Var("scores_shape"), _bind="scores_unflat")
+    probs = op.Softmax(Either(op.Add(scores4, Var("mask")), scores4), _bind="softmax")
+    probs3 = op.Reshape(probs, Var("probs_shape"), _bind="probs_flat")
+    out = op.Reshape(op.MatMul(probs3, _merged_heads("v"), _bind="pv"), Var("out_shape"), _bind="out_unflat")
+    return Either(op.Transpose(out, perm=[0, 2, 1, 3], _bind="out_transpose"), out)
+
+
+class FlatHeadsAttentionRule(AttentionRule):
+    """BLOOM-style eager attention: heads merged into the batch for bmm, an ALiBi bias added to
+    the [B*N, Sq, Skv] scores, the padding/causal mask added after splitting heads again."""
+
+    name = "Attention(flat heads, ALiBi)"
+    exports = ()
+    pattern = _flat_attention()
+
+    def attributes(self, graph: GraphIndex, match: Match) -> dict:
+        q, k, v = match.value("q"), match.value("k"), match.value("v")
+        batch, heads, q_len, head_dim = _dims(graph, q, 4, "q")
+        _, kv_heads, kv_len, k_dim = _dims(graph, k, 4, "k")
+        _, v_heads, v_len, v_dim = _dims(graph, v, 4, "v")
+        if not all(isinstance(d, int) for d in (heads, head_dim, kv_heads, v_dim)):
+            raise _Refuse("head counts and head sizes must be static")
+        if kv_heads != heads or v_heads != heads or k_dim != head_dim:
+            raise _Refuse("flat-heads attention needs q, k and v with the same heads")
+        elem = graph.elem_type(q)
+        if elem not in common.FLOAT_TYPES or graph.elem_type(k) != elem or graph.elem_type(v) != elem:
+            raise _Refuse("q, k and v must share one float type")
+        for tag in ("q", "k", "v"):  # [B, N, S, D] -> [B*N, S, D]: only the two leading dims merge
+            source = graph.shape(match.value(tag))
+            flat = common.reshaped_dims(graph, match.node(f"{tag}_flat"))
+            if flat is None or len(flat) != 3 or not common.shapes_equal(flat[1:], source[2:]):
+                raise _Refuse(f"{tag} is reshaped to {flat}, not [B*N, S, D]")
+        expected = {"scores_unflat": (4, [batch, heads, q_len, None]),
+                    "out_unflat": (4, [batch, heads, q_len, v_dim])}
+        for bind, (rank, dims) in expected.items():
+            got = common.reshaped_dims(graph, match.node(bind))
+            if got is None or len(got) != rank or not all(
+                    want is None or common.dims_equal(have, want) for have, want in zip(got, dims)):
+                raise _Refuse(f"{bind} reshapes to {got}, not {dims}")
+        probs_flat = common.reshaped_dims(graph, match.node("probs_flat"))
+        if probs_flat is None or len(probs_flat) != 3 or not common.dims_equal(probs_flat[1], q_len):
+            raise _Refuse(f"the probabilities are reshaped to {probs_flat}, not [B*N, Sq, Skv]")
+        self._check_softmax(graph, match)
+        if match.has("alibi"):
+            alibi = graph.shape(match.value("alibi"))
+            if alibi is None or len(alibi) != 3 or alibi[1] != 1:
+                raise _Refuse(f"the ALiBi bias has shape {alibi}, not [B*N, 1, Skv]")
+        if match.has("mask"):
+            self._check_mask(graph, match.value("mask"), (batch, heads, q_len, kv_len))
+        return {"num_heads": heads, "kv_num_heads": heads, "scale": self._scale(graph, match),
+                "layout": "BNSD", "output_layout": "BSND" if match.has("out_transpose") else "BNSD"}
+
+    def rewrite(self, ctx: RewriteContext, match: Match, root: onnx.NodeProto) -> Replacement:
+        """attn_bias = ALiBi as [B, N, 1, Skv] (+ the mask): one bias, as the graph added both."""
+        attributes = self.attributes(ctx.graph, match)
+        bias = _BiasBuilder(ctx, root)
+        if match.has("alibi"):
+            alibi = match.value("alibi")  # [B*N, 1, Skv] -> [B, N, 1, Skv]
+            tail = bias.node("Slice", [bias.node("Shape", [alibi]), bias.ints([1]), bias.ints([3])])
+            shape = bias.node("Concat", [bias.ints([-1, attributes["num_heads"]]), tail], axis=0)
+            bias.value = bias.node("Reshape", [alibi, shape])
+        if match.has("mask"):
+            bias.value = bias.node("Add", [bias.value, match.value("mask")]) if bias.value else match.value("mask")
+        inputs = [match.value("q"), match.value("k"), match.value("v")] + ([bias.value] if bias.value else [])
+        fused = ctx.fused_node("Attention", inputs, [root.output[0]], root, **attributes)
+        return Replacement(bias.nodes + [fused], bias.initializers)
+
+
+class _BiasBuilder:
+    """Plain ONNX nodes a rewrite adds in front of the fused node (here: the combined bias)."""
+
+    def __init__(self, ctx: RewriteContext, root: onnx.NodeProto):
+        self.ctx, self.root = ctx, root
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self.value: str | None = None
+
+    def node(self, op_type: str, inputs: list[str], **attrs) -> str:
+        out = self.ctx.unique_name(f"{self.root.output[0]}/bias_{op_type.lower()}")
+        self.nodes.append(onnx.helper.make_node(op_type, inputs, [out], name=out, **attrs))
+        return out
+
+    def ints(self, values: list[int]) -> str:
+        tensor = self.ctx.constant(f"{self.root.output[0]}/bias_const", np.array(values, dtype=np.int64))
+        self.initializers.append(tensor)
+        return tensor.name
+
+
+RULES: list[Rule] = [RopeAttentionRule(), AttentionRule(), FlatHeadsAttentionRule()]
 PASSES = [RulePass(RULES)]
