@@ -34,7 +34,7 @@ def test_every_attention_site_is_fused_and_outputs_match(tmp_path, name):
     assert result.ok, [row.to_dict() for row in result.outputs]
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2", "mistral", "gpt_neox", "phi", "rope3d"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "mistral", "gpt_neox", "gptj", "phi", "rope3d"])
 def test_rope_is_folded_into_attention(tmp_path, name):
     report = otfuse.fuse(fixture_path(name), tmp_path / "f.onnx")
     assert "RotaryEmbeddingQK" not in report.fusions and report.fusions["RopeAttention"] >= 1

@@ -57,24 +57,27 @@ def _scaled(value, tag: str):
     return Either(op.Mul(value, Const(f"{tag}_mul")), op.Div(value, Const(f"{tag}_div")), value)
 
 
-def _attention(q, k):
+def _attention(q, k, v=None):
     keys = _repeat_kv(k, "k")
     scores = op.MatMul(_scaled(q, "q"), _scaled(_transposed(keys), "kt"), _bind="qk")
     scores = _scaled(scores, "scores")
     probs = op.Softmax(Either(op.Add(scores, Var("mask")), scores), _bind="softmax")
     guarded = Either(op.Where(op.IsNaN(probs), Const("nan_fill"), probs, _bind="nan_guard"), probs)
-    out = op.MatMul(guarded, _repeat_kv(_with_cache("v"), "v"), _bind="pv")
+    out = op.MatMul(guarded, _repeat_kv(v if v is not None else _with_cache("v"), "v"), _bind="pv")
     return Either(op.Transpose(out, perm=[0, 2, 1, 3], _bind="out_transpose"), out)
 
 
-def _rope_pair(index: int):
-    return op.RotaryEmbeddingQK(Var("q_raw"), Var("k_raw"), Var("cos"), Var("sin"), _domain=OP_DOMAIN,
-                                _output=index, _bind="rope")
+def _rope_pair(index: int, role: str):
+    """Output ``index`` of the q/k rotation pair, bound as the ``role`` ('q_rot' or 'k_rot') value:
+    which output is the query depends on the order the exporter wrote them in."""
+    return op.RotaryEmbeddingQK(Var("rope_x0"), Var("rope_x1"), Var("cos"), Var("sin"), _domain=OP_DOMAIN,
+                                _output=index, _bind="rope", _as=role)
 
 
-def _rope_keys():
+def _rope_keys(index: int):
     """The new keys as rotated by the pair node (possibly appended to a past cache)."""
-    return Either(op.Concat(Var("past_k"), _rope_pair(1), axis=ANY, _bind="k_cache"), _rope_pair(1))
+    rotated = _rope_pair(index, "k_rot")
+    return Either(op.Concat(Var("past_k"), rotated, axis=ANY, _bind="k_cache"), rotated)
 
 
 def _dims(graph: GraphIndex, value: str, rank: int, what: str) -> tuple:
@@ -122,9 +125,12 @@ class AttentionRule(Rule):
         """Keys attention reads before repeat_kv: the cache Concat output, or the new keys."""
         return match.node("k_cache").output[0] if match.has("k_cache") else self.k_new(match)
 
+    def values_read(self, match: Match) -> str:
+        return match.node("v_cache").output[0] if match.has("v_cache") else match.value("v")
+
     def attributes(self, graph: GraphIndex, match: Match) -> dict:
         q, k_all = self.q_value(match), self.keys_read(match)
-        v_all = match.node("v_cache").output[0] if match.has("v_cache") else match.value("v")
+        v_all = self.values_read(match)
         batch, heads, q_len, head_dim = _dims(graph, q, 4, "q")
         _, kv_heads, kv_len, k_dim = _dims(graph, k_all, 4, "k")
         _, v_heads, v_len, v_dim = _dims(graph, v_all, 4, "v")
@@ -254,16 +260,20 @@ class RopeAttentionRule(AttentionRule):
 
     name = "RopeAttention"
     fused_op = "RopeAttention"
-    pattern = _attention(_rope_pair(0), _rope_keys())
+    pattern = Either(*(_attention(_rope_pair(q, "q_rot"), _rope_keys(1 - q)) for q in (0, 1)))
+
+    def q_index(self, match: Match) -> int:
+        return list(match.node("rope").output).index(match.value("q_rot"))
 
     def q_value(self, match: Match) -> str:
-        return match.node("rope").output[0]
+        return match.value("q_rot")
 
     def k_new(self, match: Match) -> str:
-        return match.node("rope").output[1]
+        return match.value("k_rot")
 
     def inputs(self, match: Match) -> list[str]:
-        return [match.value("q_raw"), match.value("k_raw"), match.value("v"),
+        q = self.q_index(match)
+        return [match.value(f"rope_x{q}"), match.value(f"rope_x{1 - q}"), match.value("v"),
                 match.value("cos"), match.value("sin")]
 
     def extra_attributes(self, graph: GraphIndex, match: Match) -> dict:
@@ -374,5 +384,33 @@ class _BiasBuilder:
         return tensor.name
 
 
-RULES: list[Rule] = [RopeAttentionRule(), AttentionRule(), FlatHeadsAttentionRule()]
+def _to_bnsd(value, tag: str):
+    return op.Transpose(value, perm=[0, 2, 1, 3], _bind=f"{tag}_to_bnsd")
+
+
+class RopeAttentionBSNDRule(RopeAttentionRule):
+    """GPT-J rotates q and k before the head transpose ([B, S, N, D]): the fused node reads q, k
+    and v in that layout (layout BSND) and the three transposes disappear."""
+
+    name = "RopeAttention(BSND)"
+    pattern = Either(*(_attention(_to_bnsd(_rope_pair(q, "q_rot"), "q"), _to_bnsd(_rope_pair(1 - q, "k_rot"), "k"),
+                                  _to_bnsd(Var("v"), "v")) for q in (0, 1)))
+
+    def q_value(self, match: Match) -> str:
+        return match.node("q_to_bnsd").output[0]
+
+    def keys_read(self, match: Match) -> str:
+        return match.node("k_to_bnsd").output[0]
+
+    def attributes(self, graph: GraphIndex, match: Match) -> dict:
+        values = {**super().attributes(graph, match), "layout": "BSND"}
+        if not match.has("out_transpose"):
+            raise _Refuse("BSND inputs with a BNSD output: left to the plain rules")
+        return values
+
+    def values_read(self, match: Match) -> str:
+        return match.node("v_to_bnsd").output[0]
+
+
+RULES: list[Rule] = [RopeAttentionBSNDRule(), RopeAttentionRule(), AttentionRule(), FlatHeadsAttentionRule()]
 PASSES = [RulePass(RULES)]

@@ -9,8 +9,9 @@ A pattern is a tree of values written the way the model computes them::
 - ``Var(name)`` matches any value; every use of one name must be the same graph value.
 - ``Const(name, where=...)`` matches a constant (initializer or Constant node); ``where`` is a
   predicate on its numpy value and returns a reason string when the value is not acceptable.
-- ``op.<OpType>(*inputs, _bind=..., attr=expected)`` matches a node; attribute expectations are a
-  literal, ``ANY`` or a predicate. ``Add``/``Mul``/``Max``/``Min``/``Sum`` try both operand orders.
+- ``op.<OpType>(*inputs, _bind=..., _as=..., attr=expected)`` matches a node (bound under
+  ``_bind``; its matched output value under ``_as``); attribute expectations are a literal,
+  ``ANY`` or a predicate. ``Add``/``Mul``/``Max``/``Min``/``Sum`` try both operand orders.
 - ``Either(a, b, ...)`` tries alternatives in order (the first that completes the match wins).
 - Re-using one pattern object at two places means "the same node": the exporter computed it once.
 
@@ -64,6 +65,7 @@ class Op(Pattern):
     bind: str | None = None
     domain: str = ""
     output_index: int = 0
+    value_as: str | None = None  # also bind the matched output value under this name
 
 
 @dataclass(eq=False)
@@ -79,8 +81,8 @@ class _OpBuilder:
 
     def __getattr__(self, op_type: str) -> Callable[..., Op]:
         def build(*inputs: Pattern, _bind: str | None = None, _domain: str = "",
-                  _output: int = 0, **attrs: Any) -> Op:
-            return Op(op_type, tuple(inputs), attrs, _bind, _domain, _output)
+                  _output: int = 0, _as: str | None = None, **attrs: Any) -> Op:
+            return Op(op_type, tuple(inputs), attrs, _bind, _domain, _output, _as)
 
         return build
 
@@ -230,6 +232,11 @@ class Matcher:
             return
         entered = state._with(covered=covered, nodes=nodes,
                               shared={**state.shared, id(pattern): value})
+        if pattern.value_as:
+            entered = self._bind_value(pattern.value_as, value, entered)
+            if entered is None:
+                self.fail(state, f"'{pattern.value_as}' must be one value, found two")
+                return
         orders = [tuple(node.input)]
         if node.op_type in COMMUTATIVE and len(node.input) == 2 and node.input[0] != node.input[1]:
             orders.append((node.input[1], node.input[0]))
