@@ -1,0 +1,80 @@
+"""Norm + Linear family on real exports: every norm whose output feeds a projection with a
+constant weight becomes a *NormLinear node, no such projection is left behind, and the fused
+model matches the original in ORT (float32 1e-4, float16 1e-2)."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+from fixtures import fixture_entries, fixture_path
+
+import otfuse
+from otfuse.rewriter.graph import GraphIndex
+
+ENTRIES = fixture_entries()
+NORMS = {"RMSNorm", "AddRMSNorm", "LayerNorm", "AddLayerNorm"}
+# Norm sites that feed projections: decoders all norms (q/k/v, gate/up or fc, lm_head); BERT all
+# but the last (its output is the model's); Qwen3's per-head q/k norms feed no projection.
+EXPECTED = {"llama": 5, "qwen2": 5, "bert": 4, "gpt2": 5, "phi": 3, "mistral": 5, "qwen3": 5,
+            "gpt_neox": 5, "gptj": 3, "bloom": 5, "llama_fp16": 5, "llama_kv": 5, "llama_opset23": 5}
+
+
+def _projection_readers(graph: GraphIndex, value: str) -> list[onnx.NodeProto]:
+    """MatMul / Gemm nodes that read ``value`` (directly or through a Reshape) as their first
+    operand with a constant weight (or a Transpose of one)."""
+    found = []
+    for user in graph.uses(value):
+        if user.op_type == "Reshape" and user.input[0] == value:
+            found += _projection_readers(graph, user.output[0])
+        elif user.op_type in ("MatMul", "Gemm") and user.input[0] == value:
+            w = user.input[1]
+            producer = graph.producer.get(w)
+            if graph.is_constant(w) or (producer is not None and producer.op_type == "Transpose"
+                                        and graph.is_constant(producer.input[0])):
+                found.append(user)
+    return found
+
+
+def _sites(path) -> int:
+    model = onnx.load(path)
+    graph = GraphIndex(model)
+    return sum(1 for n in model.graph.node
+               if n.domain == "otfuse" and n.op_type in NORMS and _projection_readers(graph, n.output[0]))
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_every_norm_projection_site_is_fused(tmp_path, name):
+    norms_only = tmp_path / "norm.onnx"
+    otfuse.fuse(fixture_path(name), norms_only, only=["norm"])
+    assert _sites(norms_only) == EXPECTED[name]
+
+    out = tmp_path / "fused.onnx"
+    report = otfuse.fuse(fixture_path(name), out, only=["norm", "norm_linear"])
+    linear = sum(v for k, v in report.fusions.items() if k.endswith("Linear"))
+    assert linear == EXPECTED[name], report.fusions
+    assert _sites(out) == 0  # no norm -> projection pair left unfused
+    assert not [m for m in report.near_misses if m["family"] == "norm_linear"], report.near_misses
+    fused = onnx.load(out)
+    assert sum(n.op_type.endswith("Linear") for n in fused.graph.node if n.domain == "otfuse") == linear
+    dims = {"batch": 2, "seq": 7, **({"past_seq": 3} if ENTRIES[name]["kv_cache"] else {})}
+    result = otfuse.diff(fixture_path(name), out, dims=dims)
+    assert result.ok, [row.to_dict() for row in result.outputs]
+
+
+def test_every_family_together_still_matches(tmp_path):
+    """norm_linear before rope and attention: the projections' outputs keep their names."""
+    out = tmp_path / "fused.onnx"
+    report = otfuse.fuse(fixture_path("llama"), out)
+    assert report.fusions.get("AddRMSNormLinear") == 4 and report.fusions.get("RMSNormLinear") == 1
+    result = otfuse.diff(fixture_path("llama"), out, dims={"batch": 2, "seq": 7})
+    assert result.ok, [row.to_dict() for row in result.outputs]
+
+
+def test_gpt2_gemm_and_tied_lm_head(tmp_path):
+    out = tmp_path / "fused.onnx"
+    otfuse.fuse(fixture_path("gpt2"), out, only=["norm", "norm_linear"])
+    nodes = [n for n in onnx.load(out).graph.node if n.op_type == "AddLayerNormLinear"]
+    transposed = [list(a.ints) for n in nodes for a in n.attribute if a.name == "transposed"]
+    biased = [list(a.ints) for n in nodes for a in n.attribute if a.name == "has_bias"]
+    assert transposed.count([1]) == 1  # lm_head reads the tied embedding [vocab, hidden] transposed
+    assert biased.count([1]) == 4  # the four Conv1D Gemms carry their bias
