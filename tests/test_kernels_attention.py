@@ -212,6 +212,21 @@ def test_grouped_query_heads(library, layout, kv_heads):
     check(library, inputs, {"num_heads": 4, "kv_num_heads": kv_heads, "causal": 1, "layout": layout})
 
 
+@pytest.mark.parametrize("tiles", ["3x16", "64x128"])
+@pytest.mark.parametrize("dtype", [F32, F16], ids=lambda d: d.name)
+def test_decode_serves_a_kv_group_per_task(library, monkeypatch, dtype, tiles):
+    # Direct path: one task takes the query heads of one kv head (a slice of them when the group
+    # has more heads than a tile has rows: 8 > 3), so each cached row is read once per group.
+    monkeypatch.setenv("OTFUSE_ATTENTION_TILES", tiles)
+    rng = seeded("decode_group", dtype.name, tiles)
+    for new in (1, 2):
+        inputs = qkv(rng, 2, 8, 1, new, new, 32, dtype)
+        inputs["past_key"] = rand(rng, (2, 1, 45, 32), dtype)
+        inputs["past_value"] = rand(rng, (2, 1, 45, 32), dtype)
+        check(library, inputs, {"num_heads": 8, "kv_num_heads": 1, "causal": 1},
+              outputs=("Y", "present_key", "present_value"))
+
+
 def test_gqa_head_mapping_is_h_over_group(library):
     # kv head g must serve query heads [g*group, (g+1)*group): V of kv head g is the constant g.
     b, n, nkv, s, d = 1, 6, 2, 5, 4

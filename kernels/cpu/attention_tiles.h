@@ -7,13 +7,14 @@
 //      new keys rotated for RopeAttention; or, for RopeAttention without present_key, the
 //      rotated new keys into a scratch tensor of K's size. Afterwards every key is read from one
 //      place per segment and never rotated again.
-//   2. PackKv (per batch x kv head x key tile, "tiled" path only): keys and values widened to
-//      float32 once, keys transposed, into panels the micro-kernels stream (O(Skv * D) floats).
+//   2. PackKv (per batch x kv head x key tile, "packed" path only): keys widened to float32 and
+//      transposed once into panels the micro-kernels stream (O(Skv * D) floats); values too,
+//      unless they are float32 rows of a multiple of 16 lanes, which are read in place.
 //   3. Attend (per batch x head x query tile): flash attention with an online softmax; key tiles
 //      wholly outside the causal/window band are skipped, only tiles that straddle its edges are
 //      masked element by element.
-// The "direct" path (few query rows, e.g. decoding) skips phase 2 and reads the key/value rows
-// where they are.
+// The "direct" path (few query rows, e.g. decoding) skips phase 2, reads the key/value rows where
+// they are and serves all query heads of a kv head in one task (each row read once per group).
 #pragma once
 
 #include <cstdint>
@@ -92,7 +93,7 @@ struct AttentionJob {
   int64_t k_tile_floats;
   int64_t v_tile_floats;
   float* k_packed;  // null: direct path
-  float* v_packed;
+  float* v_packed;  // null on the packed path: float32 values with dv % 16 == 0, read in place
 };
 
 // Phase 1 inputs: where present / the rotated keys go, and the rotation of the new keys.
@@ -136,7 +137,10 @@ template <typename T>
 struct AttentionFns {
   void (*kv_rows)(const AttentionJob<T>& job, const KvRowsJob<T>& rows, int64_t b, int64_t g, float* scratch);
   void (*pack_kv)(const AttentionJob<T>& job, int64_t b, int64_t g, int64_t tile, float* scratch);
-  void (*attend)(const AttentionJob<T>& job, int64_t b, int64_t h, int64_t q_tile, float* scratch);
+  // Query rows (b, h0 + hh, i0 + ii), hh < heads, ii < positions, heads * positions <= block_q,
+  // all heads of one kv head.
+  void (*attend)(const AttentionJob<T>& job, int64_t b, int64_t h0, int64_t heads, int64_t i0, int64_t positions,
+                 float* scratch);
 };
 
 namespace baseline {
