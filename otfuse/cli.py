@@ -137,6 +137,7 @@ Examples:
   otfuse model.onnx                                dry run: report what would be fused
   otfuse diff model.onnx out.onnx --dims batch=2,seq=64 --per-fusion
   otfuse info
+  otfuse verify-ops --device npu model_fused.onnx  fused ops vs torch_npu on an Ascend NPU
 
 Run a fused model with otfuse.InferenceSession (Python), which registers the custom-op library.
 Exit codes: 0 ok, 1 outputs outside tolerance, 2 bad input or usage, 3 internal error.""",
@@ -318,6 +319,55 @@ def info_command():
     console.print(f"onnxruntime  {onnxruntime.__version__} ({', '.join(onnxruntime.get_available_providers())})")
     console.print(f"library      {path or 'not found'}")
     console.print(f"loads        {'yes' if loads else 'no'}{'' if loads else ': ' + message}")
+    from otfuse.ascend_ep import backends
+
+    console.print("backends:")
+    for backend in backends():
+        line = f"  {backend.name:<17} {'yes' if backend.available else 'no ':<4} {backend.detail}"
+        console.print(line, soft_wrap=True, markup=False)
+
+
+@cli.command("verify-ops")
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--device", type=click.Choice(["npu"]), required=True,
+              help="Where to run each fused op's vendor counterpart (npu: torch_npu on an Ascend NPU).")
+@click.option("--device-id", type=int, default=0, show_default=True, help="NPU index.")
+@_dims_option
+def verify_ops_command(model, device, device_id, dims, seed):
+    """Run every fused op of MODEL on the device (torch_npu) and on otfuse's CPU kernels.
+
+    Inputs are random, with the shapes MODEL really produces (one CPU run, sizes from --dims).
+    Exit 0 when all match (or when torch_npu is not installed: nothing to check here), 1 when
+    one does not.
+    """
+    from rich.markup import escape
+
+    from otfuse.ascend_ep.verify import DeviceUnavailable, verify_ops
+    from otfuse.feeds import parse_dims
+
+    console = _console()
+    try:
+        checks = verify_ops(model, dims=parse_dims(dims), seed=seed, device_id=device_id)
+    except DeviceUnavailable as e:
+        console.print(f"skipped: {e}", soft_wrap=True, markup=False)
+        return 0
+    table = Table(title=f"{model}: fused ops on {device} vs otfuse CPU kernels", title_justify="left")
+    for name in ("op", "nodes", "inputs", "output", "max abs", "max rel", "bad elems", "result"):
+        table.add_column(name, overflow="fold")
+    for check in checks:
+        case = check.case
+        nodes = escape(f"{len(case.nodes)} ({case.nodes[0]}{', ...' if len(case.nodes) > 1 else ''})")
+        inputs = escape(case.describe())
+        if check.error:
+            error = f"[bold red]ERROR[/] {escape(check.error)}"
+            table.add_row(case.op, nodes, inputs, "-", "-", "-", "-", error)
+        for i, r in enumerate(check.outputs):
+            first = (case.op, nodes, inputs) if i == 0 else ("", "", "")
+            table.add_row(*first, r.name, f"{r.max_abs:.3g}", f"{r.max_rel:.3g}", f"{r.mismatches}/{r.size}", _result(r))
+    console.print(table)
+    bad = [c for c in checks if not c.ok]
+    console.print(f"{'FAIL' if bad else 'PASS'}: {len(checks) - len(bad)}/{len(checks)} distinct op(s) match")
+    return EXIT_MISMATCH if bad else 0
 
 
 def main(args=None):

@@ -22,7 +22,17 @@ import onnxruntime as ort
 import pytest
 from fake_cann import FakeCann, build, fake_mode_options
 from fixtures import fixture_entries, fixture_path
-from test_kernels_norm import BF16, DTYPES, F16, F32, N_OUTPUTS, OPS, TOLERANCE, assert_close, build_model, op_inputs
+from test_kernels_norm import (
+    BF16,
+    DTYPES,
+    F16,
+    F32,
+    N_OUTPUTS,
+    OPS,
+    assert_close,
+    build_model,
+    op_inputs,
+)
 
 import otfuse
 from otfuse.compare import compare_arrays, tolerance_for
