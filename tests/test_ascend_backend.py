@@ -346,6 +346,37 @@ def test_rank_above_eight_is_refused(library, fake):
         run_op(library, "RMSNorm", inputs)
 
 
+# Product lines other than Atlas A2/A3 (aclrtGetSocName), as the aclnn documents restrict them.
+PRODUCT_CASES = {
+    "310P-bf16": ("Ascend310P3", "RMSNorm", BF16, (2, 64), "bfloat16 is not supported on this product"),
+    "310P-layernorm": ("Ascend310P3", "LayerNorm", F16, (2, 64), "this operator is not supported on this product"),
+    "310P-short-row": ("Ascend310P3", "RMSNorm", F16, (2, 8),
+                       "the last axis must be at least 32 bytes on this product, got 8 x float16"),
+    "310P-f32-gamma": ("Ascend310P3", "AddLayerNorm", F16, (2, 64),
+                       r"the weights must have the input's type \(float16\)"),
+    "910-rmsnorm": ("Ascend910A", "AddRMSNorm", F32, (2, 64), "this operator is not supported on this product"),
+    "310B-bf16": ("Ascend310B1", "LayerNorm", BF16, (2, 64), "bfloat16 is not supported on this product"),
+}
+
+
+@pytest.mark.parametrize("case", PRODUCT_CASES.values(), ids=PRODUCT_CASES.keys())
+def test_product_limits_are_refused_with_the_product_named(library, fake, case):
+    soc, op, dtype, shape, reason = case
+    fake.soc(soc)
+    weight = F32 if case is PRODUCT_CASES["310P-f32-gamma"] else None
+    inputs = op_inputs(op, np.random.default_rng(13), shape, dtype, weight_dtype=weight)
+    with pytest.raises(Exception, match=rf"{APIS[op]} on .* \({soc}\): {reason}"):
+        run_op(library, op, inputs)
+    assert not fake.calls(APIS[op] + "GetWorkspaceSize")
+
+
+@pytest.mark.parametrize("soc, op, dtype", [("Ascend310P3", "RMSNorm", F16), ("Ascend310P3", "AddLayerNorm", F32),
+                                            ("Ascend910A", "LayerNorm", F32), ("Ascend910_9391", "AddRMSNorm", BF16)])
+def test_what_a_product_supports_runs(library, fake, soc, op, dtype):
+    fake.soc(soc)
+    check_against_cpu(library, op, op_inputs(op, np.random.default_rng(14), (3, 64), dtype))
+
+
 def test_contract_checks_still_apply(library, fake):
     x = np.ones((2, 8), F32)
     with pytest.raises(Exception, match=r"scale has shape \[4\] but must equal X.shape\[axis:\] = \[8\]"):

@@ -104,6 +104,7 @@ struct RuntimeLoader {
     rt->rt_free = reinterpret_cast<fn::RtFree>(rt->Find("aclrtFree"));
     rt->rt_synchronize_stream = reinterpret_cast<fn::RtSynchronizeStream>(rt->Find("aclrtSynchronizeStream"));
     rt->rt_memset_async = reinterpret_cast<fn::RtMemsetAsync>(rt->Find("aclrtMemsetAsync"));
+    rt->rt_get_soc_name = reinterpret_cast<fn::RtGetSocName>(rt->Find("aclrtGetSocName"));
     rt->is_test_double_ = rt->Find(kTestDoubleMarker) != nullptr;
     return rt;
   }
@@ -147,6 +148,33 @@ std::string CannRuntime::RecentErrorMessage() const {
   if (get_recent_err_msg == nullptr) return "";
   const char* message = get_recent_err_msg();
   return message != nullptr ? std::string(message) : std::string();
+}
+
+std::string CannRuntime::SocName() const {
+  if (rt_get_soc_name == nullptr) return "";
+  const char* name = rt_get_soc_name();
+  return name != nullptr ? std::string(name) : std::string();
+}
+
+Product ClassifySoc(const std::string& soc) {
+  auto starts = [&](const char* prefix) { return soc.rfind(prefix, 0) == 0; };
+  if (starts("Ascend910B") || starts("Ascend910_93")) return Product::kAtlasA2A3;
+  if (starts("Ascend950")) return Product::kAscend950;
+  if (starts("Ascend310P")) return Product::kAtlasInference;
+  if (starts("Ascend310B")) return Product::kAtlas200I500A2;
+  if (starts("Ascend910")) return Product::kAtlasTraining;
+  return Product::kUnknown;
+}
+
+const char* ProductName(Product product) {
+  switch (product) {
+    case Product::kAtlasA2A3: return "Atlas A2/A3";
+    case Product::kAscend950: return "Ascend 950";
+    case Product::kAtlasInference: return "Atlas inference products";
+    case Product::kAtlasTraining: return "Atlas training products";
+    case Product::kAtlas200I500A2: return "Atlas 200I/500 A2";
+    default: return "an unknown Ascend product";
+  }
 }
 
 const char* AclnnStatusName(aclnnStatus status) {

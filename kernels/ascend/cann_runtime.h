@@ -81,7 +81,8 @@ using CreateIntArray = aclIntArray* (*)(const int64_t* value, uint64_t size);
 //   https://www.hiascend.com/document/detail/en/canncommercial/850/API/aolapi/operatorlist_00024.html
 using DestroyIntArray = aclnnStatus (*)(const aclIntArray* array);
 // aclGetRecentErrMsg() -> const char*: gets and clears this thread's latest error description
-//   (libascendcl.so). https://www.hiascend.com/document/detail/zh/CANNCommunityEdition/80RC3alpha002/apiref/appdevgapi/aclcppdevg_03_0028.html
+//   (libascendcl.so).
+//   https://www.hiascend.com/document/detail/zh/CANNCommunityEdition/80RC3alpha002/apiref/appdevgapi/aclcppdevg_03_0028.html
 using GetRecentErrMsg = const char* (*)();
 // aclrtMalloc(void** devPtr, size_t size, aclrtMemMallocPolicy) -> aclError   (libascendcl.so)
 //   https://www.hiascend.com/document/detail/en/canncommercial/850/API/appdevgapi/aclcppdevg_03_0095.html
@@ -96,6 +97,10 @@ using RtSynchronizeStream = aclError (*)(aclrtStream stream);
 //   https://www.hiascend.com/document/detail/zh/canncommercial/850/API/appdevgapi/aclcppdevg_03_0104.html
 using RtMemsetAsync = aclError (*)(void* dev_ptr, size_t max_count, int32_t value, size_t count,
                                    aclrtStream stream);
+// aclrtGetSocName() -> const char*: the AI processor version ("Ascend910B3", "Ascend310P3", ...),
+//   of device 0 when there are several; null on failure   (libascendcl.so)
+//   https://www.hiascend.com/document/detail/en/canncommercial/800/apiref/appdevgapi/aclcppdevg_03_0048.html
+using RtGetSocName = const char* (*)();
 // Phase two of every aclnn operator: aclnnXxx(workspace, workspaceSize, executor, stream).
 //   "Two-phase API", hicann/ops-nn docs/en/context/two_phase_api.md
 using AclnnExecute = aclnnStatus (*)(void* workspace, uint64_t workspace_size, aclOpExecutor* executor,
@@ -132,9 +137,12 @@ class CannRuntime {
   fn::RtFree rt_free = nullptr;
   fn::RtSynchronizeStream rt_synchronize_stream = nullptr;
   fn::RtMemsetAsync rt_memset_async = nullptr;
+  fn::RtGetSocName rt_get_soc_name = nullptr;
 
   // aclGetRecentErrMsg(), or "" when there is none (or no such entry point).
   std::string RecentErrorMessage() const;
+  // aclrtGetSocName(), or "" when unknown. Asked on every call (it names the device in use).
+  std::string SocName() const;
 
  private:
   CannRuntime() = default;
@@ -145,6 +153,18 @@ class CannRuntime {
 
   friend struct RuntimeLoader;
 };
+
+// The product lines the aclnn documents distinguish, from the SoC name.
+enum class Product {
+  kUnknown,        // no aclrtGetSocName, or a name we do not know: no extra checks, CANN decides
+  kAtlasA2A3,      // Ascend910B*, Ascend910_93*: "Atlas A2/A3 training/inference products"
+  kAscend950,      // Ascend950*
+  kAtlasInference, // Ascend310P*: "Atlas inference products"
+  kAtlasTraining,  // other Ascend910*: "Atlas training products"
+  kAtlas200I500A2, // Ascend310B*: "Atlas 200I/500 A2 inference products"
+};
+Product ClassifySoc(const std::string& soc_name);
+const char* ProductName(Product product);
 
 // Human-readable name of an aclnn status ("ACLNN_ERR_PARAM_INVALID"), or "" when unknown.
 const char* AclnnStatusName(aclnnStatus status);

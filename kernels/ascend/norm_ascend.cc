@@ -147,6 +147,8 @@ class AscendNormKernel {
       }
     }
 
+    CheckProduct(rt_->SocName(), x, scale, bias);
+
     const OutputTensor y = ctx.Output(0, x.shape);
     if (!y) throw Error("output 'Y' is required");
     const OutputTensor sum = kAdd ? ctx.Output(1, x.shape) : OutputTensor{};
@@ -197,6 +199,40 @@ class AscendNormKernel {
   }
 
  private:
+  // What the aclnn documents restrict on product lines other than Atlas A2/A3 and Ascend 950
+  // (whose tables the checks above follow). An unknown SoC is left to CANN.
+  static void CheckProduct(const std::string& soc, const InputTensor& x, const InputTensor& scale,
+                           const std::optional<InputTensor>& bias) {
+    const Product product = ClassifySoc(soc);
+    if (product == Product::kUnknown || product == Product::kAtlasA2A3 || product == Product::kAscend950) return;
+    auto refuse = [&](const std::string& why) {
+      throw Error(std::string(Api::kName) + " on " + ProductName(product) + " (" + soc + "): " + why +
+                  " (run this node on CPU)");
+    };
+    bool supported;
+    if constexpr (kKind == Kind::kRms) {
+      supported = product == Product::kAtlasInference;
+    } else if constexpr (!kAdd) {
+      supported = product != Product::kAtlasInference;
+    } else {
+      supported = product == Product::kAtlasInference;
+    }
+    if (!supported) refuse("this operator is not supported on this product");
+    if (x.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16) refuse("bfloat16 is not supported on this product");
+    if (product != Product::kAtlasInference) return;
+    // Atlas inference products: weights of the input's type only, and (RmsNorm, AddLayerNorm) a
+    // last axis of at least 32 bytes.
+    if (scale.type != x.type || (bias && bias->type != x.type)) {
+      refuse(std::string("the weights must have the input's type (") + ElementTypeName(x.type) + ") on this product");
+    }
+    const bool needs_32_bytes = kKind == Kind::kRms ? !kAdd : kAdd;
+    const int64_t last_bytes = x.shape.back() * static_cast<int64_t>(ElementSize(x.type));
+    if (needs_32_bytes && last_bytes < 32) {
+      refuse("the last axis must be at least 32 bytes on this product, got " + std::to_string(x.shape.back()) +
+             " x " + ElementTypeName(x.type));
+    }
+  }
+
   // scale / bias: the input's type or float32 (docs/ops.md), shaped like the normalised axes.
   static void CheckWeights(const char* name, const InputTensor& weights, ONNXTensorElementDataType x_type,
                            const Shape& row_shape, const std::string& row_shape_name) {

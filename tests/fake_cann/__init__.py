@@ -49,10 +49,15 @@ class FakeCann:
         monkeypatch.setenv("OTFUSE_CANN_LIB_DIR", str(lib64))
         monkeypatch.setenv("OTFUSE_FAKE_CANN_LOG", str(log))
         monkeypatch.delenv("OTFUSE_FAKE_CANN_FAIL", raising=False)
+        monkeypatch.delenv("OTFUSE_FAKE_CANN_SOC", raising=False)  # an Atlas A2 (Ascend910B3)
 
     def fail(self, function: str, status: int, message: str) -> None:
         """Make ``function`` return ``status`` with ``message`` for aclGetRecentErrMsg."""
         self._monkeypatch.setenv("OTFUSE_FAKE_CANN_FAIL", f"{function}={status}:{message}")
+
+    def soc(self, name: str) -> None:
+        """What aclrtGetSocName reports, e.g. "Ascend310P3" (Atlas inference products)."""
+        self._monkeypatch.setenv("OTFUSE_FAKE_CANN_SOC", name)
 
     def calls(self, fn: str | None = None) -> list[dict]:
         if not self.log.exists():

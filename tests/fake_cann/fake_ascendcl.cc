@@ -14,7 +14,8 @@
 //   OTFUSE_FAKE_CANN_LOG=<file>  appends one JSON object per call (function, shapes, dtypes,
 //                                attributes, workspace sizes, stream);
 //   OTFUSE_FAKE_CANN_FAIL=<function>=<status>[:<message>]  makes that function fail with that
-//                                status (and message, for aclGetRecentErrMsg).
+//                                status (and message, for aclGetRecentErrMsg);
+//   OTFUSE_FAKE_CANN_SOC=<name>  what aclrtGetSocName returns (default Ascend910B3, an Atlas A2).
 // It exports otfuse_fake_cann_runtime(), by which otfuse recognises it: the Ascend kernels refuse
 // to run on it under the real CANN EP, and the CPU "fake mode" refuses anything else.
 #include <cmath>
@@ -474,6 +475,14 @@ EXPORT Status aclDestroyIntArray(const aclIntArray* array) {
   if (array == nullptr || g_arrays.erase(array) == 0) return kInvalid;
   delete array;
   return kOk;
+}
+
+// The SoC it claims to be: $OTFUSE_FAKE_CANN_SOC, else an Atlas A2 ("Ascend910B3").
+EXPORT const char* aclrtGetSocName() {
+  static thread_local std::string name;
+  const char* soc = std::getenv("OTFUSE_FAKE_CANN_SOC");
+  name = soc != nullptr && *soc ? soc : "Ascend910B3";
+  return name.c_str();
 }
 
 EXPORT int aclrtMalloc(void** dev_ptr, size_t size, int32_t policy) {
