@@ -263,13 +263,24 @@ def test_cpu_variants_agree_bit_for_bit(library, monkeypatch, mode, dtype):
     # ones (read when the session creates its kernels).
     rng = seeded("isa", mode, dtype.name)
     x = random(rng, (3, 4, 11, 42), dtype)  # 42 lanes: vector bodies plus scalar tails
-    x[0, 0, 0, :4] = np.array([6e4, -6e4, 1e-7, 0.0], np.float32).astype(dtype)  # overflow, subnormal
+    x[0, 0, 0, :6] = np.array([6e4, -6e4, 1e-7, 0.0, np.nan, np.inf], np.float32).astype(dtype)  # overflow, subnormal
     inputs = [x, *cos_sin(rng, (1, 1, 11, 42), dtype)]
     attrs = {"mode": mode, "sections": [18, 24]} if mode == "half" else {"mode": mode}
     default = run_op(library, "RotaryEmbedding", inputs, attrs)
     monkeypatch.setenv("OTFUSE_CPU_ISA", "baseline")
     baseline = run_op(library, "RotaryEmbedding", inputs, attrs)
     assert_same_bits(default[0], baseline[0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("mode", MODES)
+def test_large_outputs_streamed(library, mode, dtype):
+    # Outputs of 16 MiB and more are written with streaming stores by the AVX2 variant.
+    rng = seeded("large", mode, dtype.name)
+    seq = 8192 // dtype.itemsize
+    inputs = [random(rng, (1, 16, seq, 128), dtype), *cos_sin(rng, (1, 1, seq, 128), dtype)]
+    assert inputs[0].nbytes == 16 << 20
+    check(library, "RotaryEmbedding", inputs, {"mode": mode})
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # the reference overflows to inf too

@@ -35,6 +35,9 @@ struct RotaryJob {
   RotaryDims p_dims;
   RotaryDims b_dims;
   bool b_inner;  // visit b innermost (X's innermost leading dim is a broadcast dim)
+  // Write Y with non-temporal (streaming) stores where the vector stores are aligned: set for
+  // outputs much larger than the cache; only the AVX2 variant uses it.
+  bool stream_stores;
 };
 
 // Rows (p, b) for p in [p_begin, p_end), b in [b_begin, b_end).
