@@ -23,8 +23,28 @@ aclDataType ToAclDataType(ONNXTensorElementDataType type) {
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: return ACL_FLOAT16;
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: return ACL_BF16;
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: return ACL_INT64;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32: return ACL_INT32;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL: return ACL_BOOL;
     default: throw Error(std::string("no aclDataType for ") + ElementTypeName(type));
   }
+}
+
+size_t ElementBytes(ONNXTensorElementDataType type) {
+  switch (type) {
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT:
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32: return 4;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16:
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: return 2;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: return 8;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL: return 1;
+    default: throw Error(std::string("no element size for ") + ElementTypeName(type));
+  }
+}
+
+Shape ContiguousStrides(const Shape& shape) {
+  Shape strides(shape.size(), 1);
+  for (size_t i = shape.size(); i-- > 1;) strides[i - 1] = strides[i] * shape[i];
+  return strides;
 }
 
 AclnnCall::AclnnCall(const CannRuntime& rt, const KernelContext& ctx, size_t input) : rt_(rt) {
@@ -49,6 +69,9 @@ AclnnCall::~AclnnCall() { Release(); }
 
 void AclnnCall::Release() noexcept {
   for (aclTensor* tensor : tensors_) rt_.destroy_tensor(tensor);
+  // Lists first: they refer to tensors destroyed below.
+  for (aclTensorList* list : lists_) rt_.destroy_tensor_list(list);
+  lists_.clear();
   for (aclIntArray* array : arrays_) rt_.destroy_int_array(array);
   tensors_.clear();
   arrays_.clear();
@@ -80,6 +103,40 @@ aclTensor* AclnnCall::Tensor(const void* data, ONNXTensorElementDataType type, c
   }
   tensors_.push_back(tensor);
   return tensor;
+}
+
+aclTensor* AclnnCall::View(const void* data, ONNXTensorElementDataType type, const Shape& shape,
+                           const Shape& strides, int64_t offset, const char* what) {
+  // The storage a view reads: one flat run of elements from the buffer start to its last element.
+  int64_t last = offset;
+  bool empty = false;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == 0) empty = true;
+    else last += (shape[i] - 1) * strides[i];
+  }
+  const Shape storage{empty ? 0 : last + 1};
+  aclTensor* tensor = rt_.create_tensor(shape.data(), shape.size(), ToAclDataType(type), strides.data(), offset,
+                                        ACL_FORMAT_ND, storage.data(), storage.size(), const_cast<void*>(data));
+  if (tensor == nullptr) {
+    const std::string detail = rt_.RecentErrorMessage();
+    throw Error(std::string("aclCreateTensor failed for ") + what + " " + ToString(shape) + " (strides " +
+                ToString(strides) + ")" + (detail.empty() ? "" : ": " + detail));
+  }
+  tensors_.push_back(tensor);
+  return tensor;
+}
+
+aclTensorList* AclnnCall::TensorList(const std::vector<aclTensor*>& tensors, const char* what) {
+  if (rt_.create_tensor_list == nullptr || rt_.destroy_tensor_list == nullptr) {
+    throw Error("the CANN runtime in " + rt_.directory() + " exports no aclCreateTensorList/aclDestroyTensorList");
+  }
+  aclTensorList* list = rt_.create_tensor_list(tensors.data(), tensors.size());
+  if (list == nullptr) {
+    const std::string detail = rt_.RecentErrorMessage();
+    throw Error(std::string("aclCreateTensorList failed for ") + what + (detail.empty() ? "" : ": " + detail));
+  }
+  lists_.push_back(list);
+  return list;
 }
 
 aclIntArray* AclnnCall::IntArray(const Shape& values, const char* what) {

@@ -36,6 +36,19 @@ inline const char* ExecutionProviderOf(Placement placement) {
 const CannRuntime& BindRuntime(Placement placement);
 
 aclDataType ToAclDataType(ONNXTensorElementDataType type);
+// Bytes per element of the types the Ascend kernels pass (float32, float16, bfloat16, int32,
+// int64, bool).
+size_t ElementBytes(ONNXTensorElementDataType type);
+// Contiguous (row-major) strides of `shape`, in elements.
+Shape ContiguousStrides(const Shape& shape);
+
+// aclnnInplaceCopyGetWorkspaceSize(aclTensor* selfRef, const aclTensor* src, workspaceSize,
+// executor): selfRef = src, src broadcast to selfRef's shape and converted to its dtype; both may
+// be non-contiguous, ND, 1-8 dims. hicann/ops-math conversion/view_copy/docs/aclnnInplaceCopy.md
+// (the dtype conversion is an internal Cast: cann/ops-math issue 3278). The Ascend kernels use it
+// for every copy, transpose, broadcast and cast around their main call.
+using InplaceCopyGetWorkspace = aclnnStatus (*)(aclTensor* self_ref, const aclTensor* src, uint64_t* workspace_size,
+                                                aclOpExecutor** executor);
 
 // Phase one (GetWorkspace, the op's own signature) and phase two of one aclnn operator.
 template <typename GetWorkspace>
@@ -63,7 +76,12 @@ class AclnnCall {
 
   // A contiguous ND aclTensor over `data` (not owned); destroyed with this call.
   aclTensor* Tensor(const void* data, ONNXTensorElementDataType type, const Shape& shape, const char* what);
+  // A strided view: `shape` elements at `strides` (in elements) from `data` + `offset` elements.
+  aclTensor* View(const void* data, ONNXTensorElementDataType type, const Shape& shape, const Shape& strides,
+                  int64_t offset, const char* what);
   aclIntArray* IntArray(const Shape& values, const char* what);
+  // aclCreateTensorList over tensors created by this call; destroyed with it.
+  aclTensorList* TensorList(const std::vector<aclTensor*>& tensors, const char* what);
   // Device memory beside the kernel's input (ORT's allocator for it; aclrtMalloc when ORT
   // has none), released after the call. ZeroedScratch fills it with zero bytes on the stream.
   void* Scratch(size_t bytes, const char* what);
@@ -90,6 +108,7 @@ class AclnnCall {
   OrtAllocator* allocator_ = nullptr;  // ORT's allocator for the input's memory, if any
   std::vector<aclTensor*> tensors_;
   std::vector<aclIntArray*> arrays_;
+  std::vector<aclTensorList*> lists_;
   std::vector<void*> ort_buffers_;
   std::vector<void*> acl_buffers_;  // aclrtMalloc'd: freed only after the stream has drained
 };

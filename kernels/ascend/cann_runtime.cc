@@ -105,6 +105,10 @@ struct RuntimeLoader {
     rt->rt_synchronize_stream = reinterpret_cast<fn::RtSynchronizeStream>(rt->Find("aclrtSynchronizeStream"));
     rt->rt_memset_async = reinterpret_cast<fn::RtMemsetAsync>(rt->Find("aclrtMemsetAsync"));
     rt->rt_get_soc_name = reinterpret_cast<fn::RtGetSocName>(rt->Find("aclrtGetSocName"));
+    rt->create_tensor_list = reinterpret_cast<fn::CreateTensorList>(rt->Find("aclCreateTensorList"));
+    rt->destroy_tensor_list = reinterpret_cast<fn::DestroyTensorList>(rt->Find("aclDestroyTensorList"));
+    rt->rt_memcpy = reinterpret_cast<fn::RtMemcpy>(rt->Find("aclrtMemcpy"));
+    rt->rt_get_device = reinterpret_cast<fn::RtGetDevice>(rt->Find("aclrtGetDevice"));
     rt->is_test_double_ = rt->Find(kTestDoubleMarker) != nullptr;
     return rt;
   }

@@ -33,6 +33,7 @@ namespace otfuse::ascend {
 //   https://www.hiascend.com/document/detail/en/canncommercial/800/apiref/aolapi/operatorlist_00019.html
 struct aclTensor;
 struct aclIntArray;
+struct aclTensorList;  // "aclCreateTensorList" (below)
 struct aclOpExecutor;
 using aclrtStream = void*;   // "aclrtStream": a stream handle, the one ORT's CANN EP computes on
 using aclnnStatus = int32_t; // aclnn return codes: "aclnn Return Codes", hicann/ops-nn
@@ -45,7 +46,9 @@ enum aclDataType : int32_t {
   ACL_DT_UNDEFINED = -1,
   ACL_FLOAT = 0,
   ACL_FLOAT16 = 1,
+  ACL_INT32 = 3,
   ACL_INT64 = 9,
+  ACL_BOOL = 12,
   ACL_BF16 = 27,
 };
 
@@ -59,6 +62,12 @@ enum aclFormat : int32_t {
 //   https://www.hiascend.com/document/detail/zh/canncommercial/80RC2/apiref/appdevgapi/aclcppdevg_03_1335.html
 enum aclrtMemMallocPolicy : int32_t {
   ACL_MEM_MALLOC_HUGE_FIRST = 0,
+};
+
+// "aclrtMemcpyKind" (second member), CANN 8.0.0 application development API reference, aclrtMemcpy,
+//   https://www.hiascend.com/document/detail/en/canncommercial/800/apiref/appdevgapi/aclcppdevg_03_0105.html
+enum aclrtMemcpyKind : int32_t {
+  ACL_MEMCPY_HOST_TO_DEVICE = 1,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -80,6 +89,11 @@ using CreateIntArray = aclIntArray* (*)(const int64_t* value, uint64_t size);
 // aclDestroyIntArray(const aclIntArray*) -> aclnnStatus   (libnnopbase.so)
 //   https://www.hiascend.com/document/detail/en/canncommercial/850/API/aolapi/operatorlist_00024.html
 using DestroyIntArray = aclnnStatus (*)(const aclIntArray* array);
+// aclCreateTensorList(const aclTensor* const* value, uint64_t size) -> aclTensorList*, null on
+//   failure; paired with aclDestroyTensorList(const aclTensorList*) -> aclnnStatus (libnnopbase.so)
+//   https://www.hiascend.com/document/detail/en/canncommercial/850/API/aolapi/operatorlist_00020.html
+using CreateTensorList = aclTensorList* (*)(const aclTensor* const* value, uint64_t size);
+using DestroyTensorList = aclnnStatus (*)(const aclTensorList* list);
 // aclGetRecentErrMsg() -> const char*: gets and clears this thread's latest error description
 //   (libascendcl.so).
 //   https://www.hiascend.com/document/detail/zh/CANNCommunityEdition/80RC3alpha002/apiref/appdevgapi/aclcppdevg_03_0028.html
@@ -97,6 +111,14 @@ using RtSynchronizeStream = aclError (*)(aclrtStream stream);
 //   https://www.hiascend.com/document/detail/zh/canncommercial/850/API/appdevgapi/aclcppdevg_03_0104.html
 using RtMemsetAsync = aclError (*)(void* dev_ptr, size_t max_count, int32_t value, size_t count,
                                    aclrtStream stream);
+// aclrtMemcpy(void* dst, size_t destMax, const void* src, size_t count, aclrtMemcpyKind kind)
+//   -> aclError: synchronous, "no implicit device synchronization or stream synchronization"
+//   (libascendcl.so); used once per device to upload the compressed attention mask
+//   https://www.hiascend.com/document/detail/en/canncommercial/800/apiref/appdevgapi/aclcppdevg_03_0105.html
+using RtMemcpy = aclError (*)(void* dst, size_t dest_max, const void* src, size_t count, aclrtMemcpyKind kind);
+// aclrtGetDevice(int32_t* deviceId) -> aclError: the device of the calling thread's context
+//   (libascendcl.so), CANN application development API reference ("aclrtGetDevice")
+using RtGetDevice = aclError (*)(int32_t* device_id);
 // aclrtGetSocName() -> const char*: the AI processor version ("Ascend910B3", "Ascend310P3", ...),
 //   of device 0 when there are several; null on failure   (libascendcl.so)
 //   https://www.hiascend.com/document/detail/en/canncommercial/800/apiref/appdevgapi/aclcppdevg_03_0048.html
@@ -138,6 +160,10 @@ class CannRuntime {
   fn::RtSynchronizeStream rt_synchronize_stream = nullptr;
   fn::RtMemsetAsync rt_memset_async = nullptr;
   fn::RtGetSocName rt_get_soc_name = nullptr;
+  fn::CreateTensorList create_tensor_list = nullptr;
+  fn::DestroyTensorList destroy_tensor_list = nullptr;
+  fn::RtMemcpy rt_memcpy = nullptr;
+  fn::RtGetDevice rt_get_device = nullptr;
 
   // aclGetRecentErrMsg(), or "" when there is none (or no such entry point).
   std::string RecentErrorMessage() const;
