@@ -40,7 +40,7 @@ constexpr Status kNullptr = 161001;  // ACLNN_ERR_PARAM_NULLPTR
 constexpr Status kInvalid = 161002;  // ACLNN_ERR_PARAM_INVALID
 constexpr Status kInner = 561000;    // ACLNN_ERR_INNER
 
-enum DType : int32_t { kF32 = 0, kF16 = 1, kI64 = 9, kBF16 = 27 };
+enum DType : int32_t { kF32 = 0, kF16 = 1, kI32 = 3, kI64 = 9, kBool = 12, kBF16 = 27 };
 
 }  // namespace
 
@@ -90,13 +90,29 @@ const char* DTypeName(int32_t dtype) {
     case kF16: return "float16";
     case kBF16: return "bfloat16";
     case kI64: return "int64";
+    case kI32: return "int32";
+    case kBool: return "bool";
     default: return "unsupported";
   }
 }
 
+bool Contiguous(const aclTensor* t) {
+  int64_t stride = 1;
+  for (size_t d = t->dims.size(); d-- > 0;) {
+    if (t->dims[d] != 1 && t->strides[d] != stride) return false;
+    stride *= t->dims[d];
+  }
+  return true;
+}
+
+// {"shape", "dtype"}, plus "strides" and "offset" for a non-contiguous view.
 std::string Json(const aclTensor* t) {
   if (t == nullptr) return "null";
-  return "{\"shape\":" + Json(t->dims) + ",\"dtype\":\"" + DTypeName(t->dtype) + "\"}";
+  std::string view;
+  if (!Contiguous(t) || t->offset != 0) {
+    view = ",\"strides\":" + Json(t->strides) + ",\"offset\":" + std::to_string(t->offset);
+  }
+  return "{\"shape\":" + Json(t->dims) + ",\"dtype\":\"" + DTypeName(t->dtype) + "\"" + view + "}";
 }
 
 std::string Json(double value) {
@@ -216,6 +232,9 @@ float Load(const aclTensor* t, int64_t i) {
   switch (t->dtype) {
     case kF32: return static_cast<const float*>(t->data)[at];
     case kF16: return HalfToFloat(static_cast<const uint16_t*>(t->data)[at]);
+    case kI32: return static_cast<float>(static_cast<const int32_t*>(t->data)[at]);
+    case kI64: return static_cast<float>(static_cast<const int64_t*>(t->data)[at]);
+    case kBool: return static_cast<const uint8_t*>(t->data)[at] != 0 ? 1.0f : 0.0f;
     default: return BF16ToFloat(static_cast<const uint16_t*>(t->data)[at]);
   }
 }
@@ -225,6 +244,9 @@ void Store(const aclTensor* t, int64_t i, float value) {
   switch (t->dtype) {
     case kF32: static_cast<float*>(t->data)[at] = value; break;
     case kF16: static_cast<uint16_t*>(t->data)[at] = FloatToHalf(value); break;
+    case kI32: static_cast<int32_t*>(t->data)[at] = static_cast<int32_t>(value); break;
+    case kI64: static_cast<int64_t*>(t->data)[at] = static_cast<int64_t>(value); break;
+    case kBool: static_cast<uint8_t*>(t->data)[at] = value != 0.0f ? 1 : 0; break;
     default: static_cast<uint16_t*>(t->data)[at] = FloatToBF16(value); break;
   }
 }
@@ -256,6 +278,18 @@ Status CheckLive(const aclTensor* t, const char* name) {
   return kOk;
 }
 
+// The view must stay inside its storage (the buffer aclCreateTensor was told about).
+Status CheckStorage(const aclTensor* t, const char* name) {
+  if (Count(t->dims) == 0) return kOk;
+  int64_t last = t->offset;
+  for (size_t d = 0; d < t->dims.size(); ++d) last += (t->dims[d] - 1) * t->strides[d];
+  if (last >= Count(t->storage)) {
+    return Fail(kInvalid, std::string(name) + " view " + Json(t->dims) + " strides " + Json(t->strides) + " offset " +
+                              std::to_string(t->offset) + " reads past its storage " + Json(t->storage));
+  }
+  return kOk;
+}
+
 // Every tensor argument: live, ND, floating (unless int), rank 1-8, data present.
 Status CheckTensor(const aclTensor* t, const char* name, bool required) {
   if (t == nullptr) {
@@ -269,7 +303,22 @@ Status CheckTensor(const aclTensor* t, const char* name, bool required) {
     return Fail(kInvalid, std::string(name) + " must have 1 to 8 dimensions, got " + Shape(t->dims));
   }
   if (t->data == nullptr && Count(t->dims) > 0) return Fail(kNullptr, std::string(name) + " has no data");
-  return kOk;
+  return CheckStorage(t, name);
+}
+
+// As CheckTensor, for operators that also take bool / int32 / int64 tensors.
+Status CheckAnyTensor(const aclTensor* t, const char* name) {
+  if (t == nullptr) return Fail(kNullptr, std::string("Expected a proper Tensor but got null for argument ") + name);
+  if (Status s = CheckLive(t, name)) return s;
+  if (t->format != 2) return Fail(kInvalid, std::string(name) + " must be ND (format 2)");
+  if (!Floating(t->dtype) && t->dtype != kBool && t->dtype != kI32 && t->dtype != kI64) {
+    return Fail(kInvalid, std::string(name) + " has unsupported dtype " + DTypeName(t->dtype));
+  }
+  if (t->dims.empty() || t->dims.size() > 8) {
+    return Fail(kInvalid, std::string(name) + " must have 1 to 8 dimensions, got " + Shape(t->dims));
+  }
+  if (t->data == nullptr && Count(t->dims) > 0) return Fail(kNullptr, std::string(name) + " has no data");
+  return CheckStorage(t, name);
 }
 
 Status SameShape(const aclTensor* a, const char* an, const aclTensor* b, const char* bn) {
@@ -704,4 +753,568 @@ EXPORT Status aclnnAddLayerNormGetWorkspaceSize(const aclTensor* x1, const aclTe
 
 EXPORT Status aclnnAddLayerNorm(void* workspace, uint64_t workspace_size, aclOpExecutor* executor, void* stream) {
   return Execute("aclnnAddLayerNorm", workspace, workspace_size, executor, stream);
+}
+
+// ================================================================== rotary / attention support
+
+struct aclTensorList {
+  std::vector<const aclTensor*> tensors;
+};
+
+namespace {
+
+std::set<const aclTensorList*> g_lists;
+
+std::string Json(const aclTensorList* list) {
+  if (list == nullptr) return "null";
+  std::string out = "[";
+  for (size_t i = 0; i < list->tensors.size(); ++i) out += (i ? "," : "") + Json(list->tensors[i]);
+  return out + "]";
+}
+
+// The product line the SoC name belongs to, as the aclnn documents name them.
+bool UnsupportedTransformerProduct() {
+  const char* soc = aclrtGetSocName();
+  const std::string name(soc);
+  const bool a2a3 = name.rfind("Ascend910B", 0) == 0 || name.rfind("Ascend910_93", 0) == 0;
+  const bool other = name.rfind("Ascend310P", 0) == 0 || name.rfind("Ascend310B", 0) == 0 ||
+                     (name.rfind("Ascend910", 0) == 0 && !a2a3);
+  return other;
+}
+
+// Flat index into `src` (numpy-broadcast to `dims`) of the element at flat index i of `dims`.
+int64_t BroadcastIndex(const std::vector<int64_t>& dims, const std::vector<int64_t>& src_dims, int64_t i) {
+  int64_t index = 0, stride = 1;
+  for (size_t k = 0; k < src_dims.size(); ++k) {
+    const size_t sd = src_dims.size() - 1 - k;
+    const size_t dd = dims.size() - 1 - k;
+    int64_t rest = i;
+    for (size_t q = dims.size() - 1; q > dd; --q) rest /= dims[q];
+    const int64_t coord = rest % dims[dd];
+    if (src_dims[sd] != 1) index += coord * stride;
+    stride *= src_dims[sd];
+  }
+  return index;
+}
+
+bool Broadcasts(const std::vector<int64_t>& src, const std::vector<int64_t>& dst) {
+  if (src.size() > dst.size()) return false;
+  for (size_t k = 0; k < src.size(); ++k) {
+    const int64_t a = src[src.size() - 1 - k], b = dst[dst.size() - 1 - k];
+    if (a != b && a != 1) return false;
+  }
+  return true;
+}
+
+// Whether any element of `a` and `b` share memory (both views of one buffer).
+bool Overlap(const aclTensor* a, const aclTensor* b) {
+  auto range = [](const aclTensor* t) {
+    const size_t es = t->dtype == kF32 || t->dtype == kI32 ? 4 : t->dtype == kI64 ? 8 : t->dtype == kBool ? 1 : 2;
+    int64_t last = t->offset;
+    for (size_t d = 0; d < t->dims.size(); ++d) last += (t->dims[d] - 1) * t->strides[d];
+    const char* base = static_cast<const char*>(t->data);
+    return std::pair{base + t->offset * es, base + (last + 1) * es};
+  };
+  if (Count(a->dims) == 0 || Count(b->dims) == 0) return false;
+  const auto [a0, a1] = range(a);
+  const auto [b0, b1] = range(b);
+  return a0 < b1 && b0 < a1;
+}
+
+}  // namespace
+
+// aclCreateTensorList / aclDestroyTensorList: CANN operator API reference, "aclCreateTensorList".
+EXPORT aclTensorList* aclCreateTensorList(const aclTensor* const* value, uint64_t size) {
+  Log("aclCreateTensorList", "\"size\":" + std::to_string(size));
+  if (Injected("aclCreateTensorList") != kOk || value == nullptr || size == 0) {
+    if (t_error.empty()) t_error = "[fake CANN] aclCreateTensorList: null value or size 0";
+    return nullptr;
+  }
+  auto* list = new aclTensorList{std::vector<const aclTensor*>(value, value + size)};
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_lists.insert(list);
+  return list;
+}
+
+EXPORT Status aclDestroyTensorList(const aclTensorList* list) {
+  Log("aclDestroyTensorList", "");
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (list == nullptr || g_lists.erase(list) == 0) return kInvalid;
+  delete list;
+  return kOk;
+}
+
+EXPORT int aclrtMemcpy(void* dst, size_t dest_max, const void* src, size_t count, int32_t kind) {
+  Log("aclrtMemcpy", "\"count\":" + std::to_string(count) + ",\"kind\":" + std::to_string(kind));
+  if (Status s = Injected("aclrtMemcpy")) return s;
+  if (dst == nullptr || src == nullptr || count > dest_max) return Fail(100000, "aclrtMemcpy: bad pointer or count");
+  std::memcpy(dst, src, count);
+  return 0;
+}
+
+EXPORT int aclrtGetDevice(int32_t* device_id) {
+  if (device_id == nullptr) return 100000;
+  *device_id = 0;
+  return 0;
+}
+
+// ------------------------------------------------------------------ aclnnInplaceCopy
+// hicann/ops-math conversion/view_copy/docs/aclnnInplaceCopy.md: selfRef = src, src broadcast to
+// selfRef, converted to its dtype; both may be non-contiguous.
+
+EXPORT Status aclnnInplaceCopyGetWorkspaceSize(aclTensor* self_ref, const aclTensor* src, uint64_t* workspace_size,
+                                               aclOpExecutor** executor) {
+  const char* fn = "aclnnInplaceCopyGetWorkspaceSize";
+  const std::string fields = "\"selfRef\":" + Json(self_ref) + ",\"src\":" + Json(src);
+  return Logged(fn, fields, workspace_size, [&]() -> Status {
+    if (Status s = Begin(fn, workspace_size, executor)) return s;
+    if (Status s = CheckAnyTensor(self_ref, "selfRef")) return s;
+    if (Status s = CheckAnyTensor(src, "src")) return s;
+    if (!Broadcasts(src->dims, self_ref->dims)) {
+      return Fail(kInvalid, "src shape " + Shape(src->dims) + " does not broadcast to selfRef shape " +
+                                Shape(self_ref->dims));
+    }
+    if (Overlap(self_ref, src)) return Fail(kInvalid, "selfRef and src overlap (fake CANN refuses aliasing copies)");
+    *workspace_size = 0;
+    *executor = NewExecutor("aclnnInplaceCopy", 0, [=] {
+      const int64_t n = Count(self_ref->dims);
+      for (int64_t i = 0; i < n; ++i) Store(self_ref, i, Load(src, BroadcastIndex(self_ref->dims, src->dims, i)));
+    });
+    return kOk;
+  });
+}
+
+EXPORT Status aclnnInplaceCopy(void* workspace, uint64_t workspace_size, aclOpExecutor* executor, void* stream) {
+  return Execute("aclnnInplaceCopy", workspace, workspace_size, executor, stream);
+}
+
+// ------------------------------------------------------------------ aclnnLogicalNot, aclnnInplaceLogicalOr
+// CANN operator API reference "aclnnLogicalNot&aclnnInplaceLogicalNot",
+// "aclnnLogicalOr&aclnnInplaceLogicalOr": 0 is False, nonzero True; other broadcasts to selfRef.
+
+EXPORT Status aclnnLogicalNotGetWorkspaceSize(const aclTensor* self, aclTensor* out, uint64_t* workspace_size,
+                                              aclOpExecutor** executor) {
+  const char* fn = "aclnnLogicalNotGetWorkspaceSize";
+  return Logged(fn, "\"self\":" + Json(self) + ",\"out\":" + Json(out), workspace_size, [&]() -> Status {
+    if (Status s = Begin(fn, workspace_size, executor)) return s;
+    if (Status s = CheckAnyTensor(self, "self")) return s;
+    if (Status s = CheckAnyTensor(out, "out")) return s;
+    if (Status s = SameShape(self, "self", out, "out")) return s;
+    *workspace_size = 0;
+    *executor = NewExecutor("aclnnLogicalNot", 0, [=] {
+      for (int64_t i = 0; i < Count(out->dims); ++i) Store(out, i, Load(self, i) == 0.0f ? 1.0f : 0.0f);
+    });
+    return kOk;
+  });
+}
+
+EXPORT Status aclnnLogicalNot(void* workspace, uint64_t workspace_size, aclOpExecutor* executor, void* stream) {
+  return Execute("aclnnLogicalNot", workspace, workspace_size, executor, stream);
+}
+
+EXPORT Status aclnnInplaceLogicalOrGetWorkspaceSize(aclTensor* self_ref, const aclTensor* other,
+                                                    uint64_t* workspace_size, aclOpExecutor** executor) {
+  const char* fn = "aclnnInplaceLogicalOrGetWorkspaceSize";
+  return Logged(fn, "\"selfRef\":" + Json(self_ref) + ",\"other\":" + Json(other), workspace_size, [&]() -> Status {
+    if (Status s = Begin(fn, workspace_size, executor)) return s;
+    if (Status s = CheckAnyTensor(self_ref, "selfRef")) return s;
+    if (Status s = CheckAnyTensor(other, "other")) return s;
+    if (!Broadcasts(other->dims, self_ref->dims)) return Fail(kInvalid, "other does not broadcast to selfRef");
+    *workspace_size = 0;
+    *executor = NewExecutor("aclnnInplaceLogicalOr", 0, [=] {
+      for (int64_t i = 0; i < Count(self_ref->dims); ++i) {
+        const bool v = Load(self_ref, i) != 0.0f || Load(other, BroadcastIndex(self_ref->dims, other->dims, i)) != 0.0f;
+        Store(self_ref, i, v ? 1.0f : 0.0f);
+      }
+    });
+    return kOk;
+  });
+}
+
+EXPORT Status aclnnInplaceLogicalOr(void* workspace, uint64_t workspace_size, aclOpExecutor* executor, void* stream) {
+  return Execute("aclnnInplaceLogicalOr", workspace, workspace_size, executor, stream);
+}
+
+// ------------------------------------------------------------------ aclnnRotaryPositionEmbedding
+// hicann/ops-transformer posembedding/rotary_position_embedding/docs/aclnnRotaryPositionEmbedding_en.md
+
+namespace {
+
+// y = x * cos + rotate(x) * sin over rows of d lanes, cos/sin broadcast (numpy) to x.
+void Rotate(const aclTensor* x, const aclTensor* cos, const aclTensor* sin, bool interleaved, const aclTensor* y) {
+  const int64_t d = x->dims.back();
+  const int64_t rows = Count(x->dims) / std::max<int64_t>(d, 1);
+  std::vector<float> row(static_cast<size_t>(d));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < d; ++i) row[i] = Load(x, r * d + i);
+    for (int64_t i = 0; i < d; ++i) {
+      float rotated;
+      if (interleaved) {
+        rotated = i % 2 == 0 ? -row[i + 1] : row[i - 1];
+      } else {
+        rotated = i < d / 2 ? -row[i + d / 2] : row[i - d / 2];
+      }
+      const int64_t c = BroadcastIndex(x->dims, cos->dims, r * d + i);
+      Store(y, r * d + i, row[i] * Load(cos, c) + rotated * Load(sin, c));
+    }
+  }
+}
+
+}  // namespace
+
+EXPORT Status aclnnRotaryPositionEmbeddingGetWorkspaceSize(const aclTensor* x, const aclTensor* cos,
+                                                           const aclTensor* sin, int64_t mode, aclTensor* out,
+                                                           uint64_t* workspace_size, aclOpExecutor** executor) {
+  const char* fn = "aclnnRotaryPositionEmbeddingGetWorkspaceSize";
+  const std::string fields = "\"x\":" + Json(x) + ",\"cos\":" + Json(cos) + ",\"sin\":" + Json(sin) +
+                             ",\"mode\":" + std::to_string(mode) + ",\"out\":" + Json(out);
+  return Logged(fn, fields, workspace_size, [&]() -> Status {
+    if (Status s = Begin(fn, workspace_size, executor)) return s;
+    for (auto [t, name] : {std::pair{x, "x"}, {cos, "cos"}, {sin, "sin"}, {out, "out"}}) {
+      if (Status s = CheckTensor(t, name, true)) return s;
+    }
+    if (UnsupportedTransformerProduct()) {
+      return Fail(561003, std::string("aclnnRotaryPositionEmbedding is not supported on ") + aclrtGetSocName());
+    }
+    for (auto [t, name] : {std::pair{cos, "cos"}, {sin, "sin"}, {(const aclTensor*)out, "out"}}) {
+      if (Status s = SameType(x, "x", t, name)) return s;  // "Consistent with the data type of x"
+    }
+    if (!Contiguous(out)) return Fail(kInvalid, "out must be contiguous (non-contiguous out is not supported)");
+    if (x->dims.size() != 4 || out->dims.size() != 4) {
+      return Fail(kInvalid, "x and out must be 4-D here (BNSD/BSND), got " + Shape(x->dims));
+    }
+    if (mode != 0 && mode != 1) return Fail(561002, "mode " + std::to_string(mode) + " is not 0 (half) or 1 (interleave) on Atlas A2/A3");
+    if (Status s = SameShape(x, "x", out, "out")) return s;
+    if (cos->dims != sin->dims) return Fail(561002, "cos and sin shapes differ");
+    const int64_t d = x->dims[3];
+    if (cos->dims.size() != 4 || cos->dims[3] != d) return Fail(561002, "cos must be 4-D with x's D");
+    if (d % 2 != 0 || d >= 896) return Fail(561002, "D must be even and < 896, got " + std::to_string(d));
+    // The layout is read from the cos/sin broadcast form.
+    const auto& xd = x->dims;
+    const auto& cd = cos->dims;
+    auto form = [&](bool a, bool b, bool c) {  // true: cos has x's dim there, false: 1
+      return (a ? cd[0] == xd[0] : cd[0] == 1) && (b ? cd[1] == xd[1] : cd[1] == 1) && (c ? cd[2] == xd[2] : cd[2] == 1);
+    };
+    bool ok = false;
+    if (mode == 0) {
+      const bool bnsd = form(false, false, true) || form(true, false, true) || form(true, true, true);
+      const bool bsnd = form(false, true, false) || form(true, true, false) || form(true, true, true);
+      ok = (bnsd && xd[0] < 1000 && xd[1] < 1000) || (bsnd && xd[0] < 1000 && xd[2] < 1000);
+    } else {
+      ok = (form(false, false, true) && xd[0] * xd[1] < 1000) || (form(false, true, false) && xd[0] * xd[2] < 1000);
+    }
+    if (!ok) {
+      return Fail(561002, "cos " + Shape(cd) + " with x " + Shape(xd) + " is none of the documented layouts for mode " +
+                              std::to_string(mode) + " (or B/N exceed their limits)");
+    }
+    *workspace_size = 256;
+    *executor = NewExecutor("aclnnRotaryPositionEmbedding", *workspace_size,
+                            [=] { Rotate(x, cos, sin, mode == 1, out); });
+    return kOk;
+  });
+}
+
+EXPORT Status aclnnRotaryPositionEmbedding(void* workspace, uint64_t workspace_size, aclOpExecutor* executor,
+                                           void* stream) {
+  return Execute("aclnnRotaryPositionEmbedding", workspace, workspace_size, executor, stream);
+}
+
+// ------------------------------------------------------------------ aclnnApplyRotaryPosEmbV2
+// hicann/ops-transformer posembedding/apply_rotary_pos_emb/docs/aclnnApplyRotaryPosEmbV2.md: in place;
+// layout 1 BSND q (b, s, qn, d), k (b, s, kn, d), cos (b, s, 1, d); 3 BNSD (b, n, s, d) with cos
+// (b, 1, s, d); D = 128; one dtype; no empty tensors; the UB formula within 192 KiB.
+
+EXPORT Status aclnnApplyRotaryPosEmbV2GetWorkspaceSize(aclTensor* query, aclTensor* key, const aclTensor* cos,
+                                                       const aclTensor* sin, int64_t layout, char* rotary_mode,
+                                                       uint64_t* workspace_size, aclOpExecutor** executor) {
+  const char* fn = "aclnnApplyRotaryPosEmbV2GetWorkspaceSize";
+  const std::string mode_text = rotary_mode ? rotary_mode : "";
+  const std::string fields = "\"queryRef\":" + Json(query) + ",\"keyRef\":" + Json(key) + ",\"cos\":" + Json(cos) +
+                             ",\"sin\":" + Json(sin) + ",\"layout\":" + std::to_string(layout) +
+                             ",\"rotaryMode\":" + Json(mode_text);
+  return Logged(fn, fields, workspace_size, [&]() -> Status {
+    if (Status s = Begin(fn, workspace_size, executor)) return s;
+    for (auto [t, name] : {std::pair{(const aclTensor*)query, "queryRef"}, {(const aclTensor*)key, "keyRef"},
+                           {cos, "cos"}, {sin, "sin"}}) {
+      if (Status s = CheckTensor(t, name, true)) return s;
+      if (Status s = SameType(query, "queryRef", t, name)) return s;
+      if (t->dims.size() != 4) return Fail(kInvalid, std::string(name) + " must be 4-D");
+      if (Count(t->dims) == 0) return Fail(kInvalid, std::string(name) + " is empty (not supported)");
+      if (t->dims[3] != 128) return Fail(kInvalid, std::string(name) + " last dim must be 128");
+    }
+    if (mode_text != "half" && mode_text != "interleave") return Fail(kInvalid, "rotaryMode '" + mode_text + "' not supported");
+    if (cos->dims != sin->dims) return Fail(kInvalid, "cos and sin shapes differ");
+    const auto& q = query->dims;
+    const auto& k = key->dims;
+    const auto& c = cos->dims;
+    int64_t qn, kn;
+    if (layout == 1) {
+      if (k[0] != q[0] || k[1] != q[1] || c != std::vector<int64_t>{q[0], q[1], 1, q[3]}) {
+        return Fail(kInvalid, "layout 1 (BSND) needs q (b, s, qn, d), k (b, s, kn, d), cos (b, s, 1, d)");
+      }
+      qn = q[2], kn = k[2];
+    } else if (layout == 3) {
+      if (k[0] != q[0] || k[2] != q[2] || c != std::vector<int64_t>{q[0], 1, q[2], q[3]}) {
+        return Fail(kInvalid, "layout 3 (BNSD) needs q (b, qn, s, d), k (b, kn, s, d), cos (b, 1, s, d)");
+      }
+      qn = q[1], kn = k[1];
+    } else {
+      return Fail(kInvalid, "layout " + std::to_string(layout) + " is not supported by the fake (1 BSND, 3 BNSD)");
+    }
+    const int64_t cast = query->dtype == kBF16 ? 1 : 0;
+    const int64_t dtype_size = query->dtype == kF32 ? 4 : 2;
+    const int64_t cast_size = cast ? 4 : dtype_size;
+    const int64_t ub = (qn + kn) * 128 * cast_size * 5 + 128 * dtype_size * 4 + cast * 128 * 8;
+    if (ub > 192 * 1024) return Fail(561002, "ub_required " + std::to_string(ub) + " exceeds the 192 KiB UB");
+    *workspace_size = 128;
+    *executor = NewExecutor("aclnnApplyRotaryPosEmbV2", *workspace_size, [=] {
+      const bool inter = mode_text == "interleave";
+      // In place: rotate a copy of each row, then store.
+      for (aclTensor* t : {query, key}) {
+        std::vector<float> copy(static_cast<size_t>(Count(t->dims)));
+        for (int64_t i = 0; i < Count(t->dims); ++i) copy[i] = Load(t, i);
+        std::vector<int64_t> cdims = cos->dims;
+        // cos (b, s, 1, d) / (b, 1, s, d): broadcast over N.
+        const int64_t d = 128, rows = Count(t->dims) / d;
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t i = 0; i < d; ++i) {
+            const float x = copy[r * d + i];
+            const float rot = inter ? (i % 2 == 0 ? -copy[r * d + i + 1] : copy[r * d + i - 1])
+                                    : (i < d / 2 ? -copy[r * d + i + d / 2] : copy[r * d + i - d / 2]);
+            const int64_t ci = BroadcastIndex(t->dims, cdims, r * d + i);
+            Store(t, r * d + i, x * Load(cos, ci) + rot * Load(sin, ci));
+          }
+        }
+      }
+    });
+    return kOk;
+  });
+}
+
+EXPORT Status aclnnApplyRotaryPosEmbV2(void* workspace, uint64_t workspace_size, aclOpExecutor* executor, void* stream) {
+  return Execute("aclnnApplyRotaryPosEmbV2", workspace, workspace_size, executor, stream);
+}
+
+// ------------------------------------------------------------------ aclnnFusedInferAttentionScoreV3
+// hicann/ops-transformer attention/fused_infer_attention_score/docs/aclnnFusedInferAttentionScoreV3_en.md.
+// The fake takes the subset otfuse uses (FLOAT16/BFLOAT16, one-tensor key/value lists, layouts BSND,
+// BNSD, BNSD_BSND, BSH, sparse modes 0-4, no quantisation / paging / prefix / rope inputs) and
+// refuses everything else with ACLNN_ERR_PARAM_INVALID.
+
+EXPORT Status aclnnFusedInferAttentionScoreV3GetWorkspaceSize(
+    const aclTensor* query, const aclTensorList* key, const aclTensorList* value, const aclTensor* pse_shift,
+    const aclTensor* atten_mask, const aclIntArray* actual_seq_lengths, const aclIntArray* actual_seq_lengths_kv,
+    const aclTensor* deq_scale1, const aclTensor* quant_scale1, const aclTensor* deq_scale2,
+    const aclTensor* quant_scale2, const aclTensor* quant_offset2, const aclTensor* antiquant_scale,
+    const aclTensor* antiquant_offset, const aclTensor* block_table, const aclTensor* query_padding_size,
+    const aclTensor* kv_padding_size, const aclTensor* key_antiquant_scale, const aclTensor* key_antiquant_offset,
+    const aclTensor* value_antiquant_scale, const aclTensor* value_antiquant_offset,
+    const aclTensor* key_shared_prefix, const aclTensor* value_shared_prefix,
+    const aclIntArray* actual_shared_prefix_len, const aclTensor* query_rope, const aclTensor* key_rope,
+    const aclTensor* key_rope_antiquant_scale, int64_t num_heads, double scale_value, int64_t pre_tokens,
+    int64_t next_tokens, char* input_layout, int64_t num_key_value_heads, int64_t sparse_mode,
+    int64_t inner_precise, int64_t block_size, int64_t antiquant_mode, bool softmax_lse_flag,
+    int64_t key_antiquant_mode, int64_t value_antiquant_mode, const aclTensor* attention_out,
+    const aclTensor* softmax_lse, uint64_t* workspace_size, aclOpExecutor** executor) {
+  const char* fn = "aclnnFusedInferAttentionScoreV3GetWorkspaceSize";
+  const std::string layout = input_layout ? input_layout : "";
+  const std::string fields = "\"query\":" + Json(query) + ",\"key\":" + Json(key) + ",\"value\":" + Json(value) +
+      ",\"pseShift\":" + Json(pse_shift) + ",\"attenMask\":" + Json(atten_mask) + ",\"numHeads\":" +
+      std::to_string(num_heads) + ",\"scaleValue\":" + Json(scale_value) + ",\"preTokens\":" +
+      std::to_string(pre_tokens) + ",\"nextTokens\":" + std::to_string(next_tokens) + ",\"inputLayout\":" +
+      Json(layout) + ",\"numKeyValueHeads\":" + std::to_string(num_key_value_heads) + ",\"sparseMode\":" +
+      std::to_string(sparse_mode) + ",\"innerPrecise\":" + std::to_string(inner_precise) + ",\"attentionOut\":" +
+      Json(attention_out);
+  return Logged(fn, fields, workspace_size, [&]() -> Status {
+    if (Status s = Begin(fn, workspace_size, executor)) return s;
+    if (query == nullptr || key == nullptr || value == nullptr || attention_out == nullptr) {
+      return Fail(kNullptr, "query, key, value and attentionOut are required");
+    }
+    {
+      std::lock_guard<std::mutex> lock(g_mutex);
+      if (g_lists.count(key) == 0 || g_lists.count(value) == 0) return Fail(kInvalid, "key/value are not live aclTensorLists");
+    }
+    if (key->tensors.size() != 1 || value->tensors.size() != 1) {
+      return Fail(kInvalid, "the fake takes one-tensor key/value lists (batch in the tensor)");
+    }
+    const aclTensor* k = key->tensors[0];
+    const aclTensor* v = value->tensors[0];
+    for (auto [t, name] : {std::pair{query, "query"}, {k, "key"}, {v, "value"}, {attention_out, "attentionOut"}}) {
+      if (Status s = CheckTensor(t, name, true)) return s;
+      if (t->dtype != kF16 && t->dtype != kBF16) {
+        return Fail(kInvalid, std::string(name) + " dtype " + DTypeName(t->dtype) + " is not FLOAT16/BFLOAT16");
+      }
+      if (Status s = SameType(query, "query", t, name)) return s;
+      if (!Contiguous(t) || t->offset != 0) return Fail(kInvalid, std::string(name) + " must be contiguous");
+    }
+    if (UnsupportedTransformerProduct()) {
+      return Fail(561003, std::string("aclnnFusedInferAttentionScoreV3 is not supported on ") + aclrtGetSocName());
+    }
+    for (const void* p : {(const void*)actual_seq_lengths, (const void*)actual_seq_lengths_kv, (const void*)deq_scale1,
+                          (const void*)quant_scale1, (const void*)deq_scale2, (const void*)quant_scale2,
+                          (const void*)quant_offset2, (const void*)antiquant_scale, (const void*)antiquant_offset,
+                          (const void*)block_table, (const void*)query_padding_size, (const void*)kv_padding_size,
+                          (const void*)key_antiquant_scale, (const void*)key_antiquant_offset,
+                          (const void*)value_antiquant_scale, (const void*)value_antiquant_offset,
+                          (const void*)key_shared_prefix, (const void*)value_shared_prefix,
+                          (const void*)actual_shared_prefix_len, (const void*)query_rope, (const void*)key_rope,
+                          (const void*)key_rope_antiquant_scale, (const void*)softmax_lse}) {
+      if (p != nullptr) return Fail(kInvalid, "the fake supports no quantisation, paging, prefix, rope or lse inputs");
+    }
+    if (block_size != 0 || antiquant_mode != 0 || softmax_lse_flag || key_antiquant_mode != 0 || value_antiquant_mode != 0) {
+      return Fail(kInvalid, "blockSize / antiquant modes / softmaxLseFlag must be 0 / false here");
+    }
+    if (k->dims != v->dims) return Fail(kInvalid, "key and value shapes must be identical");
+    // Layouts: B, N, S, D of each tensor.
+    bool out_bsnd = false;
+    auto heads = [&](const aclTensor* t, bool bsnd, int64_t n_hint, int64_t* b, int64_t* n, int64_t* s, int64_t* d) {
+      if (layout == "BSH") {
+        if (t->dims.size() != 3 || n_hint <= 0 || t->dims[2] % n_hint != 0) return false;
+        *b = t->dims[0], *s = t->dims[1], *n = n_hint, *d = t->dims[2] / n_hint;
+        return true;
+      }
+      if (t->dims.size() != 4) return false;
+      *b = t->dims[0], *d = t->dims[3];
+      *n = bsnd ? t->dims[2] : t->dims[1];
+      *s = bsnd ? t->dims[1] : t->dims[2];
+      return true;
+    };
+    bool in_bsnd;
+    if (layout == "BNSD") {
+      in_bsnd = false;
+    } else if (layout == "BSND" || layout == "BSH") {
+      in_bsnd = out_bsnd = true;
+    } else if (layout == "BNSD_BSND") {
+      in_bsnd = false, out_bsnd = true;
+    } else {
+      return Fail(kInvalid, "inputLayout '" + layout + "' is not supported by the fake");
+    }
+    const int64_t nkv_attr = num_key_value_heads == 0 ? num_heads : num_key_value_heads;
+    int64_t b, n, sq, d, kb, kn, skv, kd;
+    if (!heads(query, in_bsnd, num_heads, &b, &n, &sq, &d) || !heads(k, in_bsnd, nkv_attr, &kb, &kn, &skv, &kd)) {
+      return Fail(kInvalid, "query/key ranks do not fit inputLayout " + layout);
+    }
+    if (layout == "BNSD_BSND" && sq <= 1) return Fail(kInvalid, "BNSD_BSND needs Q_S > 1");
+    if (num_heads != n) return Fail(kInvalid, "numHeads " + std::to_string(num_heads) + " != query's N " + std::to_string(n));
+    if (num_key_value_heads != 0 && num_key_value_heads != kn) return Fail(kInvalid, "numKeyValueHeads != key's N");
+    if (kn == 0 || n % kn != 0) return Fail(kInvalid, "numHeads must be a multiple of numKeyValueHeads");
+    if (kb != b || kd != d) return Fail(kInvalid, "key's B/D differ from query's");
+    const std::vector<int64_t> want_out = layout == "BSH" ? std::vector<int64_t>{b, sq, n * d}
+                                          : out_bsnd      ? std::vector<int64_t>{b, sq, n, d}
+                                                          : std::vector<int64_t>{b, n, sq, d};
+    if (attention_out->dims != want_out) {
+      return Fail(kInvalid, "attentionOut shape " + Shape(attention_out->dims) + " must be " + Shape(want_out));
+    }
+    if (sq > 1) {
+      if (n > 256 || d > 512) return Fail(kInvalid, "Q_S > 1 needs N <= 256 and D <= 512");
+      if ((d * 2) % 16 != 0) return Fail(kInvalid, "D must be 16-byte aligned for FLOAT16/BFLOAT16");
+      if (b > 65536) return Fail(kInvalid, "B must be <= 65536");
+    }
+    if (pse_shift) {
+      if (Status s = CheckTensor(pse_shift, "pseShift", true)) return s;
+      if (Status s = SameType(query, "query", pse_shift, "pseShift")) return s;
+      if (!Contiguous(pse_shift) || pse_shift->offset != 0) return Fail(kInvalid, "pseShift must be contiguous");
+      if (pse_shift->dims != std::vector<int64_t>{b, n, sq, skv} && pse_shift->dims != std::vector<int64_t>{1, n, sq, skv}) {
+        return Fail(kInvalid, "pseShift shape " + Shape(pse_shift->dims) + " must be (B, N, Q_S, KV_S) or (1, N, Q_S, KV_S)");
+      }
+    }
+    if (sparse_mode < 0 || sparse_mode > 4) return Fail(kInvalid, "sparseMode must be 0-4");
+    if (inner_precise < 0 || inner_precise > 3) return Fail(kInvalid, "innerPrecise must be 0-3");
+    const bool compressed = sq > 1 && sparse_mode >= 2;
+    if (atten_mask) {
+      if (Status s = CheckAnyTensor(atten_mask, "attenMask")) return s;
+      if (atten_mask->dtype != kBool) return Fail(kInvalid, "the fake takes BOOL attenMask");
+      if (!Contiguous(atten_mask) || atten_mask->offset != 0) return Fail(kInvalid, "attenMask must be contiguous");
+      const auto& md = atten_mask->dims;
+      if (compressed) {
+        const std::vector<int64_t> sq2{2048, 2048};
+        if (std::vector<int64_t>(md.end() - std::min<size_t>(md.size(), 2), md.end()) != sq2 || Count(md) != 2048 * 2048) {
+          return Fail(kInvalid, "sparseMode 2/3/4 need the (2048, 2048) compressed mask, got " + Shape(md));
+        }
+        for (int64_t i = 0; i < 2048; ++i) {
+          for (int64_t j = 0; j < 2048; ++j) {
+            if ((Load(atten_mask, i * 2048 + j) != 0.0f) != (j > i)) {
+              return Fail(kInvalid, "the compressed mask must be True exactly above the diagonal");
+            }
+          }
+        }
+      } else {
+        const bool ok = sq > 1 ? (md == std::vector<int64_t>{sq, skv} || md == std::vector<int64_t>{b, sq, skv} ||
+                                  md == std::vector<int64_t>{1, sq, skv} || md == std::vector<int64_t>{b, 1, sq, skv} ||
+                                  md == std::vector<int64_t>{1, 1, sq, skv})
+                               : (md == std::vector<int64_t>{b, skv} || md == std::vector<int64_t>{b, 1, skv} ||
+                                  md == std::vector<int64_t>{b, 1, 1, skv});
+        if (!ok) return Fail(kInvalid, "attenMask shape " + Shape(md) + " is not a documented full-mask shape");
+      }
+    } else if (compressed) {
+      return Fail(kInvalid, "sparseMode 2/3/4 need the compressed attenMask");
+    }
+    *workspace_size = 1024;
+    *executor = NewExecutor("aclnnFusedInferAttentionScoreV3", *workspace_size, [=] {
+      const int64_t group = n / kn, c = skv - sq;
+      const bool use_sparse = sq > 1;  // "When Q_S is 1 ... sparseMode is invalid"
+      auto q_at = [&](int64_t bi, int64_t h, int64_t i, int64_t e) {
+        return in_bsnd ? ((bi * sq + i) * n + h) * d + e : ((bi * n + h) * sq + i) * d + e;
+      };
+      auto kv_at = [&](int64_t bi, int64_t g, int64_t j, int64_t e) {
+        return in_bsnd ? ((bi * skv + j) * kn + g) * d + e : ((bi * kn + g) * skv + j) * d + e;
+      };
+      auto o_at = [&](int64_t bi, int64_t h, int64_t i, int64_t e) {
+        return out_bsnd ? ((bi * sq + i) * n + h) * d + e : ((bi * n + h) * sq + i) * d + e;
+      };
+      std::vector<float> s(static_cast<size_t>(skv));
+      for (int64_t bi = 0; bi < b; ++bi) {
+        for (int64_t h = 0; h < n; ++h) {
+          const int64_t g = h / group;
+          for (int64_t i = 0; i < sq; ++i) {
+            float m = -INFINITY;
+            for (int64_t j = 0; j < skv; ++j) {
+              float dot = 0.0f;
+              for (int64_t e = 0; e < d; ++e) dot += Load(query, q_at(bi, h, i, e)) * Load(k, kv_at(bi, g, j, e));
+              float score = static_cast<float>(scale_value) * dot;
+              if (pse_shift) {
+                const int64_t pb = pse_shift->dims[0] == 1 ? 0 : bi;
+                score += Load(pse_shift, ((pb * n + h) * sq + i) * skv + j);
+              }
+              bool masked = false;
+              if (atten_mask && !compressed) {
+                const auto& md = atten_mask->dims;
+                const int64_t mb = (md.size() >= 3 && md[0] == b && b != 1) ? bi : 0;
+                const int64_t mi = sq > 1 ? i : 0;
+                masked = Load(atten_mask, (mb * (sq > 1 ? sq : 1) + mi) * skv + j) != 0.0f;
+                if (use_sparse && (j - i > next_tokens || i - j > pre_tokens)) masked = true;
+              }
+              if (use_sparse && sparse_mode == 2) masked = masked || j > i;
+              if (use_sparse && sparse_mode == 3) masked = masked || j > i + c;
+              if (use_sparse && sparse_mode == 4) masked = masked || j > i + c + next_tokens || j < i + c - pre_tokens;
+              s[j] = masked ? -INFINITY : score;
+              m = std::max(m, s[j]);
+            }
+            const bool correct = (inner_precise & 2) != 0 || (use_sparse && sparse_mode == 3 && sq > skv);
+            for (int64_t e = 0; e < d; ++e) {
+              float out;
+              if (m == -INFINITY) {
+                out = correct ? 0.0f : NAN;  // invalid row: corrected to 0, else undefined
+              } else {
+                float sum = 0.0f, acc = 0.0f;
+                for (int64_t j = 0; j < skv; ++j) {
+                  const float p = std::exp(s[j] - m);
+                  sum += p;
+                  acc += p * Load(v, kv_at(bi, g, j, e));
+                }
+                out = acc / sum;
+              }
+              Store(attention_out, o_at(bi, h, i, e), out);
+            }
+          }
+        }
+      }
+    });
+    return kOk;
+  });
+}
+
+EXPORT Status aclnnFusedInferAttentionScoreV3(void* workspace, uint64_t workspace_size, aclOpExecutor* executor,
+                                              void* stream) {
+  return Execute("aclnnFusedInferAttentionScoreV3", workspace, workspace_size, executor, stream);
 }
