@@ -1,7 +1,9 @@
 // Library entry point: ORT calls RegisterCustomOps when a session options object loads us.
 #include "op_registry.h"
 
+#include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -9,57 +11,97 @@ namespace otfuse {
 namespace {
 
 // Ascend (CANN) kernels, one line per family.
-void AppendAscendOps(CustomOpList& list, ascend::Placement placement) {
+void AppendAscendOps(CustomOpList& list, ascend::Placement placement, ascend::AttentionFp32 fp32) {
   ascend::AppendAscendNormOps(list, placement);
+  ascend::AppendAscendRotaryOps(list, placement);
+  ascend::AppendAscendAttentionOps(list, placement, fp32);
 }
 
-// The one registration list. New families (and the Ascend backend's CANN kernels) go here.
-const CustomOpList& AllOps() {
+// The CPU kernels of every family.
+const CustomOpList& CpuOps() {
   static const CustomOpList ops = [] {
     CustomOpList list;
     cpu::AppendNormOps(list);
     cpu::AppendNormLinearOps(list);
     cpu::AppendRotaryOps(list);
     cpu::AppendAttentionOps(list);
-    AppendAscendOps(list, ascend::Placement::kCannEp);
     return list;
   }();
   return ops;
+}
+
+// The one registration list: the CPU kernels and the Ascend backend's CANN kernels.
+const CustomOpList& AllOps(ascend::AttentionFp32 fp32) {
+  static std::mutex mutex;
+  static std::map<ascend::AttentionFp32, CustomOpList> lists;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = lists.find(fp32);
+  if (it == lists.end()) {
+    CustomOpList list = CpuOps();
+    AppendAscendOps(list, ascend::Placement::kCannEp, fp32);
+    it = lists.emplace(fp32, std::move(list)).first;
+  }
+  return it->second;
 }
 
 // TEST ONLY (otfuse.ascend_ep.fake_mode=1): the Ascend kernels under the CPU EP, in place of the
-// CPU kernels of the same ops; every other op keeps its CPU kernel. The Ascend kernels then
-// refuse to start unless the CANN runtime found is otfuse's CPU test double (tests/fake_cann).
-const CustomOpList& CpuTestDoubleOps() {
-  static const CustomOpList ops = [] {
+// CPU kernels of the same op and element type; every other op (and type: float32 attention
+// without the opt-in) keeps its CPU kernel. The Ascend kernels then refuse to start unless the
+// CANN runtime found is otfuse's CPU test double (tests/fake_cann).
+const CustomOpList& CpuTestDoubleOps(ascend::AttentionFp32 fp32) {
+  static std::mutex mutex;
+  static std::map<ascend::AttentionFp32, CustomOpList> lists;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = lists.find(fp32);
+  if (it == lists.end()) {
     CustomOpList list;
-    AppendAscendOps(list, ascend::Placement::kCpuTestDouble);
-    std::set<std::string> replaced;
-    for (const CustomOpPtr& op : list) replaced.insert(op->GetName(op.get()));
-    for (const CustomOpPtr& op : AllOps()) {
-      const char* ep = op->GetExecutionProviderType(op.get());
-      const bool on_cpu = ep == nullptr || std::string(ep) == "CPUExecutionProvider";
-      if (on_cpu && replaced.count(op->GetName(op.get())) == 0) list.push_back(op);
+    AppendAscendOps(list, ascend::Placement::kCpuTestDouble, fp32);
+    // An op is told apart by its name and the type of its first input (T).
+    auto key = [](const CustomOpPtr& op) {
+      return std::make_pair(std::string(op->GetName(op.get())), static_cast<int>(op->GetInputType(op.get(), 0)));
+    };
+    std::set<std::pair<std::string, int>> replaced;
+    for (const CustomOpPtr& op : list) replaced.insert(key(op));
+    for (const CustomOpPtr& op : CpuOps()) {
+      if (replaced.count(key(op)) == 0) list.push_back(op);
     }
-    return list;
-  }();
-  return ops;
+    it = lists.emplace(fp32, std::move(list)).first;
+  }
+  return it->second;
 }
 
 constexpr const char* kFakeModeKey = "otfuse.ascend_ep.fake_mode";
+constexpr const char* kFp32AttentionKey = "otfuse.ascend_ep.fp32_attention";
+
+// The session config entry `key`, or nullopt when absent.
+std::optional<std::string> ConfigEntry(const OrtSessionOptions* options, const char* key) {
+  int has = 0;
+  if (OrtStatus* status = Api().HasSessionConfigEntry(options, key, &has)) {
+    Api().ReleaseStatus(status);
+    return std::nullopt;
+  }
+  if (!has) return std::nullopt;
+  size_t size = 0;
+  ThrowOnError(Api().GetSessionConfigEntry(options, key, nullptr, &size), key);
+  std::string value(size, '\0');
+  ThrowOnError(Api().GetSessionConfigEntry(options, key, value.data(), &size), key);
+  value.resize(size > 0 ? size - 1 : 0);  // size counts the terminating NUL
+  return value;
+}
+
+ascend::AttentionFp32 Fp32AttentionRequested(const OrtSessionOptions* options) {
+  const std::optional<std::string> value = ConfigEntry(options, kFp32AttentionKey);
+  if (!value || *value == "cpu" || value->empty()) return ascend::AttentionFp32::kCpu;
+  if (*value == "float16") return ascend::AttentionFp32::kFloat16;
+  if (*value == "bfloat16") return ascend::AttentionFp32::kBFloat16;
+  throw Error(std::string("session config ") + kFp32AttentionKey + " must be cpu, float16 or bfloat16, got '" +
+              *value + "'");
+}
 
 bool FakeModeRequested(const OrtSessionOptions* options) {
-  int has = 0;
-  if (OrtStatus* status = Api().HasSessionConfigEntry(options, kFakeModeKey, &has)) {
-    Api().ReleaseStatus(status);
-    return false;
-  }
-  if (!has) return false;
-  size_t size = 0;
-  ThrowOnError(Api().GetSessionConfigEntry(options, kFakeModeKey, nullptr, &size), kFakeModeKey);
-  std::string value(size, '\0');
-  ThrowOnError(Api().GetSessionConfigEntry(options, kFakeModeKey, value.data(), &size), kFakeModeKey);
-  value.resize(size > 0 ? size - 1 : 0);  // size counts the terminating NUL
+  const std::optional<std::string> entry = ConfigEntry(options, kFakeModeKey);
+  if (!entry) return false;
+  const std::string& value = *entry;
   if (value == "1") return true;
   if (value == "0" || value.empty()) return false;
   throw Error(std::string("session config ") + kFakeModeKey + " must be 0 or 1, got '" + value + "'");
@@ -90,7 +132,8 @@ DomainKeeper& Domains() {
 OrtStatus* Register(OrtSessionOptions* options) {
   OrtCustomOpDomain* domain = nullptr;
   if (OrtStatus* status = Api().CreateCustomOpDomain(kOpDomain, &domain)) return status;
-  const CustomOpList& ops = FakeModeRequested(options) ? CpuTestDoubleOps() : AllOps();
+  const ascend::AttentionFp32 fp32 = Fp32AttentionRequested(options);
+  const CustomOpList& ops = FakeModeRequested(options) ? CpuTestDoubleOps(fp32) : AllOps(fp32);
   for (const CustomOpPtr& op : ops) {
     if (OrtStatus* status = Api().CustomOpDomain_Add(domain, op.get())) {
       Api().ReleaseCustomOpDomain(domain);

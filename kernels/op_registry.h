@@ -24,6 +24,8 @@ void AppendAttentionOps(CustomOpList& ops);  // Attention, RopeAttention
 // ops under the CPU EP instead, backed by the CANN test double (docs/building.md).
 namespace ascend {
 void AppendAscendNormOps(CustomOpList& ops, Placement placement);  // RMSNorm, AddRMSNorm, LayerNorm, AddLayerNorm
+void AppendAscendRotaryOps(CustomOpList& ops, Placement placement);  // RotaryEmbedding, RotaryEmbeddingQK
+void AppendAscendAttentionOps(CustomOpList& ops, Placement placement, AttentionFp32 fp32);  // Attention, RopeAttention
 }  // namespace ascend
 
 }  // namespace otfuse

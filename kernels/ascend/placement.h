@@ -10,4 +10,12 @@ enum class Placement {
                    // memory, and otfuse's CPU test double of the CANN runtime (tests/fake_cann)
 };
 
+// float32 Attention / RopeAttention nodes under the CANN EP (session config
+// otfuse.ascend_ep.fp32_attention, read when the library is registered; docs/ops.md "float32 policy").
+enum class AttentionFp32 {
+  kCpu,       // default: no float32 Ascend kernel is registered, so ORT runs the CPU kernel
+  kFloat16,   // "float16": cast to float16 around aclnnFusedInferAttentionScoreV3
+  kBFloat16,  // "bfloat16": the same in bfloat16
+};
+
 }  // namespace otfuse::ascend
