@@ -1,0 +1,638 @@
+"""The Ascend (CANN) kernels of the rotary and attention families, end to end inside ONNX Runtime
+sessions, against otfuse's CPU test double of the CANN runtime (tests/fake_cann) — no NPU, no CANN.
+
+As in test_ascend_backend.py, the session config ``otfuse.ascend_ep.fake_mode=1`` makes the library
+register its Ascend kernels under the CPU EP in place of the CPU kernels of the same op and element
+type; the double implements the documented aclnn calls (aclnnRotaryPositionEmbedding,
+aclnnApplyRotaryPosEmbV2, aclnnFusedInferAttentionScoreV3, aclnnInplaceCopy, ...) on host memory,
+checks their arguments as the docs say CANN does, and logs every call. Each op is diffed against
+the CPU kernel; the log shows how the node was mapped onto the aclnn arguments.
+
+float32 attention: by default no Ascend float32 Attention/RopeAttention kernel exists (FIA takes
+FLOAT16/BFLOAT16 only), so ORT runs the CPU kernel; ``otfuse.ascend_ep.fp32_attention=float16``
+(or ``bfloat16``) opts in to FIA with casts around it.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import test_kernels_attention as A
+import test_kernels_rotary as R
+from fake_cann import FAKE_MODE_KEY, FakeCann, build, fake_mode_options
+from fixtures import fixture_entries, fixture_path
+
+import otfuse
+from otfuse.compare import compare_arrays, tolerance_for
+from otfuse.feeds import make_feeds
+from otfuse.session import run
+
+F32, F16, BF16 = A.F32, A.F16, A.BF16
+HALF = [F16, BF16]
+FP32_KEY = "otfuse.ascend_ep.fp32_attention"
+RPE = "aclnnRotaryPositionEmbedding"
+APPLY = "aclnnApplyRotaryPosEmbV2"
+FIA = "aclnnFusedInferAttentionScoreV3"
+COPY = "aclnnInplaceCopy"
+TOL = {F32: 1e-5, F16: 2e-3, BF16: 1.6e-2}
+
+
+@pytest.fixture(scope="module")
+def library() -> str:
+    return otfuse.library_path()
+
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path) -> FakeCann:
+    return FakeCann(build(), tmp_path / "calls.jsonl", monkeypatch)
+
+
+def options(library, ascend: bool, fp32: str | None = None) -> ort.SessionOptions:
+    if ascend and fp32 is None:
+        return fake_mode_options(library, threads=2)
+    so = ort.SessionOptions()
+    if ascend:
+        so.add_session_config_entry(FAKE_MODE_KEY, "1")
+    if fp32 is not None:
+        so.add_session_config_entry(FP32_KEY, fp32)
+    so.register_custom_ops_library(library)
+    so.log_severity_level = 4
+    return so
+
+
+def session(model: onnx.ModelProto, library, ascend, fp32=None) -> ort.InferenceSession:
+    return ort.InferenceSession(model.SerializeToString(), options(library, ascend, fp32),
+                                providers=["CPUExecutionProvider"])
+
+
+def close(got, want, tol=None):
+    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, got.shape, want.dtype, want.shape)
+    tol = tol if tol is not None else TOL[want.dtype]
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol)
+
+
+def seeded(*parts) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32(repr(parts).encode()))
+
+
+def one_clean_call(fake: FakeCann, api: str, count: int = 1) -> list[dict]:
+    """`count` phase-one calls of `api`, each followed by phase two with the workspace asked for;
+    every aclTensor / aclTensorList released; nothing from aclrtMalloc but the cached mask."""
+    phase1 = fake.calls(api + "GetWorkspaceSize")
+    phase2 = fake.calls(api)
+    assert len(phase1) == len(phase2) == count, (len(phase1), len(phase2))
+    for p1, p2 in zip(phase1, phase2):
+        assert p1["status"] == 0 and p2["workspace_size"] == p1["workspace_size"]
+    assert len(fake.calls("aclCreateTensor")) == len(fake.calls("aclDestroyTensor"))
+    assert len(fake.calls("aclCreateTensorList")) == len(fake.calls("aclDestroyTensorList"))
+    return phase1
+
+
+# ============================================================================ rotary
+
+
+def rope(library, op, inputs, attrs, ascend):
+    n_outputs = 2 if op == "RotaryEmbeddingQK" else 1
+    model = R.build_model(op, inputs, n_outputs, attrs)
+    results = session(model, library, ascend).run(None, R.feeds_for(inputs))
+    return [r.astype(BF16) if inputs[0].dtype == BF16 else r for r in results]
+
+
+def rope_vs_cpu(library, op, inputs, attrs=None):
+    got = rope(library, op, inputs, attrs or {}, True)
+    want = rope(library, op, inputs, attrs or {}, False)
+    for g, w in zip(got, want):
+        close(g, w)
+    return got
+
+
+# cos/sin forms the aclnn doc lists (after otfuse's reshaping) and ones it reaches by merging dims.
+ROPE_LAYOUTS = {name: R.LAYOUTS[name] for name in (
+    "bnsd_cos_11sr", "bnsd_cos_b1sr", "bnsd_cos_sr", "bsnd_cos_bs1r", "bsnd_cos_1s1r", "odd_sizes", "rank2",
+    "rank3_cos_r", "rank5", "decode_one_position", "many_tasks_bsnd")}
+# interleave mode takes only 11SD / 1S1D cos: a cos that varies along B and S apart cannot be expressed
+INTERLEAVE_REFUSED = {"bnsd_cos_b1sr"}
+
+
+@pytest.mark.parametrize("layout", ROPE_LAYOUTS, ids=ROPE_LAYOUTS.keys())
+@pytest.mark.parametrize("mode", R.MODES)
+@pytest.mark.parametrize("dtype", A.DTYPES, ids=lambda d: d.name)
+def test_rotary_embedding_matches_cpu(library, fake, dtype, mode, layout):
+    x_shape, cos_shape = ROPE_LAYOUTS[layout]
+    rng = seeded("rope", dtype.name, mode, layout)
+    inputs = [R.random(rng, x_shape, dtype), *R.cos_sin(rng, cos_shape, dtype)]
+    if mode == "interleaved" and layout in INTERLEAVE_REFUSED:
+        with pytest.raises(Exception, match=r"aclnnRotaryPositionEmbedding cannot express cos/sin \[2, 1, 10, 16\] "
+                                            r"broadcast over X \[2, 4, 10, 16\]: it takes cos/sin of the forms "
+                                            r"11SD / 1S1D in interleaved mode"):
+            rope(library, "RotaryEmbedding", inputs, {"mode": mode}, True)
+        return
+    rope_vs_cpu(library, "RotaryEmbedding", inputs, {"mode": mode})
+    (call,) = one_clean_call(fake, RPE)
+    assert call["mode"] == (1 if mode == "interleaved" else 0)
+    assert len(call["x"]["shape"]) == 4 and call["x"] == call["out"] and call["cos"]["dtype"] == dtype.name
+
+
+def test_rotary_reshapes_onto_a_documented_cos_form(library, fake):
+    # BNSD x with an 11SD cos is taken as BSND with a 1S1D cos (B*N merged): the doc attaches
+    # extra conditions to BNSD x only
+    rng = seeded("form")
+    x = R.random(rng, (2, 4, 10, 16), F16)
+    rope_vs_cpu(library, "RotaryEmbedding", [x, *R.cos_sin(rng, (1, 1, 10, 16), F16)])
+    (call,) = one_clean_call(fake, RPE)
+    assert call["x"]["shape"] == [8, 10, 1, 16] and call["cos"]["shape"] == [1, 10, 1, 16]
+    fake.clear()
+    rope_vs_cpu(library, "RotaryEmbedding", [x, *R.cos_sin(rng, (2, 1, 10, 16), F16)])
+    (call,) = one_clean_call(fake, RPE)
+    assert call["x"]["shape"] == [2, 4, 10, 16] and call["cos"]["shape"] == [2, 1, 10, 16]  # B1SD
+
+
+@pytest.mark.parametrize("mode", R.MODES)
+@pytest.mark.parametrize("dtype", A.DTYPES, ids=lambda d: d.name)
+def test_partial_rotary_uses_strided_views(library, fake, dtype, mode):
+    rng = seeded("partial", dtype.name, mode)
+    inputs = [R.random(rng, (2, 3, 7, 20), dtype), *R.cos_sin(rng, (1, 1, 7, 8), dtype)]
+    rope_vs_cpu(library, "RotaryEmbedding", inputs, {"mode": mode, "rotary_dim": 8})
+    (call,) = one_clean_call(fake, RPE)
+    # x: the first 8 lanes of each 20-lane row, read in place; out: contiguous scratch
+    assert call["x"]["shape"][-1] == 8 and call["x"]["strides"][-2:] == [20, 1]
+    assert "strides" not in call["out"]
+    copies = fake.calls(COPY + "GetWorkspaceSize")
+    assert [c["selfRef"]["shape"][-1] for c in copies] == [8, 12]  # rotated lanes, pass-through lanes
+    assert [c["selfRef"]["offset"] for c in copies] == [0, 8]
+
+
+@pytest.mark.parametrize("dtype", A.DTYPES, ids=lambda d: d.name)
+def test_sections_one_call_per_section(library, fake, dtype):
+    rng = seeded("sections", dtype.name)
+    inputs = [R.random(rng, (2, 4, 6, 16), dtype), *R.cos_sin(rng, (1, 1, 6, 16), dtype)]
+    rope_vs_cpu(library, "RotaryEmbedding", inputs, {"sections": [4, 6, 6]})
+    calls = one_clean_call(fake, RPE, 3)
+    assert [c["x"]["shape"][-1] for c in calls] == [4, 6, 6]
+    assert [c["cos"]["offset"] for c in calls] == [0, 4, 10]  # cos lanes of each section, in place
+    assert all(c["mode"] == 0 for c in calls)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=lambda d: d.name)
+def test_float32_cos_is_cast_to_the_input_type(library, fake, dtype):
+    # aclnnRotaryPositionEmbedding wants cos/sin of x's dtype: otfuse casts them first
+    rng = seeded("castcos", dtype.name)
+    inputs = [R.random(rng, (1, 4, 9, 32), dtype), *R.cos_sin(rng, (1, 1, 9, 32), F32)]
+    rope_vs_cpu(library, "RotaryEmbedding", inputs)
+    (call,) = one_clean_call(fake, RPE)
+    assert call["cos"]["dtype"] == dtype.name
+    casts = fake.calls(COPY + "GetWorkspaceSize")
+    assert [(c["selfRef"]["dtype"], c["src"]["dtype"]) for c in casts] == [(dtype.name, "float32")] * 2
+
+
+QK_V2 = {  # Q, K, cos shapes that aclnnApplyRotaryPosEmbV2 takes (D = 128), and its layout
+    "bnsd": ((2, 8, 5, 128), (2, 2, 5, 128), (1, 1, 5, 128), 3),
+    "bsnd": ((2, 5, 8, 128), (2, 5, 2, 128), (2, 5, 1, 128), 1),
+    "bnsd_cos_per_batch": ((2, 4, 3, 128), (2, 4, 3, 128), (2, 1, 3, 128), 3),
+}
+
+
+@pytest.mark.parametrize("case", QK_V2, ids=QK_V2.keys())
+@pytest.mark.parametrize("dtype", A.DTYPES, ids=lambda d: d.name)
+def test_qk_apply_rotary_pos_emb_v2_in_place(library, fake, dtype, case):
+    q_shape, k_shape, cos_shape, layout = QK_V2[case]
+    rng = seeded("qk", dtype.name, case)
+    inputs = [R.random(rng, q_shape, dtype), R.random(rng, k_shape, dtype), *R.cos_sin(rng, cos_shape, dtype)]
+    rope_vs_cpu(library, "RotaryEmbeddingQK", inputs)
+    (call,) = one_clean_call(fake, APPLY)
+    assert call["layout"] == layout and call["rotaryMode"] == "half"
+    assert call["queryRef"]["shape"] == list(q_shape) and call["keyRef"]["shape"] == list(k_shape)
+    b = q_shape[0]
+    assert call["cos"]["shape"] == ([b, 1, q_shape[2], 128] if layout == 3 else [b, q_shape[1], 1, 128])
+    assert not fake.calls(RPE + "GetWorkspaceSize")
+    # in place: Q and K are copied into the outputs first (then cos/sin broadcast over B if needed)
+    copies = fake.calls(COPY + "GetWorkspaceSize")
+    assert [c["selfRef"]["shape"] for c in copies[:2]] == [list(q_shape), list(k_shape)]
+
+
+QK_FALLBACK = {  # not for aclnnApplyRotaryPosEmbV2: two aclnnRotaryPositionEmbedding calls
+    "head_dim_64": ((1, 4, 5, 64), (1, 2, 5, 64), (1, 1, 5, 64), {}),
+    "interleaved": ((1, 4, 5, 128), (1, 2, 5, 128), (1, 1, 5, 128), {"mode": "interleaved"}),
+    "partial": ((1, 4, 5, 128), (1, 2, 5, 128), (1, 1, 5, 64), {"rotary_dim": 64}),
+    "ub_too_small": ((1, 5, 96, 128), (1, 5, 64, 128), (1, 5, 1, 128), {}),  # (96 + 64) heads exceed the UB
+    "rank3": ((5, 8, 128), (5, 2, 128), (5, 1, 128), {}),
+}
+
+
+@pytest.mark.parametrize("case", QK_FALLBACK, ids=QK_FALLBACK.keys())
+def test_qk_falls_back_to_two_rotations(library, fake, case):
+    q_shape, k_shape, cos_shape, attrs = QK_FALLBACK[case]
+    rng = seeded("qkfb", case)
+    inputs = [R.random(rng, q_shape, F16), R.random(rng, k_shape, F16), *R.cos_sin(rng, cos_shape, F16)]
+    rope_vs_cpu(library, "RotaryEmbeddingQK", inputs, attrs)
+    assert not fake.calls(APPLY + "GetWorkspaceSize")
+    calls = one_clean_call(fake, RPE, 2)
+    assert [np.prod(c["x"]["shape"]) for c in calls] == [np.prod(q_shape[:-1]) * cos_shape[-1],
+                                                          np.prod(k_shape[:-1]) * cos_shape[-1]]
+
+
+# ============================================================================ attention
+
+
+def attention(library, op, inputs, attrs, ascend, outputs=("Y",), fp32=None):
+    model = A.build_model(op, inputs, attrs, outputs)
+    feeds = {}
+    for name, array in inputs.items():
+        if array is None:
+            continue
+        feeds[f"{name}_f32" if array.dtype == BF16 else name] = array.astype(F32) if array.dtype == BF16 else array
+    results = session(model, library, ascend, fp32).run(None, feeds)
+    dtype = inputs["Q"].dtype
+    return [r.astype(BF16) if dtype == BF16 else r for r in results]
+
+
+def attention_vs_cpu(library, inputs, attrs, op="Attention", outputs=("Y",), fp32=None, tol=None):
+    got = attention(library, op, inputs, attrs, True, outputs, fp32)
+    want = attention(library, op, inputs, attrs, False, outputs)
+    for name, g, w in zip(outputs, got, want):
+        if name == "Y":
+            close(g, w, tol)
+        else:  # present_*: exact copies (rotated keys: RotaryEmbedding's values)
+            np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8))
+    return got
+
+
+def fia_call(fake) -> dict:
+    (call,) = one_clean_call(fake, FIA)
+    return call
+
+
+@pytest.mark.parametrize("causal", [0, 1])
+@pytest.mark.parametrize("s", [1, 7, 40])
+@pytest.mark.parametrize("layout", ["BNSD", "BSND"])
+@pytest.mark.parametrize("dtype", HALF, ids=lambda d: d.name)
+def test_attention_matches_cpu(library, fake, dtype, layout, s, causal):
+    inputs = A.qkv(seeded("attn", dtype.name, layout, s, causal), 2, 4, 4, s, s, 32, dtype, layout)
+    attention_vs_cpu(library, inputs, {"num_heads": 4, "causal": causal, "layout": layout})
+    call = fia_call(fake)
+    assert call["inputLayout"] == layout and call["numHeads"] == 4 and call["numKeyValueHeads"] == 0
+    assert call["scaleValue"] == pytest.approx(1 / np.sqrt(32))
+    assert call["query"] == {"shape": list(inputs["Q"].shape), "dtype": dtype.name}  # read in place
+    assert call["key"] == [{"shape": list(inputs["K"].shape), "dtype": dtype.name}]
+    if causal and s > 1:  # rightDownCausal with the compressed mask
+        assert call["sparseMode"] == 3 and call["attenMask"] == {"shape": [2048, 2048], "dtype": "bool"}
+    else:  # decoding one row sees every key: no mask at all
+        assert call["sparseMode"] == 0 and call["attenMask"] is None
+    assert call["innerPrecise"] == 0
+
+
+@pytest.mark.parametrize("layout, output_layout, s, want", [
+    ("BNSD", "BSND", 6, ("BNSD_BSND", 0)),  # FIA writes Y transposed itself
+    ("BNSD", "BSND", 1, ("BNSD", 0)),  # one query row: the two layouts are the same memory
+    ("BSND", "BNSD", 6, ("BSND", 1)),  # no BSND_BNSD: scratch, then one copy into Y
+    ("BSND", "BNSD", 1, ("BSND", 0)),
+])
+def test_output_layouts(library, fake, layout, output_layout, s, want):
+    inputs = A.qkv(seeded("outl", layout, s), 2, 4, 4, s, s, 16, F16, layout)
+    attention_vs_cpu(library, inputs, {"num_heads": 4, "layout": layout, "output_layout": output_layout})
+    call = fia_call(fake)
+    assert (call["inputLayout"], len(fake.calls(COPY + "GetWorkspaceSize"))) == want
+
+
+def test_bsh_rank3_inputs(library, fake):
+    rng = seeded("bsh")
+    inputs = {"Q": A.rand(rng, (2, 5, 4 * 16), F16), "K": A.rand(rng, (2, 5, 2 * 16), F16),
+              "V": A.rand(rng, (2, 5, 2 * 16), F16)}
+    attention_vs_cpu(library, inputs, {"num_heads": 4, "kv_num_heads": 2, "layout": "BSND"})
+    call = fia_call(fake)
+    assert call["query"]["shape"] == [2, 5, 4, 16] and call["attentionOut"]["shape"] == [2, 5, 4, 16]
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 8])
+@pytest.mark.parametrize("dtype", HALF, ids=lambda d: d.name)
+def test_grouped_query_heads(library, fake, dtype, kv_heads):
+    inputs = A.qkv(seeded("gqa", dtype.name, kv_heads), 1, 8, kv_heads, 9, 9, 16, dtype)
+    attention_vs_cpu(library, inputs, {"num_heads": 8, "kv_num_heads": kv_heads, "causal": 1})
+    assert fia_call(fake)["numKeyValueHeads"] == (0 if kv_heads == 8 else kv_heads)
+
+
+@pytest.mark.parametrize("past, new", [(5, 1), (4, 3), (0, 4)])
+@pytest.mark.parametrize("dtype", HALF, ids=lambda d: d.name)
+def test_kv_cache_present_is_the_key_list(library, fake, dtype, past, new):
+    rng = seeded("cache", dtype.name, past, new)
+    inputs = A.qkv(rng, 2, 4, 2, new, new, 16, dtype)
+    inputs["past_key"] = A.rand(rng, (2, 2, past, 16), dtype)
+    inputs["past_value"] = A.rand(rng, (2, 2, past, 16), dtype)
+    attention_vs_cpu(library, inputs, {"num_heads": 4, "kv_num_heads": 2, "causal": 1},
+                     outputs=("Y", "present_key", "present_value"))
+    call = fia_call(fake)
+    assert call["key"] == call["value"] == [{"shape": [2, 2, past + new, 16], "dtype": dtype.name}]
+    # past then new rows copied into present_*, then FIA reads them
+    copies = fake.calls(COPY + "GetWorkspaceSize")
+    assert [c["selfRef"]["shape"][2] for c in copies] == ([past, past] if past else []) + [new, new]
+
+
+def test_cache_with_bsnd_layout_transposes_into_present(library, fake):
+    rng = seeded("cache-bsnd")
+    inputs = A.qkv(rng, 1, 4, 2, 3, 3, 16, BF16, "BSND")
+    inputs["past_key"], inputs["past_value"] = A.rand(rng, (1, 2, 5, 16), BF16), A.rand(rng, (1, 2, 5, 16), BF16)
+    attention_vs_cpu(library, inputs, {"num_heads": 4, "kv_num_heads": 2, "causal": 1, "layout": "BSND"},
+                     outputs=("Y", "present_key", "present_value"))
+    assert fia_call(fake)["inputLayout"] == "BNSD_BSND"  # present_* are BNSD, Q copied into BNSD scratch
+
+
+@pytest.mark.parametrize("sq, skv, window", [(9, 9, 3), (4, 12, 5), (1, 12, 4), (1, 3, 4)])
+@pytest.mark.parametrize("dtype", HALF, ids=lambda d: d.name)
+def test_sliding_window(library, fake, dtype, sq, skv, window):
+    rng = seeded("window", dtype.name, sq, skv, window)
+    inputs = A.qkv(rng, 2, 2, 2, sq, skv - (skv - sq), 16, dtype)
+    if skv > sq:  # a cache so that Skv > Sq
+        inputs["past_key"] = A.rand(rng, (2, 2, skv - sq, 16), dtype)
+        inputs["past_value"] = A.rand(rng, (2, 2, skv - sq, 16), dtype)
+    attention_vs_cpu(library, inputs, {"num_heads": 2, "causal": 1, "window": window})
+    call = fia_call(fake)
+    if sq > 1:  # band over the compressed mask
+        assert (call["sparseMode"], call["preTokens"], call["nextTokens"]) == (4, window - 1, 0)
+    elif skv > window:  # Q_S = 1 ignores sparseMode: a full [B, 1, 1, Skv] mask
+        assert call["sparseMode"] == 0 and call["attenMask"] == {"shape": [2, 1, 1, skv], "dtype": "bool"}
+    else:  # the window covers the whole cache
+        assert call["attenMask"] is None
+    assert call["innerPrecise"] == 2
+
+
+def test_more_queries_than_keys_causal(library, fake):
+    inputs = A.qkv(seeded("sq>skv"), 1, 2, 2, 6, 4, 16, F16)
+    got = attention_vs_cpu(library, inputs, {"num_heads": 2, "causal": 1})
+    assert not got[0][0, :, :2].any()  # the first Sq - Skv rows see nothing: 0
+    call = fia_call(fake)
+    assert call["sparseMode"] == 3 and call["innerPrecise"] == 2
+
+
+BIAS_SHAPES = {"alibi": (2, 4, 1, 6), "hf_mask": (2, 1, 6, 6), "per_head": (1, 4, 6, 6), "full": (2, 4, 6, 6),
+               "rank2": (6, 6)}
+
+
+@pytest.mark.parametrize("bias_dtype", ["same", "float32"])
+@pytest.mark.parametrize("shape", BIAS_SHAPES, ids=BIAS_SHAPES.keys())
+@pytest.mark.parametrize("dtype", HALF, ids=lambda d: d.name)
+def test_attn_bias_becomes_pse_shift(library, fake, dtype, shape, bias_dtype):
+    rng = seeded("bias", dtype.name, shape, bias_dtype)
+    inputs = A.qkv(rng, 2, 4, 4, 6, 6, 16, dtype)
+    inputs["attn_bias"] = A.rand(rng, BIAS_SHAPES[shape], dtype if bias_dtype == "same" else F32)
+    attention_vs_cpu(library, inputs, {"num_heads": 4})
+    call = fia_call(fake)
+    b = 2 if BIAS_SHAPES[shape][0] == 2 and len(BIAS_SHAPES[shape]) == 4 else 1
+    assert call["pseShift"] == {"shape": [b, 4, 6, 6], "dtype": dtype.name}
+    assert call["innerPrecise"] == 2 and call["attenMask"] is None
+    expanded = BIAS_SHAPES[shape] != (b, 4, 6, 6) or bias_dtype != "same"
+    assert len(fake.calls(COPY + "GetWorkspaceSize")) == (1 if expanded else 0)
+
+
+def test_fully_masked_rows_are_zero(library, fake):
+    rng = seeded("fully masked")
+    inputs = A.qkv(rng, 1, 2, 2, 4, 4, 16, F16)
+    bias = np.zeros((1, 1, 4, 4), F16)
+    bias[0, 0, 1, :] = -np.inf  # row 1 sees no key
+    inputs["attn_bias"] = bias
+    got = attention_vs_cpu(library, inputs, {"num_heads": 2})
+    assert not got[0][0, :, 1].any() and not np.isnan(got[0]).any()
+    assert fia_call(fake)["innerPrecise"] == 2  # invalid-row correction
+
+
+@pytest.mark.parametrize("causal", [0, 1])
+@pytest.mark.parametrize("mask_dtype", [np.bool_, np.int64, np.int32], ids=["bool", "int64", "int32"])
+def test_key_padding_mask_builds_a_full_mask(library, fake, mask_dtype, causal):
+    rng = seeded("padding", causal, np.dtype(mask_dtype).name)
+    inputs = A.qkv(rng, 2, 2, 2, 5, 5, 16, F16)
+    mask = np.ones((2, 5), mask_dtype)
+    mask[0, :2] = 0  # left padding of batch row 0
+    inputs["key_padding_mask"] = mask
+    attention_vs_cpu(library, inputs, {"num_heads": 2, "causal": causal})
+    call = fia_call(fake)
+    assert call["sparseMode"] == 0 and call["attenMask"] == {"shape": [2, 1, 5, 5], "dtype": "bool"}
+    assert call["innerPrecise"] == 2
+    assert len(fake.calls("aclnnLogicalNotGetWorkspaceSize")) == 1
+
+
+def test_no_keys_at_all_gives_zeros(library, fake):
+    rng = seeded("nokeys")
+    inputs = {"Q": A.rand(rng, (1, 2, 3, 16), F16), "K": np.zeros((1, 2, 0, 16), F16),
+              "V": np.zeros((1, 2, 0, 16), F16)}
+    (y,) = attention_vs_cpu(library, inputs, {"num_heads": 2})
+    assert not y.any()
+    assert not fake.calls(FIA + "GetWorkspaceSize") and fake.calls("aclrtMemsetAsync")
+
+
+def test_explicit_scale(library, fake):
+    inputs = A.qkv(seeded("scale"), 1, 2, 2, 4, 4, 16, BF16)
+    attention_vs_cpu(library, inputs, {"num_heads": 2, "scale": 0.3})
+    assert fia_call(fake)["scaleValue"] == pytest.approx(0.3)
+
+
+def test_compressed_mask_is_uploaded_once_per_device(library, fake):
+    # ORT unloads the library with the last session that registered it, so keep both alive
+    inputs = A.qkv(seeded("mask once"), 1, 2, 2, 4, 4, 16, F16)
+    model = A.build_model("Attention", inputs, {"num_heads": 2, "causal": 1})
+    sessions = [session(model, library, True) for _ in range(2)]
+    for s in sessions:
+        s.run(None, inputs)
+    assert len(fake.calls(FIA)) == 2
+    assert len(fake.calls("aclrtMemcpy")) <= 1  # 0 when an earlier test's session still holds it
+    (upload,) = fake.calls("aclrtMemcpy") or [{"count": 2048 * 2048, "kind": 1}]
+    assert (upload["count"], upload["kind"]) == (2048 * 2048, 1)
+
+
+# ----------------------------------------------------------------------------- RopeAttention
+
+
+@pytest.mark.parametrize("case", ["llama", "gptj", "neox_partial", "sections", "cache"])
+@pytest.mark.parametrize("dtype", HALF, ids=lambda d: d.name)
+def test_rope_attention_rotates_then_attends(library, fake, dtype, case):
+    rng = seeded("ropeattn", dtype.name, case)
+    attrs = {"num_heads": 4, "kv_num_heads": 2, "causal": 1}
+    layout = "BSND" if case == "gptj" else "BNSD"
+    inputs = A.qkv(rng, 2, 4, 2, 6, 6, 16, dtype, layout)
+    r = 16
+    if case == "gptj":
+        attrs.update(layout="BSND", rotary_mode="interleaved", rotary_dim=8)
+        r = 8
+    elif case == "neox_partial":
+        attrs.update(rotary_dim=4)
+        r = 4
+    elif case == "sections":
+        attrs.update(rotary_sections=[4, 6, 6])
+    cos_shape = (2, 6, 1, r) if layout == "BSND" else (1, 1, 6, r)
+    inputs["cos"], inputs["sin"] = R.cos_sin(rng, cos_shape, dtype)
+    outputs = ("Y",)
+    if case == "cache":
+        inputs["past_key"], inputs["past_value"] = A.rand(rng, (2, 2, 3, 16), dtype), A.rand(rng, (2, 2, 3, 16), dtype)
+        outputs = ("Y", "present_key", "present_value")
+    attention_vs_cpu(library, inputs, attrs, op="RopeAttention", outputs=outputs)
+    fia_call(fake)
+    sections = 3 if case == "sections" else 1
+    assert len(fake.calls(RPE + "GetWorkspaceSize")) == 2 * sections  # Q and the new keys
+    assert all(c["mode"] == (1 if case == "gptj" else 0) for c in fake.calls(RPE + "GetWorkspaceSize"))
+
+
+# ----------------------------------------------------------------------------- float32 policy
+
+
+def test_float32_attention_keeps_the_cpu_kernel_by_default(library, fake):
+    inputs = A.qkv(seeded("f32 default"), 1, 2, 2, 4, 4, 16, F32)
+    attention_vs_cpu(library, inputs, {"num_heads": 2}, tol=0)
+    assert not fake.calls(FIA + "GetWorkspaceSize")
+
+
+@pytest.mark.parametrize("cast", ["float16", "bfloat16"])
+@pytest.mark.parametrize("op", ["Attention", "RopeAttention"])
+def test_float32_attention_opt_in_casts_around_fia(library, fake, op, cast):
+    rng = seeded("f32 opt-in", op, cast)
+    inputs = A.qkv(rng, 1, 4, 2, 5, 5, 16, F32)
+    inputs["attn_bias"] = A.rand(rng, (1, 1, 5, 5), F32)
+    if op == "RopeAttention":
+        inputs["cos"], inputs["sin"] = R.cos_sin(rng, (1, 1, 5, 16), F32)
+    tol = tolerance_for(np.dtype(F16) if cast == "float16" else np.dtype(BF16))
+    attention_vs_cpu(library, inputs, {"num_heads": 4, "kv_num_heads": 2}, op=op, fp32=cast, tol=tol[0] * 2)
+    call = fia_call(fake)
+    assert call["query"]["dtype"] == call["pseShift"]["dtype"] == call["attentionOut"]["dtype"] == cast
+    # Y cast back to float32 by the last copy
+    last = fake.calls(COPY + "GetWorkspaceSize")[-1]
+    assert (last["selfRef"]["dtype"], last["src"]["dtype"]) == ("float32", cast)
+
+
+def test_float32_policy_value_is_checked(library):
+    so = ort.SessionOptions()
+    so.add_session_config_entry(FP32_KEY, "float64")
+    with pytest.raises(Exception, match="otfuse.ascend_ep.fp32_attention must be cpu, float16 or bfloat16, got 'float64'"):
+        so.register_custom_ops_library(library)
+
+
+# ----------------------------------------------------------------------------- exported fixtures
+
+ROPE_ATTENTION_FIXTURES = sorted(n for n, e in fixture_entries().items()
+                                 if e.get("expected", {}).get("attention") or e.get("expected", {}).get("rotary_sites"))
+FUSED_OPS = ("RotaryEmbedding", "RotaryEmbeddingQK", "Attention", "RopeAttention")
+
+
+@pytest.mark.parametrize("name", ROPE_ATTENTION_FIXTURES)
+def test_fixture_rope_and_attention_on_ascend_path_match_cpu(tmp_path, library, fake, name):
+    out = tmp_path / f"{name}_fused.onnx"
+    report = otfuse.fuse(fixture_path(name), out)
+    fused_ops = {op: report.fusions.get(op, 0) for op in FUSED_OPS}
+    if not any(fused_ops.values()):
+        pytest.skip(f"no rotary/attention node fused in {name} (e.g. opset-23 Attention is not matched yet)")
+    fused = onnx.load(out)
+    feeds = make_feeds(fused, dims={"batch": 2, "seq": 7, "past": 3}, seed=0)
+    names = [o.name for o in fused.graph.output]
+    float32 = fixture_entries()[name]["dtype"] == "float32"
+    cpu = run(session(fused, library, ascend=False), feeds, names)
+    fake.clear()
+    ascend = run(session(fused, library, ascend=True, fp32="float16" if float32 else None), feeds, names)
+    for output in names:
+        # float32 attention through FIA in float16: the float16 tolerance (docs/ops.md, float32 policy)
+        rtol, atol = tolerance_for(np.dtype(F16) if float32 else cpu[output].dtype)
+        row = compare_arrays(output, cpu[output], ascend[output], rtol, atol)
+        assert row.ok, row.to_dict()
+    attention_nodes = fused_ops["Attention"] + fused_ops["RopeAttention"]
+    assert len(fake.calls(FIA)) == attention_nodes
+    rotations = len(fake.calls(RPE)) + len(fake.calls(APPLY))
+    assert rotations >= fused_ops["RotaryEmbedding"] + fused_ops["RotaryEmbeddingQK"] + 2 * fused_ops["RopeAttention"]
+    assert len(fake.calls("aclCreateTensor")) == len(fake.calls("aclDestroyTensor"))
+
+
+# ----------------------------------------------------------------------------- refusals and errors
+
+
+def _attention_session(library, attrs, op="Attention"):
+    inputs = A.qkv(seeded("refuse"), 1, 2, 2, 4, 4, 16, F16)
+    return session(A.build_model(op, inputs, attrs), library, True), inputs
+
+
+def test_softcap_is_refused_at_session_creation(library, fake):
+    with pytest.raises(Exception, match=r"Attention \(node 'fused_attention_0'\): aclnnFusedInferAttentionScoreV3 has "
+                                        r"no logit soft-capping \(softcap > 0\) \(run this node on CPU"):
+        _attention_session(library, {"num_heads": 2, "softcap": 30.0})
+
+
+def test_too_many_heads_per_kv_head_is_refused(library, fake):
+    with pytest.raises(Exception, match="at most 64 query heads per kv head, num_heads / kv_num_heads = 128"):
+        _attention_session(library, {"num_heads": 128, "kv_num_heads": 1})
+
+
+def test_too_many_heads_is_refused(library, fake):
+    with pytest.raises(Exception, match="takes at most 256 query heads, num_heads = 512"):
+        _attention_session(library, {"num_heads": 512})
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("dv", "needs key and value of one shape, but V's head size Dv = 8 differs from D = 16"),
+    ("d_unaligned", r"needs D 16-byte aligned \(a multiple of 8 in float16/bfloat16\) when Sq > 1, D = 12"),
+    ("d_large", "takes head sizes up to 512, D = 520"),
+])
+def test_shapes_fia_cannot_take_are_refused(library, fake, case, reason):
+    rng = seeded("shape refusal", case)
+    d, dv = {"dv": (16, 8), "d_unaligned": (12, 12), "d_large": (520, 520)}[case]
+    inputs = A.qkv(rng, 1, 2, 2, 3, 3, d, F16, dv=dv)
+    attention(library, "Attention", inputs, {"num_heads": 2}, False)  # the CPU kernel takes it
+    with pytest.raises(Exception, match=reason + r" \(run this node on CPU\)"):
+        attention(library, "Attention", inputs, {"num_heads": 2}, True)
+    assert not fake.calls(FIA + "GetWorkspaceSize")
+
+
+@pytest.mark.parametrize("op", ["Attention", "RotaryEmbedding"])
+def test_products_without_the_operators_are_refused(library, fake, op):
+    fake.soc("Ascend310P3")
+    rng = seeded("product", op)
+    if op == "Attention":
+        inputs = A.qkv(rng, 1, 2, 2, 3, 3, 16, F16)
+        with pytest.raises(Exception, match=r"aclnnFusedInferAttentionScoreV3 is not available on Atlas inference products"):
+            attention(library, op, inputs, {"num_heads": 2}, True)
+    else:
+        inputs = [R.random(rng, (1, 2, 3, 16), F16), *R.cos_sin(rng, (1, 1, 3, 16), F16)]
+        with pytest.raises(Exception, match=r"aclnnRotaryPositionEmbedding is not available on Atlas inference products"):
+            rope(library, op, inputs, {}, True)
+
+
+def test_rotary_width_limit(library, fake):
+    rng = seeded("wide")
+    inputs = [R.random(rng, (1, 1, 2, 896), F16), *R.cos_sin(rng, (1, 1, 2, 896), F16)]
+    with pytest.raises(Exception, match=r"rotates at most 894 lanes per call \(D < 896\); this node rotates 896"):
+        rope(library, "RotaryEmbedding", inputs, {}, True)
+    # a wide head whose rotated part is narrow is fine (strided view)
+    inputs = [R.random(rng, (1, 1, 2, 1024), F16), *R.cos_sin(rng, (1, 1, 2, 64), F16)]
+    rope_vs_cpu(library, "RotaryEmbedding", inputs, {"rotary_dim": 64})
+
+
+def test_interleave_batch_times_heads_limit(library, fake):
+    rng = seeded("bn")
+    inputs = [R.random(rng, (40, 30, 2, 8), F16), *R.cos_sin(rng, (1, 1, 2, 8), F16)]
+    with pytest.raises(Exception, match=r"interleave mode needs B \* N < 1000"):
+        rope(library, "RotaryEmbedding", inputs, {"mode": "interleaved"}, True)
+
+
+@pytest.mark.parametrize("api", [FIA, RPE])
+@pytest.mark.parametrize("phase", ["GetWorkspaceSize", ""])
+def test_aclnn_status_becomes_an_ort_error(library, fake, api, phase):
+    fake.fail(api + phase, 561002, "tiling failed (injected)")
+    rng = seeded("status")
+    inputs = A.qkv(rng, 1, 2, 2, 4, 4, 16, F16)
+    inputs["cos"], inputs["sin"] = R.cos_sin(rng, (1, 1, 4, 16), F16)
+    with pytest.raises(Exception) as info:
+        attention(library, "RopeAttention", inputs, {"num_heads": 2}, True)
+    assert (f"RopeAttention (node 'fused_attention_0'): {api}{phase} returned 561002 "
+            "(ACLNN_ERR_INNER_TILING_ERROR): tiling failed (injected)") in str(info.value)
+    assert len(fake.calls("aclCreateTensor")) == len(fake.calls("aclDestroyTensor"))
+    assert len(fake.calls("aclCreateTensorList")) == len(fake.calls("aclDestroyTensorList"))
+
+
+def test_tensor_list_failure_is_reported(library, fake):
+    fake.fail("aclCreateTensorList", 1, "no list (injected)")
+    inputs = A.qkv(seeded("list"), 1, 2, 2, 4, 4, 16, F16)
+    with pytest.raises(Exception, match=r"aclCreateTensorList failed for key: no list \(injected\)"):
+        attention(library, "Attention", inputs, {"num_heads": 2}, True)
+
+
+def test_contract_checks_still_apply(library, fake):
+    inputs = A.qkv(seeded("contract"), 1, 2, 2, 4, 4, 16, F16)
+    inputs["attn_bias"] = np.zeros((3, 4), F16)
+    with pytest.raises(Exception, match=r"attn_bias has shape \[3, 4\], not broadcastable to \[B, N, Sq, Skv\]"):
+        attention(library, "Attention", inputs, {"num_heads": 2}, True)
