@@ -636,3 +636,52 @@ def test_contract_checks_still_apply(library, fake):
     inputs["attn_bias"] = np.zeros((3, 4), F16)
     with pytest.raises(Exception, match=r"attn_bias has shape \[3, 4\], not broadcastable to \[B, N, Sq, Skv\]"):
         attention(library, "Attention", inputs, {"num_heads": 2}, True)
+
+
+# ----------------------------------------------------------------------------- verify-ops
+
+
+def _numpy_runner(op, inputs, attrs):
+    """Stands in for torch_npu: the numpy reference of each op (otfuse.reference)."""
+    from otfuse import reference
+
+    attrs = dict(attrs)
+    if op in ("RotaryEmbedding", "RotaryEmbeddingQK"):
+        fn = reference.rotary_embedding if op == "RotaryEmbedding" else reference.rotary_embedding_qk
+        out = fn(*inputs, **attrs)
+        return [out] if op == "RotaryEmbedding" else list(out)
+    fn = reference.rope_attention if op == "RopeAttention" else reference.attention
+    return list(fn(*inputs, **attrs))
+
+
+@pytest.mark.parametrize("name", ["llama_kv", "gptj", "llama_fp16"])
+def test_verify_ops_covers_rotary_and_attention(tmp_path, name):
+    from otfuse.ascend_ep import verify
+
+    out = tmp_path / f"{name}_fused.onnx"
+    otfuse.fuse(fixture_path(name), out, only=["rope", "attention"])
+    checks = verify.verify_ops(out, dims={"batch": 2, "seq": 3, "past": 2}, runner=_numpy_runner)
+    ops = {c.case.op for c in checks}
+    assert ops & {"RopeAttention", "Attention"}, ops
+    for check in checks:
+        assert check.ok, (check.case.op, check.error, [o.to_dict() for o in check.outputs])
+    if name == "llama_kv":
+        (case,) = [c.case for c in checks if c.case.op == "RopeAttention"]
+        assert case.inputs[7].shape == (2, 2, 2, 16)  # past_key from the model's own shapes
+
+
+def test_create_session_passes_the_float32_attention_policy(monkeypatch):
+    from otfuse import ascend_ep
+
+    seen = []
+
+    class Recorder:
+        def __init__(self, path, sess_options=None, providers=None):
+            seen.append(sess_options.get_session_config_entry(FP32_KEY))
+
+    monkeypatch.setattr(otfuse.session, "InferenceSession", Recorder)
+    monkeypatch.setattr(ascend_ep, "cann_unavailable_reason", lambda: "")
+    ascend_ep.create_session("m.onnx", fp32_attention="bfloat16")
+    assert seen == ["bfloat16"]
+    with pytest.raises(otfuse.errors.OtfuseError, match="fp32_attention must be one of cpu, float16, bfloat16"):
+        ascend_ep.create_session("m.onnx", fp32_attention="half")

@@ -24,6 +24,11 @@ CPU_PROVIDER = "CPUExecutionProvider"
 # TEST ONLY: with this session config entry set to "1" before the library is registered, the
 # Ascend kernels replace the CPU kernels under the CPU EP, backed by the CANN test double.
 FAKE_MODE_KEY = "otfuse.ascend_ep.fake_mode"
+# float32 Attention / RopeAttention on the NPU (docs/ops.md, "float32 policy"): "cpu" (default: the
+# CPU kernel runs them), or "float16" / "bfloat16" (FIA in that type, cast around it). Read when the
+# library is registered.
+FP32_ATTENTION_KEY = "otfuse.ascend_ep.fp32_attention"
+FP32_ATTENTION = ("cpu", "float16", "bfloat16")
 ARENA_STRATEGIES = ("kNextPowerOfTwo", "kSameAsRequested")
 
 __all__ = [
@@ -117,7 +122,7 @@ def provider_options(device_id=0, npu_mem_limit=None, arena_extend_strategy=None
 
 
 def create_session(path, device_id=0, npu_mem_limit=None, arena_extend_strategy=None, enable_cann_graph=False,
-                   precision_mode=None, *, sess_options=None, fallback=True, **provider_opts):
+                   precision_mode=None, *, sess_options=None, fallback=True, fp32_attention=None, **provider_opts):
     """An ``otfuse.InferenceSession`` for ``path`` on ``CANNExecutionProvider`` (then CPU).
 
     ``enable_cann_graph`` defaults to False: the otfuse nodes are custom ops, which CANN's graph
@@ -126,8 +131,21 @@ def create_session(path, device_id=0, npu_mem_limit=None, arena_extend_strategy=
 
     When onnxruntime-cann, the CANN toolkit or an NPU is missing, the session runs on CPU with one
     ``RuntimeWarning`` saying why; with ``fallback=False`` that raises ``OtfuseError`` instead.
+
+    ``fp32_attention`` ("cpu", "float16" or "bfloat16"): how float32 Attention / RopeAttention
+    nodes run; by default ("cpu") on the CPU kernel, since the NPU's fused attention takes
+    float16/bfloat16 only. The other two opt in to running them there in that type (within that
+    type's tolerance, not float32's).
     """
+    import onnxruntime as ort
+
     from otfuse.session import InferenceSession
+
+    if fp32_attention is not None:
+        if fp32_attention not in FP32_ATTENTION:
+            raise OtfuseError(f"fp32_attention must be one of {', '.join(FP32_ATTENTION)}, got {fp32_attention!r}")
+        sess_options = sess_options if sess_options is not None else ort.SessionOptions()
+        sess_options.add_session_config_entry(FP32_ATTENTION_KEY, fp32_attention)
 
     options = provider_options(device_id, npu_mem_limit, arena_extend_strategy, enable_cann_graph, precision_mode,
                                **provider_opts)

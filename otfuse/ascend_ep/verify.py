@@ -12,6 +12,18 @@ torch_npu counterparts (Ascend/op-plugin), each the aclnn call the Ascend kernel
     AddRMSNorm    torch_npu.npu_add_rms_norm(x1, x2, gamma, epsilon)        -> aclnnAddRmsNorm
     LayerNorm     torch.nn.functional.layer_norm(x, shape, w, b, eps)       -> aclnnLayerNorm
     AddLayerNorm  torch_npu.npu_add_layer_norm(x1, x2, gamma, beta, eps, True) -> aclnnAddLayerNorm
+    RotaryEmbedding    torch_npu.npu_rotary_mul(x, cos, sin, rotary_mode)   -> aclnnRotaryPositionEmbedding
+                       (per section, on the first r lanes; x and cos/sin made 4-D)
+    RotaryEmbeddingQK  torch_npu.npu_apply_rotary_pos_emb(q, k, cos, sin, layout) when D = 128 and
+                       half mode -> aclnnApplyRotaryPosEmbV2, else npu_rotary_mul twice
+    Attention          torch_npu.npu_fused_infer_attention_score(q, present_k, present_v, ...)
+                       -> aclnnFusedInferAttentionScoreV3 (BNSD, pse_shift, sparse modes 3/4 with
+                       the 2048 x 2048 mask, a full mask for key padding, inner_precise 2); float32
+                       nodes run in float16 (the kernel's opt-in), so they compare with float16's tolerance
+    RopeAttention      the two rotations above, then npu_fused_infer_attention_score
+
+The rotary and attention runners are untested here (no torch_npu); the suite exercises
+``verify_ops`` with a numpy runner.
 """
 
 from __future__ import annotations
@@ -28,10 +40,19 @@ from otfuse import OP_DOMAIN, OP_DOMAIN_VERSION
 from otfuse.errors import OtfuseError
 
 NORM_OPS = ("RMSNorm", "AddRMSNorm", "LayerNorm", "AddLayerNorm")
-# Which node inputs are activations (random normal) and which weights.
+ROTARY_OPS = ("RotaryEmbedding", "RotaryEmbeddingQK")
+ATTENTION_OPS = ("Attention", "RopeAttention")
+VERIFIED_OPS = NORM_OPS + ROTARY_OPS + ATTENTION_OPS
+# Which node inputs are activations (random normal) and which are something else.
 _WEIGHT_INPUTS = {"RMSNorm": {1: "scale"}, "AddRMSNorm": {2: "scale"}, "LayerNorm": {1: "scale", 2: "bias"},
-                  "AddLayerNorm": {2: "scale", 3: "bias"}}
-_OUTPUT_NAMES = {"RMSNorm": ("Y",), "AddRMSNorm": ("Y", "S"), "LayerNorm": ("Y",), "AddLayerNorm": ("Y", "S")}
+                  "AddLayerNorm": {2: "scale", 3: "bias"},
+                  "RotaryEmbedding": {1: "angle", 2: "angle"}, "RotaryEmbeddingQK": {2: "angle", 3: "angle"},
+                  "Attention": {3: "bias", 4: "mask", 5: "cache", 6: "cache"},
+                  "RopeAttention": {3: "angle", 4: "angle", 5: "bias", 6: "mask", 7: "cache", 8: "cache"}}
+_OUTPUT_NAMES = {"RMSNorm": ("Y",), "AddRMSNorm": ("Y", "S"), "LayerNorm": ("Y",), "AddLayerNorm": ("Y", "S"),
+                 "RotaryEmbedding": ("Y",), "RotaryEmbeddingQK": ("Q_out", "K_out"),
+                 "Attention": ("Y", "present_key", "present_value"),
+                 "RopeAttention": ("Y", "present_key", "present_value")}
 _DEFAULT_EPSILON = {"RMSNorm": 1e-6, "AddRMSNorm": 1e-6, "LayerNorm": 1e-5, "AddLayerNorm": 1e-5}
 
 Runner = Callable[[str, list, dict], list]
@@ -72,10 +93,10 @@ def collect_cases(model_path, dims=None, seed=0) -> list[OpCase]:
 
     loaded = load_model(model_path)
     graph = loaded.model.graph
-    nodes = [n for n in graph.node if n.domain == OP_DOMAIN and n.op_type in NORM_OPS]
+    nodes = [n for n in graph.node if n.domain == OP_DOMAIN and n.op_type in VERIFIED_OPS]
     if not nodes:
         found = sorted({n.op_type for n in graph.node if n.domain == OP_DOMAIN})
-        raise OtfuseError(f"{model_path}: no fused norm nodes to verify"
+        raise OtfuseError(f"{model_path}: no fused norm, rotary or attention nodes to verify"
                           + (f" (its otfuse ops: {', '.join(found)} have no NPU check yet)" if found
                              else " (fuse it first: otfuse MODEL -o MODEL_fused.onnx)"))
     initializers = {t.name: t for t in graph.initializer}
@@ -95,9 +116,9 @@ def collect_cases(model_path, dims=None, seed=0) -> list[OpCase]:
 
     cases: dict[tuple, OpCase] = {}
     for i, node in enumerate(nodes):
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = {a.name: _attribute(a) for a in node.attribute}
         sigs = tuple(signature(name) for name in node.input)
-        key = (node.op_type, sigs, tuple(sorted(attrs.items())))
+        key = (node.op_type, sigs, tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items())))
         if key in cases:
             cases[key].nodes.append(node.name or f"#{i}")
             continue
@@ -108,8 +129,19 @@ def collect_cases(model_path, dims=None, seed=0) -> list[OpCase]:
     return list(cases.values())
 
 
+def _attribute(attribute):
+    value = helper.get_attribute_value(attribute)
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _random(rng: np.random.Generator, shape, dtype_name: str, role: str | None) -> np.ndarray:
     dtype = _np_dtype(dtype_name)
+    if role == "mask":  # key_padding_mask: every key visible
+        return np.ones(shape, dtype)
+    if role == "angle":  # cos / sin tables: values in [-1, 1]
+        return rng.uniform(-1.0, 1.0, shape).astype(np.float32).astype(dtype)
+    if role == "cache":
+        return (rng.standard_normal(shape) * 0.5).astype(np.float32).astype(dtype)
     if role == "scale":
         values = rng.uniform(0.5, 1.5, shape)
     elif role == "bias":
@@ -128,7 +160,7 @@ def _np_dtype(name: str) -> np.dtype:
 
 
 def cpu_kernel_outputs(op: str, inputs: list, attrs: dict) -> list[np.ndarray]:
-    """The otfuse CPU kernel's outputs (Y, and S for the Add ops) for one node."""
+    """The otfuse CPU kernel's outputs (``_OUTPUT_NAMES[op]``) for one node."""
     from otfuse.session import InferenceSession, run
 
     names = [f"in{i}" if a is not None else "" for i, a in enumerate(inputs)]
@@ -138,9 +170,10 @@ def cpu_kernel_outputs(op: str, inputs: list, attrs: dict) -> list[np.ndarray]:
                     for i, a in enumerate(inputs) if a is not None]
     outputs = list(_OUTPUT_NAMES[op])
     elem = helper.np_dtype_to_tensor_dtype(inputs[0].dtype)
+    shape = list(inputs[0].shape) if op in NORM_OPS else None
     graph = helper.make_graph(
         [helper.make_node(op, names, outputs, domain=OP_DOMAIN, name="verify", **attrs)], "verify", graph_inputs,
-        [helper.make_tensor_value_info(o, elem, list(inputs[0].shape)) for o in outputs])
+        [helper.make_tensor_value_info(o, elem, shape) for o in outputs])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                     helper.make_opsetid(OP_DOMAIN, OP_DOMAIN_VERSION)])
     session = InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -175,6 +208,10 @@ def torch_npu_runner(device_id: int = 0) -> Runner:
 
     def runner(op: str, inputs: list, attrs: dict) -> list:
         t = [to_npu(a) for a in inputs]
+        if op in ROTARY_OPS or op in ATTENTION_OPS:
+            results = _transformer_on_npu(torch, torch_npu, op, t, attrs)
+            torch.npu.synchronize()
+            return [to_numpy(r, inputs[0].dtype) for r in results]
         eps = float(attrs.get("epsilon", _DEFAULT_EPSILON[op]))
         if op == "RMSNorm":
             results = [torch_npu.npu_rms_norm(t[0], t[1], epsilon=eps)[0]]
@@ -194,8 +231,124 @@ def torch_npu_runner(device_id: int = 0) -> Runner:
     return runner
 
 
+def _rotate_on_npu(torch, torch_npu, x, cos, sin, mode: str, rotary_dim: int, sections) -> object:
+    """RotaryEmbedding with npu_rotary_mul (aclnnRotaryPositionEmbedding): per section, on the
+    first r lanes, with x and cos/sin made 4-D (leading ones)."""
+    d = x.shape[-1]
+    r = rotary_dim or d
+    shape = x.shape
+    x4 = x.reshape((1,) * (4 - x.dim()) + tuple(shape)) if x.dim() < 4 else x
+    if x4.dim() != 4:
+        raise ValueError(f"the torch_npu check takes X of rank <= 4, got {tuple(shape)}")
+    c4 = cos.reshape((1,) * (4 - cos.dim()) + tuple(cos.shape))
+    s4 = sin.reshape((1,) * (4 - sin.dim()) + tuple(sin.shape))
+    npu_mode = "interleave" if mode == "interleaved" else "half"
+    widths = [r] if mode == "interleaved" or not sections else [w for w in sections]
+    pieces, offset = [], 0
+    for w in widths:
+        if w:
+            pieces.append(torch_npu.npu_rotary_mul(x4[..., offset:offset + w].contiguous(),
+                                                   c4[..., offset:offset + w].contiguous(),
+                                                   s4[..., offset:offset + w].contiguous(), rotary_mode=npu_mode))
+        offset += w
+    if r < d:
+        pieces.append(x4[..., r:])
+    return torch.cat(pieces, dim=-1).reshape(shape)
+
+
+def _attention_on_npu(torch, torch_npu, q, k, v, bias, key_mask, past_k, past_v, attrs: dict, fp32_as=None):
+    """Attention as aclnnFusedInferAttentionScoreV3 through npu_fused_infer_attention_score, with
+    the kernel's mapping: BNSD present_* as key/value, pse_shift, sparse modes, inner_precise."""
+    n = int(attrs["num_heads"])
+    nkv = int(attrs.get("kv_num_heads", n))
+    layout = attrs.get("layout", "BNSD")
+    out_layout = attrs.get("output_layout", layout)
+    causal, window = int(attrs.get("causal", 0)), int(attrs.get("window", 0))
+    dtype = q.dtype
+    rank3 = q.dim() == 3
+
+    def bnsd(x, heads):
+        if layout == "BNSD":
+            return x
+        if x.dim() == 3:
+            x = x.reshape(x.shape[0], x.shape[1], heads, x.shape[2] // heads)
+        return x.transpose(1, 2)
+
+    qb, kb, vb = bnsd(q, n), bnsd(k, nkv), bnsd(v, nkv)
+    present_k = torch.cat([past_k, kb], dim=2) if past_k is not None else kb
+    present_v = torch.cat([past_v, vb], dim=2) if past_v is not None else vb
+    compute = dtype if dtype != torch.float32 else (fp32_as or torch.float16)
+    b, _, sq, d = qb.shape
+    skv = present_k.shape[2]
+    scale = float(attrs.get("scale", 0.0)) or 1.0 / float(d) ** 0.5
+    pse = None
+    if bias is not None:
+        b4 = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
+        pse = b4.expand(b if b4.shape[0] == b else 1, n, sq, skv).to(compute).contiguous()
+    sparse, pre, nxt, mask = 0, 2147483647, 2147483647, None
+    j = torch.arange(skv, device=q.device)
+    t = torch.arange(sq, device=q.device)[:, None] + (skv - sq)
+    if key_mask is not None or (window > 0 and sq == 1):
+        hidden = torch.zeros(sq, skv, dtype=torch.bool, device=q.device)
+        if causal:
+            hidden |= j[None, :] > t
+        if window > 0:
+            hidden |= j[None, :] <= t - window
+        hidden = hidden[None, None].expand(b, 1, sq, skv)
+        if key_mask is not None:
+            hidden = hidden | (key_mask == 0)[:, None, None, :]
+        mask = hidden.contiguous()
+    elif causal and sq > 1:
+        mask = torch.triu(torch.ones(2048, 2048, dtype=torch.bool, device=q.device), diagonal=1)
+        sparse, pre, nxt = (4, window - 1, 0) if window > 0 else (3, pre, nxt)
+    inner = 2 if (key_mask is not None or bias is not None or window > 0 or (causal and sq > skv)) else 0
+    out, _ = torch_npu.npu_fused_infer_attention_score(
+        qb.to(compute).contiguous(), present_k.to(compute).contiguous(), present_v.to(compute).contiguous(),
+        pse_shift=pse, atten_mask=mask, num_heads=n, scale=scale, pre_tokens=pre, next_tokens=nxt,
+        input_layout="BNSD", num_key_value_heads=0 if nkv == n else nkv, sparse_mode=sparse, inner_precise=inner)
+    y = out.to(dtype)
+    if out_layout == "BSND":
+        y = y.transpose(1, 2)
+        if rank3:
+            y = y.reshape(b, sq, -1)
+    return [y.contiguous(), present_k, present_v]
+
+
+def _transformer_on_npu(torch, torch_npu, op: str, t: list, attrs: dict) -> list:
+    t = t + [None] * (9 - len(t))
+    mode = attrs.get("mode", attrs.get("rotary_mode", "half"))
+    rotary_dim = int(attrs.get("rotary_dim", 0))
+    sections = attrs.get("sections", attrs.get("rotary_sections", []))
+    if op == "RotaryEmbedding":
+        return [_rotate_on_npu(torch, torch_npu, t[0], t[1], t[2], mode, rotary_dim, sections)]
+    if op == "RotaryEmbeddingQK":
+        q, k, cos, sin = t[:4]
+        if (mode == "half" and not rotary_dim and not sections and q.dim() == 4 and q.shape[-1] == 128
+                and cos.dim() == 4 and cos.shape[2] == 1):
+            q_out, k_out = q.clone(), k.clone()  # in place
+            torch_npu.npu_apply_rotary_pos_emb(q_out, k_out, cos.contiguous(), sin.contiguous(), layout="BSND")
+            return [q_out, k_out]
+        return [_rotate_on_npu(torch, torch_npu, x, cos, sin, mode, rotary_dim, sections) for x in (q, k)]
+    if op == "Attention":
+        return _attention_on_npu(torch, torch_npu, *t[:7], attrs)
+    q, k, v, cos, sin = t[:5]
+    layout = attrs.get("layout", "BNSD")
+    n, nkv = int(attrs["num_heads"]), int(attrs.get("kv_num_heads", attrs["num_heads"]))
+
+    def four(x, heads):  # a rank-3 BSND input as [B, S, N, D] for the rotation
+        return x.reshape(x.shape[0], x.shape[1], heads, x.shape[2] // heads) if x.dim() == 3 else x
+
+    q_rot = _rotate_on_npu(torch, torch_npu, four(q, n), cos, sin, mode, rotary_dim, sections).reshape(q.shape)
+    k_rot = _rotate_on_npu(torch, torch_npu, four(k, nkv), cos, sin, mode, rotary_dim, sections).reshape(k.shape)
+    rest = {key: value for key, value in attrs.items() if not key.startswith("rotary_")}
+    rest["layout"] = layout
+    return _attention_on_npu(torch, torch_npu, q_rot, k_rot, v, *t[5:9], rest)
+
+
 def verify_ops(model_path, *, dims=None, seed=0, device_id=0, runner: Runner | None = None) -> list[OpCheck]:
-    """Check every distinct fused norm op of MODEL on the device against the CPU kernels."""
+    """Check every distinct fused norm, rotary and attention op of MODEL on the device against the
+    CPU kernels. float32 attention runs in float16 on the device (the kernel's opt-in), so those
+    outputs compare with float16's tolerance."""
     from otfuse.compare import compare_arrays, tolerance_for
 
     if not Path(model_path).exists():
@@ -211,8 +364,9 @@ def verify_ops(model_path, *, dims=None, seed=0, device_id=0, runner: Runner | N
             checks.append(check)
             continue
         cpu = cpu_kernel_outputs(case.op, case.inputs, case.attrs)
+        half = case.op in ATTENTION_OPS and case.inputs[0].dtype == np.float32
         for name, want, got in zip(_OUTPUT_NAMES[case.op], cpu, device):
-            rtol, atol = tolerance_for(want.dtype)
+            rtol, atol = tolerance_for(np.dtype(np.float16) if half and name == "Y" else want.dtype)
             check.outputs.append(compare_arrays(name, want, np.asarray(got), rtol, atol))
         checks.append(check)
     return checks
