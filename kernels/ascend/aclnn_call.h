@@ -44,7 +44,7 @@ Shape ContiguousStrides(const Shape& shape);
 
 // aclnnInplaceCopyGetWorkspaceSize(aclTensor* selfRef, const aclTensor* src, workspaceSize,
 // executor): selfRef = src, src broadcast to selfRef's shape and converted to its dtype; both may
-// be non-contiguous, ND, 1-8 dims. hicann/ops-math conversion/view_copy/docs/aclnnInplaceCopy.md
+// be non-contiguous, ND, 1-8 dims. cann/ops-math conversion/view_copy/docs/aclnnInplaceCopy.md
 // (the dtype conversion is an internal Cast: cann/ops-math issue 3278). The Ascend kernels use it
 // for every copy, transpose, broadcast and cast around their main call.
 using InplaceCopyGetWorkspace = aclnnStatus (*)(aclTensor* self_ref, const aclTensor* src, uint64_t* workspace_size,

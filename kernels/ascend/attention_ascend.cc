@@ -47,9 +47,11 @@ using FiaV3GetWorkspace = aclnnStatus (*)(
     int64_t key_antiquant_mode, int64_t value_antiquant_mode, const aclTensor* attention_out,
     const aclTensor* softmax_lse, uint64_t* workspace_size, aclOpExecutor** executor);
 // aclnnLogicalNotGetWorkspaceSize(const aclTensor* self, aclTensor* out, ...) and
-// aclnnInplaceLogicalOrGetWorkspaceSize(aclTensor* selfRef, const aclTensor* other, ...): CANN
-// operator API reference, "aclnnLogicalNot&aclnnInplaceLogicalNot", "aclnnLogicalOr&aclnnInplaceLogicalOr"
-// (hicann/ops-math). Only for key_padding_mask.
+// aclnnInplaceLogicalOrGetWorkspaceSize(aclTensor* selfRef, const aclTensor* other, ...) (other
+// broadcast to selfRef; nonzero = True): CANN 8.0.0 operator API reference,
+// https://www.hiascend.com/document/detail/zh/canncommercial/800/apiref/aolapi/context/aclnnLogicalNot%26aclnnInplaceLogicalNot.md
+// https://www.hiascend.com/document/detail/zh/canncommercial/800/apiref/aolapi/context/aclnnLogicalOr%26aclnnInplaceLogicalOr.md
+// Only for key_padding_mask.
 using LogicalNotGetWorkspace = aclnnStatus (*)(const aclTensor* self, aclTensor* out, uint64_t* workspace_size,
                                                aclOpExecutor** executor);
 using InplaceLogicalOrGetWorkspace = aclnnStatus (*)(aclTensor* self_ref, const aclTensor* other,

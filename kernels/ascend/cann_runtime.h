@@ -117,7 +117,8 @@ using RtMemsetAsync = aclError (*)(void* dev_ptr, size_t max_count, int32_t valu
 //   https://www.hiascend.com/document/detail/en/canncommercial/800/apiref/appdevgapi/aclcppdevg_03_0105.html
 using RtMemcpy = aclError (*)(void* dst, size_t dest_max, const void* src, size_t count, aclrtMemcpyKind kind);
 // aclrtGetDevice(int32_t* deviceId) -> aclError: the device of the calling thread's context
-//   (libascendcl.so), CANN application development API reference ("aclrtGetDevice")
+//   (libascendcl.so)
+//   https://www.hiascend.com/document/detail/en/canncommercial/800/apiref/appdevgapi/aclcppdevg_03_0042.html
 using RtGetDevice = aclError (*)(int32_t* device_id);
 // aclrtGetSocName() -> const char*: the AI processor version ("Ascend910B3", "Ascend310P3", ...),
 //   of device 0 when there are several; null on failure   (libascendcl.so)
