@@ -859,7 +859,7 @@ EXPORT int aclrtGetDevice(int32_t* device_id) {
 }
 
 // ------------------------------------------------------------------ aclnnInplaceCopy
-// hicann/ops-math conversion/view_copy/docs/aclnnInplaceCopy.md: selfRef = src, src broadcast to
+// cann/ops-math conversion/view_copy/docs/aclnnInplaceCopy.md: selfRef = src, src broadcast to
 // selfRef, converted to its dtype; both may be non-contiguous.
 
 EXPORT Status aclnnInplaceCopyGetWorkspaceSize(aclTensor* self_ref, const aclTensor* src, uint64_t* workspace_size,
