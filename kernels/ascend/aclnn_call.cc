@@ -73,6 +73,9 @@ void AclnnCall::Release() noexcept {
   for (aclTensorList* list : lists_) rt_.destroy_tensor_list(list);
   lists_.clear();
   for (aclIntArray* array : arrays_) rt_.destroy_int_array(array);
+  for (aclScalar* scalar : scalars_) rt_.destroy_scalar(scalar);
+  scalars_.clear();
+  scalar_values_.clear();
   tensors_.clear();
   arrays_.clear();
   // ORT's allocator hands out stream-ordered memory (as for ORT's own CANN kernels): later
@@ -144,6 +147,20 @@ aclIntArray* AclnnCall::IntArray(const Shape& values, const char* what) {
   if (array == nullptr) throw Error(std::string("aclCreateIntArray failed for ") + what + " " + ToString(values));
   arrays_.push_back(array);
   return array;
+}
+
+aclScalar* AclnnCall::Scalar(float value, const char* what) {
+  if (rt_.create_scalar == nullptr || rt_.destroy_scalar == nullptr) {
+    throw Error("the CANN runtime in " + rt_.directory() + " exports no aclCreateScalar/aclDestroyScalar");
+  }
+  scalar_values_.push_back(std::make_unique<float>(value));
+  aclScalar* scalar = rt_.create_scalar(scalar_values_.back().get(), ACL_FLOAT);
+  if (scalar == nullptr) {
+    const std::string detail = rt_.RecentErrorMessage();
+    throw Error(std::string("aclCreateScalar failed for ") + what + (detail.empty() ? "" : ": " + detail));
+  }
+  scalars_.push_back(scalar);
+  return scalar;
 }
 
 void* AclnnCall::Scratch(size_t bytes, const char* what) {

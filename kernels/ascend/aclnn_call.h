@@ -80,6 +80,8 @@ class AclnnCall {
   aclTensor* View(const void* data, ONNXTensorElementDataType type, const Shape& shape, const Shape& strides,
                   int64_t offset, const char* what);
   aclIntArray* IntArray(const Shape& values, const char* what);
+  // aclCreateScalar over a float32 host copy of `value` that lives as long as this call.
+  aclScalar* Scalar(float value, const char* what);
   // aclCreateTensorList over tensors created by this call; destroyed with it.
   aclTensorList* TensorList(const std::vector<aclTensor*>& tensors, const char* what);
   // Device memory beside the kernel's input (ORT's allocator for it; aclrtMalloc when ORT
@@ -109,6 +111,8 @@ class AclnnCall {
   std::vector<aclTensor*> tensors_;
   std::vector<aclIntArray*> arrays_;
   std::vector<aclTensorList*> lists_;
+  std::vector<aclScalar*> scalars_;
+  std::vector<std::unique_ptr<float>> scalar_values_;
   std::vector<void*> ort_buffers_;
   std::vector<void*> acl_buffers_;  // aclrtMalloc'd: freed only after the stream has drained
 };

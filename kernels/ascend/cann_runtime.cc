@@ -109,6 +109,8 @@ struct RuntimeLoader {
     rt->destroy_tensor_list = reinterpret_cast<fn::DestroyTensorList>(rt->Find("aclDestroyTensorList"));
     rt->rt_memcpy = reinterpret_cast<fn::RtMemcpy>(rt->Find("aclrtMemcpy"));
     rt->rt_get_device = reinterpret_cast<fn::RtGetDevice>(rt->Find("aclrtGetDevice"));
+    rt->create_scalar = reinterpret_cast<fn::CreateScalar>(rt->Find("aclCreateScalar"));
+    rt->destroy_scalar = reinterpret_cast<fn::DestroyScalar>(rt->Find("aclDestroyScalar"));
     rt->is_test_double_ = rt->Find(kTestDoubleMarker) != nullptr;
     return rt;
   }

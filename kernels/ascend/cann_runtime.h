@@ -34,6 +34,7 @@ namespace otfuse::ascend {
 struct aclTensor;
 struct aclIntArray;
 struct aclTensorList;  // "aclCreateTensorList" (below)
+struct aclScalar;      // "aclCreateScalar" (below)
 struct aclOpExecutor;
 using aclrtStream = void*;   // "aclrtStream": a stream handle, the one ORT's CANN EP computes on
 using aclnnStatus = int32_t; // aclnn return codes: "aclnn Return Codes", hicann/ops-nn
@@ -94,6 +95,13 @@ using DestroyIntArray = aclnnStatus (*)(const aclIntArray* array);
 //   https://www.hiascend.com/document/detail/en/canncommercial/850/API/aolapi/operatorlist_00020.html
 using CreateTensorList = aclTensorList* (*)(const aclTensor* const* value, uint64_t size);
 using DestroyTensorList = aclnnStatus (*)(const aclTensorList* list);
+// aclCreateScalar(void* value, aclDataType dataType) -> aclScalar*: a scalar argument of an aclnn
+//   operator from the host value `value` points to; null on failure   (libnnopbase.so)
+//   https://www.hiascend.com/document/detail/en/canncommercial/800/apiref/aolapi/operatorlist_00017.html
+using CreateScalar = aclScalar* (*)(void* value, aclDataType data_type);
+// aclDestroyScalar(const aclScalar*) -> aclnnStatus   (libnnopbase.so; paired with aclCreateScalar)
+//   https://www.hiascend.com/document/detail/en/canncommercial/800/apiref/aolapi/operatorlist_00025.html
+using DestroyScalar = aclnnStatus (*)(const aclScalar* scalar);
 // aclGetRecentErrMsg() -> const char*: gets and clears this thread's latest error description
 //   (libascendcl.so).
 //   https://www.hiascend.com/document/detail/zh/CANNCommunityEdition/80RC3alpha002/apiref/appdevgapi/aclcppdevg_03_0028.html
@@ -165,6 +173,8 @@ class CannRuntime {
   fn::DestroyTensorList destroy_tensor_list = nullptr;
   fn::RtMemcpy rt_memcpy = nullptr;
   fn::RtGetDevice rt_get_device = nullptr;
+  fn::CreateScalar create_scalar = nullptr;
+  fn::DestroyScalar destroy_scalar = nullptr;
 
   // aclGetRecentErrMsg(), or "" when there is none (or no such entry point).
   std::string RecentErrorMessage() const;
