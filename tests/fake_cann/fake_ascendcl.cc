@@ -1318,3 +1318,263 @@ EXPORT Status aclnnFusedInferAttentionScoreV3(void* workspace, uint64_t workspac
                                               void* stream) {
   return Execute("aclnnFusedInferAttentionScoreV3", workspace, workspace_size, executor, stream);
 }
+
+// ================================================================== aclScalar, aclnnMatmul, aclnnAddmm
+// aclCreateScalar / aclDestroyScalar: CANN operator API reference (operatorlist_00017 / _00025).
+// aclnnMatmul: hicann/ops-nn matmul/mat_mul_v3/docs/aclnnMatmul_en.md; aclnnAddmm:
+// matmul/mat_mul_v3/docs/aclnnAddmm&aclnnInplaceAddmm_en.md; dtype deduction:
+// docs/en/context/deduction_relationship.md. Products are told apart by aclrtGetSocName as in the
+// other entry points. The products compute in the Cube unit with float32 accumulation; the fake
+// accumulates in float32 and rounds to out's dtype once (the docs say nothing finer).
+
+struct aclScalar {
+  double value = 0.0;
+  int32_t dtype = -1;
+};
+
+namespace {
+
+constexpr int32_t kF64 = 11;  // ACL_DOUBLE
+std::set<const aclScalar*> g_scalars;
+
+std::string Json(const aclScalar* s) {
+  if (s == nullptr) return "null";
+  return "{\"value\":" + Json(s->value) + ",\"dtype\":\"" + (s->dtype == kF64 ? "float64" : DTypeName(s->dtype)) +
+         "\"}";
+}
+
+Status CheckScalar(const aclScalar* s, const char* name) {
+  if (s == nullptr) return Fail(kNullptr, std::string("Expected a proper Scalar but got null for argument ") + name);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_scalars.count(s) == 0) {
+    t_error = std::string("[fake CANN] ") + name + " is not a live aclScalar (destroyed or never created)";
+    return kInvalid;
+  }
+  return kOk;
+}
+
+enum class MatmulProduct { kA2A3, k950, kTrainingOrInference, k200I500A2 };
+
+MatmulProduct MatmulProductOf() {
+  const std::string name(aclrtGetSocName());
+  auto starts = [&](const char* p) { return name.rfind(p, 0) == 0; };
+  if (starts("Ascend910B") || starts("Ascend910_93")) return MatmulProduct::kA2A3;
+  if (starts("Ascend950")) return MatmulProduct::k950;
+  if (starts("Ascend310B")) return MatmulProduct::k200I500A2;
+  if (starts("Ascend310P") || starts("Ascend910")) return MatmulProduct::kTrainingOrInference;
+  return MatmulProduct::kA2A3;
+}
+
+// The deduced type of two floating dtypes (deduction_relationship.md, Table 1, FLOAT types), or -1:
+// "If one input is BFLOAT16 and the other is FLOAT16 [FLOAT32], the data type cannot be deduced"
+// (aclnnMatmul, Constraints, A2/A3; the other products have no BFLOAT16 at all).
+int32_t Deduce(int32_t a, int32_t b) {
+  if (a == b) return a;
+  if (a == kBF16 || b == kBF16) return -1;
+  return kF32;  // float16 with float32
+}
+
+// cubeMathType and dtype rules of one product ("Parameters", the per-product lists).
+Status CubeMathTypeRules(const char* api, int32_t dtype, int8_t cube, bool addmm) {
+  const MatmulProduct product = MatmulProductOf();
+  if (product == MatmulProduct::k200I500A2) {
+    return Fail(561003, std::string(api) + " is not supported on " + aclrtGetSocName());
+  }
+  if (cube < 0 || cube > 4) return Fail(kInvalid, "cubeMathType " + std::to_string(cube) + " is not 0-4");
+  if (product == MatmulProduct::kTrainingOrInference) {
+    if (dtype == kBF16) return Fail(kInvalid, "BFLOAT16 is not supported on " + std::string(aclrtGetSocName()));
+    if (dtype == kF32 && cube == 0) return Fail(kInvalid, "cubeMathType 0 is not supported for FLOAT32 on this product");
+    if (cube == 3 || (addmm && cube == 4)) {
+      return Fail(kInvalid, "cubeMathType " + std::to_string(cube) + " is not supported on this product");
+    }
+    return kOk;
+  }
+  if (cube == 2 && dtype == kBF16) return Fail(kInvalid, "cubeMathType 2 (USE_FP16) does not take BFLOAT16");
+  if (cube == 3 && dtype != kF32) return Fail(kInvalid, "cubeMathType 3 (USE_HF32) takes FLOAT32 only");
+  if (product == MatmulProduct::k950 && addmm && cube == 4) return Fail(kInvalid, "cubeMathType 4 is not supported");
+  return kOk;
+}
+
+// self / mat2 / out dtypes: floating, deducible, out deducible with the deduced type. Returns the
+// deduced type through `deduced`.
+Status MatmulTypes(const aclTensor* a, const char* an, const aclTensor* b, const char* bn, const aclTensor* out,
+                   int32_t* deduced) {
+  *deduced = Deduce(a->dtype, b->dtype);
+  if (*deduced < 0) {
+    return Fail(kInvalid, std::string(an) + " " + DTypeName(a->dtype) + " and " + bn + " " + DTypeName(b->dtype) +
+                              " cannot be deduced to one type");
+  }
+  if (Deduce(*deduced, out->dtype) < 0) {
+    return Fail(kInvalid, std::string("the deduced type ") + DTypeName(*deduced) + " cannot be converted to out's " +
+                              DTypeName(out->dtype));
+  }
+  return kOk;
+}
+
+// out = beta * self + alpha * (a @ b) over the batch of `a`/`b` (already promoted to rank >= 2),
+// float32 throughout, one rounding to out's dtype. self may be null (Matmul).
+void MatmulRun(const aclTensor* a, std::vector<int64_t> ad, const aclTensor* b, std::vector<int64_t> bd,
+               const aclTensor* out, const std::vector<int64_t>& batch, const aclTensor* self, float beta,
+               float alpha) {
+  const int64_t m = ad[ad.size() - 2], k = ad.back(), n = bd.back();
+  const int64_t batches = Count(batch);
+  const std::vector<int64_t> a_batch(ad.begin(), ad.end() - 2), b_batch(bd.begin(), bd.end() - 2);
+  const std::vector<int64_t> mn{m, n};
+  for (int64_t bi = 0; bi < batches; ++bi) {
+    const int64_t ab = a_batch.empty() ? 0 : BroadcastIndex(batch, a_batch, bi);
+    const int64_t bb = b_batch.empty() ? 0 : BroadcastIndex(batch, b_batch, bi);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        float acc = 0.0f;
+        for (int64_t e = 0; e < k; ++e) acc += Load(a, (ab * m + i) * k + e) * Load(b, (bb * k + e) * n + j);
+        float value = alpha * acc;
+        if (self != nullptr) value += beta * Load(self, BroadcastIndex(mn, self->dims, i * n + j));
+        Store(out, (bi * m + i) * n + j, value);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+EXPORT aclScalar* aclCreateScalar(void* value, int32_t data_type) {
+  auto* s = new aclScalar;
+  s->dtype = data_type;
+  bool ok = value != nullptr && Injected("aclCreateScalar") == kOk;
+  if (ok) {
+    switch (data_type) {
+      case kF32: s->value = *static_cast<const float*>(value); break;
+      case kF16: s->value = HalfToFloat(*static_cast<const uint16_t*>(value)); break;
+      case kBF16: s->value = BF16ToFloat(*static_cast<const uint16_t*>(value)); break;
+      case kF64: s->value = *static_cast<const double*>(value); break;
+      case kI32: s->value = *static_cast<const int32_t*>(value); break;
+      case kI64: s->value = static_cast<double>(*static_cast<const int64_t*>(value)); break;
+      default: ok = false; t_error = "[fake CANN] aclCreateScalar: dtype not supported by the fake";
+    }
+  }
+  Log("aclCreateScalar", "\"dtype\":" + std::to_string(data_type) + (ok ? ",\"value\":" + Json(s->value) : ""));
+  if (!ok) {
+    if (t_error.empty()) t_error = "[fake CANN] aclCreateScalar: null value";
+    delete s;
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_scalars.insert(s);
+  return s;
+}
+
+EXPORT Status aclDestroyScalar(const aclScalar* scalar) {
+  Log("aclDestroyScalar", "");
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (scalar == nullptr || g_scalars.erase(scalar) == 0) {
+    t_error = "[fake CANN] aclDestroyScalar: not a live aclScalar";
+    return kInvalid;
+  }
+  delete scalar;
+  return kOk;
+}
+
+EXPORT Status aclnnMatmulGetWorkspaceSize(const aclTensor* self, const aclTensor* mat2, aclTensor* out,
+                                          int8_t cube_math_type, uint64_t* workspace_size, aclOpExecutor** executor) {
+  const char* fn = "aclnnMatmulGetWorkspaceSize";
+  const std::string fields = "\"self\":" + Json(self) + ",\"mat2\":" + Json(mat2) + ",\"out\":" + Json(out) +
+                             ",\"cubeMathType\":" + std::to_string(cube_math_type);
+  return Logged(fn, fields, workspace_size, [&]() -> Status {
+    if (Status s = Begin(fn, workspace_size, executor)) return s;
+    if (self == nullptr || mat2 == nullptr || out == nullptr) {
+      return Fail(kNullptr, "The passed self, mat2, or out is a null pointer");
+    }
+    for (auto [t, name] : {std::pair{self, "self"}, {mat2, "mat2"}, {(const aclTensor*)out, "out"}}) {
+      if (Status s = CheckTensor(t, name, true)) return s;
+      if (t->dims.size() > 6) return Fail(kInvalid, std::string(name) + " must have 1 to 6 dimensions, got " + Shape(t->dims));
+    }
+    if (!Contiguous(out)) return Fail(kInvalid, "out must be contiguous (non-contiguous out is not supported)");
+    int32_t deduced = -1;
+    if (Status s = MatmulTypes(self, "self", mat2, "mat2", out, &deduced)) return s;
+    if (Status s = CubeMathTypeRules("aclnnMatmul", deduced, cube_math_type, false)) return s;
+    // 1-D operands: (K) as (1, K) for self, (K, 1) for mat2; the padded dim leaves the output.
+    std::vector<int64_t> ad = self->dims, bd = mat2->dims;
+    const bool a1 = ad.size() == 1, b1 = bd.size() == 1;
+    if (a1) ad.insert(ad.begin(), 1);
+    if (b1) bd.push_back(1);
+    if (ad.back() != bd[bd.size() - 2]) {
+      return Fail(kInvalid, "the Reduce dims differ: self " + Shape(self->dims) + ", mat2 " + Shape(mat2->dims));
+    }
+    const std::vector<int64_t> a_batch(ad.begin(), ad.end() - 2), b_batch(bd.begin(), bd.end() - 2);
+    std::vector<int64_t> batch(std::max(a_batch.size(), b_batch.size()), 1);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const int64_t x = i < batch.size() - a_batch.size() ? 1 : a_batch[i - (batch.size() - a_batch.size())];
+      const int64_t y = i < batch.size() - b_batch.size() ? 1 : b_batch[i - (batch.size() - b_batch.size())];
+      if (x != y && x != 1 && y != 1) {
+        return Fail(kInvalid, "self " + Shape(self->dims) + " and mat2 " + Shape(mat2->dims) + " do not broadcast");
+      }
+      batch[i] = x == 1 ? y : x;
+    }
+    std::vector<int64_t> want = batch;
+    if (!a1) want.push_back(ad[ad.size() - 2]);
+    if (!b1) want.push_back(bd.back());
+    if (out->dims != want) return Fail(kInvalid, "out shape " + Shape(out->dims) + " must be " + Shape(want));
+    *workspace_size = WorkspaceFor(ad[ad.size() - 2]);
+    *executor = NewExecutor("aclnnMatmul", *workspace_size, [=] {
+      MatmulRun(self, ad, mat2, bd, out, batch, nullptr, 0.0f, 1.0f);
+    });
+    return kOk;
+  });
+}
+
+EXPORT Status aclnnMatmul(void* workspace, uint64_t workspace_size, aclOpExecutor* executor, void* stream) {
+  return Execute("aclnnMatmul", workspace, workspace_size, executor, stream);
+}
+
+EXPORT Status aclnnAddmmGetWorkspaceSize(const aclTensor* self, const aclTensor* mat1, const aclTensor* mat2,
+                                         const aclScalar* beta, const aclScalar* alpha, aclTensor* out,
+                                         int8_t cube_math_type, uint64_t* workspace_size, aclOpExecutor** executor) {
+  const char* fn = "aclnnAddmmGetWorkspaceSize";
+  const std::string fields = "\"self\":" + Json(self) + ",\"mat1\":" + Json(mat1) + ",\"mat2\":" + Json(mat2) +
+                             ",\"beta\":" + Json(beta) + ",\"alpha\":" + Json(alpha) + ",\"out\":" + Json(out) +
+                             ",\"cubeMathType\":" + std::to_string(cube_math_type);
+  return Logged(fn, fields, workspace_size, [&]() -> Status {
+    if (Status s = Begin(fn, workspace_size, executor)) return s;
+    if (self == nullptr || mat1 == nullptr || mat2 == nullptr || out == nullptr) {
+      return Fail(kNullptr, "The passed self, mat1, mat2, or out is a null pointer");
+    }
+    for (auto [t, name] : {std::pair{self, "self"}, {mat1, "mat1"}, {mat2, "mat2"}, {(const aclTensor*)out, "out"}}) {
+      if (Status s = CheckTensor(t, name, true)) return s;
+    }
+    if (Status s = CheckScalar(beta, "beta")) return s;
+    if (Status s = CheckScalar(alpha, "alpha")) return s;
+    if (self->dims.size() > 2) return Fail(kInvalid, "self must have 1 or 2 dimensions, got " + Shape(self->dims));
+    for (auto [t, name] : {std::pair{mat1, "mat1"}, {mat2, "mat2"}, {(const aclTensor*)out, "out"}}) {
+      if (t->dims.size() != 2) return Fail(kInvalid, std::string(name) + " must be 2-D, got " + Shape(t->dims));
+    }
+    if (!Contiguous(out)) return Fail(kInvalid, "out must be contiguous (non-contiguous out is not supported)");
+    int32_t deduced = -1;
+    if (Status s = MatmulTypes(mat1, "mat1", mat2, "mat2", out, &deduced)) return s;
+    if (Deduce(self->dtype, deduced) < 0) {
+      return Fail(kInvalid, std::string("self ") + DTypeName(self->dtype) + " cannot be deduced with mat1 @ mat2's " +
+                                DTypeName(deduced));
+    }
+    if (Status s = CubeMathTypeRules("aclnnAddmm", deduced, cube_math_type, true)) return s;
+    const int64_t m = mat1->dims[0], k = mat1->dims[1], n = mat2->dims[1];
+    if (mat2->dims[0] != k) {
+      return Fail(kInvalid, "mat1 " + Shape(mat1->dims) + " and mat2 " + Shape(mat2->dims) +
+                                " do not meet the condition of multiplication");
+    }
+    const std::vector<int64_t> mn{m, n};
+    if (out->dims != mn) return Fail(kInvalid, "The shape of out " + Shape(out->dims) + " is inconsistent with mat1@mat2 " + Shape(mn));
+    if (!Broadcasts(self->dims, mn)) return Fail(kInvalid, "self " + Shape(self->dims) + " does not broadcast to " + Shape(mn));
+    if (cube_math_type == 4 && deduced != kF32 && self->dims != mn) {
+      return Fail(kInvalid, "cubeMathType 4 with FLOAT16/BFLOAT16: self cannot be broadcast");
+    }
+    const float b = static_cast<float>(beta->value), a = static_cast<float>(alpha->value);
+    *workspace_size = WorkspaceFor(m);
+    *executor = NewExecutor("aclnnAddmm", *workspace_size, [=] {
+      MatmulRun(mat1, mat1->dims, mat2, mat2->dims, out, {}, self, b, a);
+    });
+    return kOk;
+  });
+}
+
+EXPORT Status aclnnAddmm(void* workspace, uint64_t workspace_size, aclOpExecutor* executor, void* stream) {
+  return Execute("aclnnAddmm", workspace, workspace_size, executor, stream);
+}
