@@ -15,6 +15,7 @@ void AppendAscendOps(CustomOpList& list, ascend::Placement placement, ascend::At
   ascend::AppendAscendNormOps(list, placement);
   ascend::AppendAscendRotaryOps(list, placement);
   ascend::AppendAscendAttentionOps(list, placement, fp32);
+  ascend::AppendAscendNormLinearOps(list, placement);
 }
 
 // The CPU kernels of every family.

@@ -26,6 +26,7 @@ namespace ascend {
 void AppendAscendNormOps(CustomOpList& ops, Placement placement);  // RMSNorm, AddRMSNorm, LayerNorm, AddLayerNorm
 void AppendAscendRotaryOps(CustomOpList& ops, Placement placement);  // RotaryEmbedding, RotaryEmbeddingQK
 void AppendAscendAttentionOps(CustomOpList& ops, Placement placement, AttentionFp32 fp32);  // Attention, RopeAttention
+void AppendAscendNormLinearOps(CustomOpList& ops, Placement placement);  // RMSNormLinear, AddRMSNormLinear, LayerNormLinear, AddLayerNormLinear
 }  // namespace ascend
 
 }  // namespace otfuse

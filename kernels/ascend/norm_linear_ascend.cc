@@ -1,0 +1,321 @@
+// Ascend kernels of the Norm + Linear family: RMSNormLinear, AddRMSNormLinear, LayerNormLinear,
+// AddLayerNormLinear (contract and argument mapping: docs/ops.md, "Norm + Linear family").
+//
+// One node = the norm op's own aclnn call (ascend/norm_call.h, exactly as norm_ascend.cc makes it)
+// writing the normalised rows, rounded to T, into the Yn output (or scratch), then one call per
+// projection reading them:
+//   no bias: aclnnMatmul(self = Yn [rows, K], mat2 = W_i, out = Y_i [rows, N_i], cubeMathType 0)
+//   bias:    aclnnAddmm(self = bias_i [N_i], mat1 = Yn, mat2 = W_i, beta = 1, alpha = 1, out = Y_i,
+//                       cubeMathType 0)
+// X is passed to every call as the same memory [rows, K] (axis is -1 by contract), so the norm's
+// rank limit never applies and the GEMMs are plain 2-D ones. A transposed W_i (stored [N_i, K]) is
+// passed as the strided view [K, N_i] with strides (1, K), which both operators accept
+// ("non-contiguous tensor" for mat2); nothing is copied or packed, unlike the CPU kernel.
+//
+// aclnn documents (hicann/ops-nn): matmul/mat_mul_v3/docs/aclnnMatmul_en.md (and aclnnMatmul.md),
+// matmul/mat_mul_v3/docs/aclnnAddmm&aclnnInplaceAddmm_en.md; aclCreateScalar / aclDestroyScalar:
+// CANN operator API reference (ascend/cann_runtime.h). What they say and this file relies on:
+//   * self / mat1 / mat2 / out: FLOAT32, FLOAT16, BFLOAT16, ND; Matmul ranks 1-6, Addmm self 1-2
+//     dims (broadcast to [m, n]), mat1 / mat2 / out 2-D; inputs may be non-contiguous, out not;
+//   * one dtype throughout here (bfloat16 does not deduce with float16 or float32 on A2/A3), so a
+//     float32 projection bias of a float16/bfloat16 node is first cast to T (aclnnInplaceCopy);
+//   * cubeMathType 0 = KEEP_DTYPE: compute in the input type (float32 stays float32);
+//   * Atlas training / inference products: no BFLOAT16, and FLOAT32 with cubeMathType 0 is an
+//     error (1 would compute in FLOAT16): such nodes are refused; Atlas 200I/500 A2 has neither
+//     operator.
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ascend/norm_call.h"
+#include "common/shape_check.h"
+#include "op_registry.h"
+
+namespace otfuse::ascend {
+namespace {
+
+// aclnnMatmulGetWorkspaceSize(const aclTensor* self, const aclTensor* mat2, aclTensor* out,
+//                             int8_t cubeMathType, uint64_t* workspaceSize, aclOpExecutor** executor)
+using MatmulGetWorkspace = aclnnStatus (*)(const aclTensor* self, const aclTensor* mat2, aclTensor* out,
+                                           int8_t cube_math_type, uint64_t* workspace_size,
+                                           aclOpExecutor** executor);
+// aclnnAddmmGetWorkspaceSize(const aclTensor* self, const aclTensor* mat1, const aclTensor* mat2,
+//                            const aclScalar* beta, const aclScalar* alpha, aclTensor* out,
+//                            int8_t cubeMathType, uint64_t* workspaceSize, aclOpExecutor** executor)
+using AddmmGetWorkspace = aclnnStatus (*)(const aclTensor* self, const aclTensor* mat1, const aclTensor* mat2,
+                                          const aclScalar* beta, const aclScalar* alpha, aclTensor* out,
+                                          int8_t cube_math_type, uint64_t* workspace_size,
+                                          aclOpExecutor** executor);
+
+constexpr int8_t kKeepDtype = 0;  // cubeMathType 0: KEEP_DTYPE
+
+bool IsSupportedType(ONNXTensorElementDataType type) {
+  return type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 ||
+         type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+}
+
+InputTensor RequiredInput(const KernelContext& ctx, size_t index, const std::string& name) {
+  std::optional<InputTensor> tensor = ctx.Input(index);
+  if (!tensor) throw Error("input '" + name + "' is required");
+  return *tensor;
+}
+
+// A scale, a norm bias or a projection bias: T or float32, exactly `shape` (as cpu/norm_linear.cc).
+void CheckParameter(const std::string& name, const InputTensor& tensor, ONNXTensorElementDataType t,
+                    const std::string& shape_name, const Shape& shape) {
+  if (tensor.type != t && tensor.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
+    throw Error(name + " has element type " + ElementTypeName(tensor.type) + "; expected float32 or " +
+                ElementTypeName(t));
+  }
+  ExpectShape(name, tensor.shape, shape_name, shape);
+}
+
+// aclnnMatmul / aclnnAddmm on product lines other than Atlas A2/A3 and Ascend 950 (an unknown SoC
+// is left to CANN).
+void CheckMatmulProduct(const std::string& soc, ONNXTensorElementDataType t) {
+  const Product product = ClassifySoc(soc);
+  auto refuse = [&](const std::string& why) {
+    throw Error(std::string("aclnnMatmul/aclnnAddmm on ") + ProductName(product) + " (" + soc + "): " + why +
+                " (run this node on CPU)");
+  };
+  if (product == Product::kAtlas200I500A2) refuse("these operators are not supported on this product");
+  if (product != Product::kAtlasInference && product != Product::kAtlasTraining) return;
+  if (t == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16) refuse("bfloat16 is not supported on this product");
+  if (t == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
+    refuse("float32 needs cubeMathType 0 (KEEP_DTYPE), which this product refuses for FLOAT32 (cubeMathType 1 "
+           "would compute in float16, short of the float32 contract)");
+  }
+}
+
+template <NormKind kKind, bool kAdd, Placement kPlacement>
+class AscendNormLinearKernel {
+  using Norm = NormApi<kKind, kAdd>;
+
+ public:
+  explicit AscendNormLinearKernel(const KernelInfo& info)
+      : rt_(&BindRuntime(kPlacement)),
+        norm_(BindNormOp<kKind, kAdd>(*rt_)),
+        matmul_(AclnnOp<MatmulGetWorkspace>::Bind(*rt_, "aclnnMatmul")) {
+    const float default_epsilon = kKind == NormKind::kRms ? 1e-6f : 1e-5f;
+    epsilon_ = info.FloatAttribute("epsilon").value_or(default_epsilon);
+    if (!(epsilon_ >= 0.0f) || !std::isfinite(epsilon_)) {
+      throw Error("attribute 'epsilon' must be a finite number >= 0, got " + std::to_string(epsilon_));
+    }
+    const int64_t axis = info.IntAttribute("axis").value_or(-1);
+    if (axis != -1) throw Error("attribute 'axis' must be -1, got " + std::to_string(axis));
+    widths_ = info.IntsAttribute("out_features").value_or(std::vector<int64_t>{});
+    if (widths_.empty()) throw Error("attribute 'out_features' is required (one width per projection)");
+    for (int64_t n : widths_) {
+      if (n <= 0) throw Error("every entry of 'out_features' must be > 0, got " + std::to_string(n));
+    }
+    const size_t count = widths_.size();
+    transposed_ = ReadFlags(info, "transposed", count);
+    has_bias_ = ReadFlags(info, "has_bias", count);
+    first_weight_ = (kAdd ? 3 : 2) + (kKind == NormKind::kLayer ? 1 : 0);
+    size_t bias_count = 0;
+    for (int64_t flag : has_bias_) bias_count += flag != 0 ? 1 : 0;
+    const size_t expected_inputs = first_weight_ + count + bias_count;
+    if (info.InputCount() != expected_inputs) {
+      throw Error("expected " + std::to_string(expected_inputs) + " inputs (" + std::to_string(first_weight_) +
+                  " norm inputs, " + std::to_string(count) + " weights, " + std::to_string(bias_count) +
+                  " biases), got " + std::to_string(info.InputCount()));
+    }
+    if (bias_count > 0) {
+      addmm_ = AclnnOp<AddmmGetWorkspace>::Bind(*rt_, "aclnnAddmm");
+      copy_ = AclnnOp<InplaceCopyGetWorkspace>::Bind(*rt_, "aclnnInplaceCopy");
+    }
+  }
+
+  void Compute(const KernelContext& ctx) const {
+    const char* x_name = kAdd ? "A" : "X";
+    const InputTensor x = RequiredInput(ctx, 0, x_name);
+    const ONNXTensorElementDataType t = x.type;
+    if (!IsSupportedType(t)) {
+      throw Error(std::string(x_name) + " has element type " + ElementTypeName(t) +
+                  "; expected float32, float16 or bfloat16");
+    }
+    std::optional<InputTensor> b;
+    if constexpr (kAdd) {
+      b = RequiredInput(ctx, 1, "B");
+      if (b->type != t) {
+        throw Error(std::string("B has element type ") + ElementTypeName(b->type) + " but A has " +
+                    ElementTypeName(t));
+      }
+      ExpectShape("B", b->shape, "A.shape", x.shape);
+    }
+    if (x.shape.empty()) throw Error(std::string(x_name) + " must have rank >= 1");
+    const size_t rank = x.shape.size();
+    const int64_t rows = DimProduct(x.shape, 0, rank - 1);
+    const int64_t d = x.shape.back();
+    DimProduct(x.shape, 0, rank);
+    if (d == 0) {
+      throw Error(std::string(x_name) + " has an empty last dimension; the normalised rows must not be empty");
+    }
+    const Shape row_shape{d};
+    const std::string row_name = std::string(x_name) + ".shape[-1:]";
+
+    const size_t scale_index = kAdd ? 2 : 1;
+    const InputTensor scale = RequiredInput(ctx, scale_index, "scale");
+    CheckParameter("scale", scale, t, row_name, row_shape);
+    std::optional<InputTensor> norm_bias;
+    std::optional<ONNXTensorElementDataType> norm_bias_type;
+    if constexpr (kKind == NormKind::kLayer) {
+      norm_bias = ctx.Input(scale_index + 1);
+      if (norm_bias) {
+        CheckParameter("norm_bias", *norm_bias, t, row_name, row_shape);
+        norm_bias_type = norm_bias->type;
+      }
+    }
+
+    const size_t count = widths_.size();
+    std::vector<InputTensor> weights;
+    for (size_t i = 0; i < count; ++i) {
+      const std::string name = "W" + std::to_string(i + 1);
+      weights.push_back(RequiredInput(ctx, first_weight_ + i, name));
+      if (weights[i].type != t) {
+        throw Error(name + " has element type " + ElementTypeName(weights[i].type) + "; expected " +
+                    ElementTypeName(t) + " (the input's type)");
+      }
+      const Shape expected = transposed_[i] ? Shape{widths_[i], d} : Shape{d, widths_[i]};
+      ExpectShape(name, weights[i].shape, transposed_[i] ? "[out_features, K]" : "[K, out_features]", expected);
+    }
+    std::vector<std::optional<InputTensor>> biases(count);
+    size_t next_bias = first_weight_ + count;
+    for (size_t i = 0; i < count; ++i) {
+      if (!has_bias_[i]) continue;
+      const std::string name = "bias" + std::to_string(i + 1);
+      biases[i] = RequiredInput(ctx, next_bias++, name);
+      CheckParameter(name, *biases[i], t, "[out_features[" + std::to_string(i) + "]]", Shape{widths_[i]});
+    }
+
+    const size_t outputs = ctx.OutputCount();
+    const size_t fixed = count + (kAdd ? 1 : 0);
+    if (outputs != fixed && outputs != fixed + 1) {
+      throw Error("expected " + std::to_string(fixed) + " or " + std::to_string(fixed + 1) + " outputs, got " +
+                  std::to_string(outputs));
+    }
+
+    // What the aclnn operators cannot do, refused before any call.
+    CheckNormWeightTypes<kKind, kAdd>(x_name, t, scale.type, norm_bias_type, "norm_bias");
+    const std::string soc = rt_->SocName();
+    CheckNormProduct<kKind, kAdd>(soc, t, d, scale.type, norm_bias_type);
+    CheckMatmulProduct(soc, t);
+
+    std::vector<OutputTensor> ys;
+    for (size_t i = 0; i < count; ++i) {
+      Shape shape = x.shape;
+      shape.back() = widths_[i];
+      ys.push_back(ctx.Output(i, shape));
+      if (!ys.back()) throw Error("output 'Y" + std::to_string(i + 1) + "' is required");
+    }
+    const OutputTensor sum = kAdd ? ctx.Output(count, x.shape) : OutputTensor{};
+    const OutputTensor normalized = outputs == fixed + 1 ? ctx.Output(fixed, x.shape) : OutputTensor{};
+    if (rows == 0) return;  // nothing to compute (aclnnAddLayerNorm refuses zero dims)
+
+    const size_t es = ElementBytes(t);
+    const Shape a_shape{rows, d};
+    AclnnCall call(*rt_, ctx, 0);
+    // The normalised rows, rounded to T by the norm call: into Yn, or into scratch.
+    void* yn = normalized ? normalized.data
+                          : call.Scratch(static_cast<size_t>(rows) * static_cast<size_t>(d) * es, "normalised rows");
+    NormTensors tensors;
+    tensors.type = t;
+    tensors.shape = a_shape;
+    tensors.axis = 1;
+    tensors.x = x.data;
+    tensors.b = b ? b->data : nullptr;
+    tensors.scale = scale.data;
+    tensors.scale_type = scale.type;
+    tensors.bias = norm_bias ? norm_bias->data : nullptr;
+    tensors.bias_type = norm_bias ? norm_bias->type : scale.type;
+    tensors.y = yn;
+    tensors.sum = sum ? sum.data : nullptr;
+    tensors.x_name = x_name;
+    RunNorm<kKind, kAdd>(call, norm_, tensors, static_cast<double>(epsilon_));
+
+    for (size_t i = 0; i < count; ++i) {
+      const int64_t n = widths_[i];
+      aclTensor* a = call.Tensor(yn, t, a_shape, "Yn");
+      aclTensor* w = transposed_[i] ? call.View(weights[i].data, t, Shape{d, n}, Shape{1, d}, 0, "W (transposed)")
+                                    : call.Tensor(weights[i].data, t, Shape{d, n}, "W");
+      aclTensor* out = call.Tensor(ys[i].data, t, Shape{rows, n}, "Y");
+      if (!biases[i]) {
+        call.Run(matmul_, a, w, out, kKeepDtype);
+        continue;
+      }
+      const void* bias = biases[i]->data;
+      if (biases[i]->type != t) {  // one dtype for aclnnAddmm: the float32 bias rounded to T
+        void* cast = call.Scratch(static_cast<size_t>(n) * es, "bias cast to T");
+        call.Run(copy_, call.Tensor(cast, t, Shape{n}, "bias (cast)"),
+                 call.Tensor(bias, biases[i]->type, Shape{n}, "bias"));
+        bias = cast;
+      }
+      aclTensor* self = call.Tensor(bias, t, Shape{n}, "bias");
+      aclScalar* beta = call.Scalar(1.0f, "beta");
+      aclScalar* alpha = call.Scalar(1.0f, "alpha");
+      call.Run(addmm_, self, a, w, beta, alpha, out, kKeepDtype);
+    }
+  }
+
+ private:
+  static std::vector<int64_t> ReadFlags(const KernelInfo& info, const char* name, size_t count) {
+    std::vector<int64_t> flags = info.IntsAttribute(name).value_or(std::vector<int64_t>(count, 0));
+    if (flags.size() != count) {
+      throw Error(std::string("attribute '") + name + "' has " + std::to_string(flags.size()) +
+                  " entries; expected one per projection (" + std::to_string(count) + ")");
+    }
+    for (int64_t flag : flags) {
+      if (flag != 0 && flag != 1) throw Error(std::string("attribute '") + name + "' entries must be 0 or 1");
+    }
+    return flags;
+  }
+
+  const CannRuntime* rt_;
+  NormOp<kKind, kAdd> norm_;
+  AclnnOp<MatmulGetWorkspace> matmul_;
+  AclnnOp<AddmmGetWorkspace> addmm_;        // bound when a projection has a bias
+  AclnnOp<InplaceCopyGetWorkspace> copy_;   // likewise (float32 bias of a float16/bfloat16 node)
+  float epsilon_ = 0.0f;
+  std::vector<int64_t> widths_;
+  std::vector<int64_t> transposed_;
+  std::vector<int64_t> has_bias_;
+  size_t first_weight_ = 0;
+};
+
+template <NormKind kKind, bool kAdd, Placement kPlacement>
+void AppendNormLinearOp(const char* name, CustomOpList& ops) {
+  // Same schema as the CPU kernels (cpu/norm_linear.cc): one OrtCustomOp per T, the weights and
+  // biases as one variadic input of mixed types, the outputs as one variadic output of type T.
+  for (ONNXTensorElementDataType t : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
+                                      ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}) {
+    OpSpec spec{name, ExecutionProviderOf(kPlacement), {}, {}};
+    spec.inputs.push_back({t});
+    if (kAdd) spec.inputs.push_back({t});
+    spec.inputs.push_back({ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED});  // scale
+    if (kKind == NormKind::kLayer) spec.inputs.push_back({ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, true});  // norm_bias
+    spec.inputs.push_back({ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, false, true});  // W_1..W_n, biases
+    spec.outputs.push_back({t, false, true});  // Y_1..Y_n, [S], [Yn]
+    ops.push_back(MakeCustomOp<AscendNormLinearKernel<kKind, kAdd, kPlacement>>(std::move(spec)));
+  }
+}
+
+template <Placement kPlacement>
+void AppendAll(CustomOpList& ops) {
+  AppendNormLinearOp<NormKind::kRms, false, kPlacement>("RMSNormLinear", ops);
+  AppendNormLinearOp<NormKind::kRms, true, kPlacement>("AddRMSNormLinear", ops);
+  AppendNormLinearOp<NormKind::kLayer, false, kPlacement>("LayerNormLinear", ops);
+  AppendNormLinearOp<NormKind::kLayer, true, kPlacement>("AddLayerNormLinear", ops);
+}
+
+}  // namespace
+
+void AppendAscendNormLinearOps(CustomOpList& ops, Placement placement) {
+  if (placement == Placement::kCannEp) {
+    AppendAll<Placement::kCannEp>(ops);
+  } else {
+    AppendAll<Placement::kCpuTestDouble>(ops);
+  }
+}
+
+}  // namespace otfuse::ascend
