@@ -136,6 +136,7 @@ Examples:
   otfuse model.onnx -o out.onnx --verify           fuse, then check outputs match
   otfuse model.onnx                                dry run: report what would be fused
   otfuse diff model.onnx out.onnx --dims batch=2,seq=64 --per-fusion
+  otfuse diff model.onnx out.onnx --provider cann  fused model on the NPU (CANN EP), original on CPU
   otfuse info
   otfuse verify-ops --device npu model_fused.onnx  fused ops vs torch_npu on an Ascend NPU
 
@@ -221,20 +222,34 @@ def _print_fuse_report(console: Console, model: Path, report, verbose: bool) -> 
 @click.option("--atol", type=float, help="Absolute tolerance for every output (default: per dtype).")
 @click.option("--per-fusion", is_flag=True, help="Also compare every fused node's outputs and name the first that diverges.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the result as JSON.")
-def diff_command(original, fused, inputs, dims, seed, rtol, atol, per_fusion, json_path):
+@click.option("--provider", type=click.Choice(["cpu", "cann"]), default="cpu", show_default=True,
+              help="Where FUSED runs: otfuse's CPU kernels, or the CANN EP with its Ascend kernels (falls back "
+                   "to CPU with a warning when onnxruntime-cann, CANN or the NPU is missing). ORIGINAL runs on CPU.")
+@click.option("--device-id", type=int, default=0, show_default=True, help="NPU index (--provider cann).")
+def diff_command(original, fused, inputs, dims, seed, rtol, atol, per_fusion, json_path, provider, device_id):
     """Run ORIGINAL (ORT optimisations off) and FUSED on the same inputs and compare the outputs.
 
     An element passes when |fused - original| <= atol + rtol * |original|. Exit 0 when every
     output is within tolerance, 1 when one is not.
     """
+    import warnings
+
     from otfuse.compare import diff
     from otfuse.feeds import parse_dims
 
     if json_path is not None and not json_path.parent.is_dir():
         raise OtfuseError(f"--json {json_path}: directory {json_path.parent} does not exist")
-    outcome = diff(original, fused, inputs=inputs, dims=parse_dims(dims), rtol=rtol, atol=atol,
-                   seed=seed, per_fusion=per_fusion)
-    _print_diff(_console(), outcome, per_fusion=per_fusion)
+    providers = [("CANNExecutionProvider", {"device_id": device_id})] if provider == "cann" else None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        outcome = diff(original, fused, inputs=inputs, dims=parse_dims(dims), rtol=rtol, atol=atol,
+                       seed=seed, per_fusion=per_fusion, providers=providers)
+    for w in caught:  # the CPU fallback of --provider cann: one line, before the tables
+        print(f"otfuse: warning: {_one_line(w.message)}", file=sys.stderr)
+    console = _console()
+    if provider == "cann":
+        console.print(f"fused model ran on: {', '.join(outcome.fused_providers)}", soft_wrap=True, markup=False)
+    _print_diff(console, outcome, per_fusion=per_fusion)
     if json_path is not None:
         _write_json(json_path, outcome.to_dict())
     return 0 if outcome.ok else EXIT_MISMATCH

@@ -13,6 +13,7 @@ import contextlib
 import os
 import secrets
 import tempfile
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import numpy as np
 import onnx
 
 from otfuse import OP_DOMAIN
-from otfuse.errors import OtfuseError
+from otfuse.errors import ModelLoadError, OtfuseError
 from otfuse.feeds import check_feeds, input_specs, load_feeds, make_feeds
 from otfuse.model_io_check import check_same_interface
 from otfuse.rewriter.model_io import LoadedModel, load_model
@@ -68,6 +69,8 @@ class DiffResult:
     seed: int = 0
     # Outputs of fused nodes the original does not compute under that name (not compared).
     unmatched: list[str] = field(default_factory=list)
+    # The execution providers of the fused model's session (the original always runs on CPU).
+    fused_providers: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -92,6 +95,7 @@ class DiffResult:
             "fusions": [row.to_dict() for row in self.fusions],
             "first_divergence": first.to_dict() if first else None,
             "unmatched": self.unmatched,
+            "fused_providers": self.fused_providers,
         }
 
 
@@ -154,9 +158,16 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.dot(a.ravel(), b.ravel()) / (na * nb))
 
 
-def diff(original, fused, *, inputs=None, dims=None, rtol=None, atol=None, seed=0, per_fusion=False) -> DiffResult:
+def diff(original, fused, *, inputs=None, dims=None, rtol=None, atol=None, seed=0, per_fusion=False,
+         providers=None) -> DiffResult:
     """Compare ``fused`` against ``original`` (paths). ``inputs``: an .npz path, a dict of arrays,
-    or None to generate them (``dims``, ``seed``; see ``otfuse.feeds``)."""
+    or None to generate them (``dims``, ``seed``; see ``otfuse.feeds``).
+
+    ``providers``: where the fused model runs (the original always runs on CPU, as written):
+    None or "cpu" (otfuse's CPU kernels); "cann" (``otfuse.ascend_ep.create_session``: the CANN EP
+    with otfuse's Ascend kernels, or its CPU fallback with a warning when onnxruntime-cann, CANN or
+    the NPU is missing); or a list of ONNX Runtime providers, names or (name, options), where a
+    leading ``CANNExecutionProvider`` goes through ``create_session`` with its options."""
     orig_loaded, fused_loaded = load_model(original), load_model(fused)  # weights stay on disk
     orig_model, fused_model = orig_loaded.model, fused_loaded.model
     check_same_interface(orig_model, fused_model)
@@ -175,8 +186,9 @@ def diff(original, fused, *, inputs=None, dims=None, rtol=None, atol=None, seed=
     extra = [t for _, _, t in probes if t not in output_names]
 
     with _with_outputs(orig_loaded, extra) as orig_path, _with_outputs(fused_loaded, extra) as fused_path:
-        got_orig = _run(orig_path, original, feeds, output_names + extra, baseline=True)
-        got_fused = _run(fused_path, fused, feeds, output_names + extra, baseline=False)
+        got_orig, _ = _run(orig_path, original, feeds, output_names + extra, baseline=True)
+        got_fused, fused_providers = _run(fused_path, fused, feeds, output_names + extra, baseline=False,
+                                          providers=providers)
 
     def row(name, **where):
         r, a = tolerance_for(got_orig[name].dtype, rtol, atol)
@@ -184,7 +196,8 @@ def diff(original, fused, *, inputs=None, dims=None, rtol=None, atol=None, seed=
 
     outputs = [row(name) for name in output_names]
     fusions = [row(tensor, node=node, op_type=op) for node, op, tensor in probes]
-    return DiffResult(outputs=outputs, fusions=fusions, inputs=described, seed=seed, unmatched=unmatched)
+    return DiffResult(outputs=outputs, fusions=fusions, inputs=described, seed=seed, unmatched=unmatched,
+                      fused_providers=fused_providers)
 
 
 def _fused_tensors(fused_model: onnx.ModelProto, orig_model: onnx.ModelProto):
@@ -236,10 +249,39 @@ def _with_outputs(loaded: LoadedModel, names: list[str]):
         tmp.unlink(missing_ok=True)
 
 
-def _run(path: Path, shown_as: Path, feeds, output_names, *, baseline: bool) -> dict[str, np.ndarray]:
-    session = open_session(path, baseline=baseline, shown_as=shown_as)
+def _open(path: Path, shown_as: Path, providers, *, baseline: bool):
+    """The session for ``path``: as written on CPU (baseline), or where ``providers`` says."""
+    if baseline or providers is None or providers == "cpu":
+        return open_session(path, baseline=baseline, shown_as=shown_as)
+    if providers == "cann":
+        providers = ["CANNExecutionProvider"]
+    if isinstance(providers, str):
+        raise OtfuseError(f"providers must be 'cpu', 'cann' or a list of ONNX Runtime providers, got {providers!r}")
+    providers = list(providers)
+    first = providers[0] if providers else None
+    name, options = first if isinstance(first, tuple) else (first, {})
+    if name != "CANNExecutionProvider":
+        return open_session(path, providers=providers, shown_as=shown_as)
+    from otfuse import ascend_ep
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        try:
+            session = ascend_ep.create_session(str(path), **dict(options))
+        except OtfuseError:
+            raise
+        except Exception as e:  # noqa: BLE001  (any load failure: one line naming the file)
+            raise ModelLoadError(f"{shown_as}: ONNX Runtime cannot load it: {' '.join(str(e).split())}") from None
+    for w in caught:  # the CPU fallback's warning, naming the user's file rather than a temporary copy
+        warnings.warn(str(w.message).replace(str(path), str(shown_as)), w.category, stacklevel=4)
+    return session
+
+
+def _run(path: Path, shown_as: Path, feeds, output_names, *, baseline: bool,
+         providers=None) -> tuple[dict[str, np.ndarray], list[str]]:
+    session = _open(path, shown_as, providers, baseline=baseline)
     try:
-        return run(session, feeds, output_names)
+        return run(session, feeds, output_names), list(session.get_providers())
     except OtfuseError:
         raise
     except Exception as e:

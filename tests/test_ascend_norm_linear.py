@@ -15,18 +15,22 @@ and ``verify_ops`` with a numpy runner.
 from __future__ import annotations
 
 import ctypes
+import warnings
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from click.testing import CliRunner
 from fake_cann import FakeCann, build, fake_mode_options
 from fixtures import fixture_path
 from test_kernels_norm_linear import BF16, F16, F32, KINDS, TOLERANCE, Case, _check
 
 import otfuse
 from otfuse import ascend_ep
+from otfuse.cli import cli
 from otfuse.compare import compare_arrays, tolerance_for
+from otfuse.errors import OtfuseError
 from otfuse.feeds import make_feeds
 from otfuse.session import run
 
@@ -465,3 +469,87 @@ def test_double_matmul_null_and_addmm_argument_checks(double, fake):
     assert double.lib.aclDestroyScalar(one) == 0
     status, message = double.call("aclnnAddmm", *args(_rand((3,)), 0, beta=one))
     assert status == INVALID and "beta is not a live aclScalar" in message
+
+
+# ----------------------------------------------------------------------------- otfuse diff --provider cann
+# The fused model through otfuse.ascend_ep.create_session, the original on CPU. Here in the
+# test-only fake mode ($OTFUSE_ASCEND_FAKE_MODE=1: the Ascend kernels on CPU against the double),
+# and on the CPU fallback that a machine without onnxruntime-cann gets.
+
+
+@pytest.fixture(scope="module")
+def fused_llama(tmp_path_factory):
+    out = tmp_path_factory.mktemp("llama") / "llama_fused.onnx"
+    otfuse.fuse(fixture_path("llama"), out, only=["norm", "norm_linear", "rope", "attention"])
+    return out
+
+
+def test_diff_provider_cann_runs_the_ascend_kernels(library, fake, monkeypatch, fused_llama, tmp_path):
+    monkeypatch.setenv(ascend_ep.FAKE_MODE_ENV, "1")
+    json_path = tmp_path / "diff.json"
+    result = CliRunner().invoke(cli, ["diff", str(fixture_path("llama")), str(fused_llama), "--provider", "cann",
+                                      "--dims", "batch=2,seq=5", "--per-fusion", "--json", str(json_path)])
+    assert result.exit_code == 0, result.output
+    assert "fused model ran on: CPUExecutionProvider" in result.stdout and "PASS" in result.stdout
+    assert result.stderr == ""  # fake mode: no fallback warning
+    assert fake.calls("aclnnAddRmsNorm") and fake.calls(MATMUL)
+    assert not fake.calls("aclnnFusedInferAttentionScoreV3")  # float32 attention stays on its CPU kernel
+    assert '"fused_providers": [\n    "CPUExecutionProvider"\n  ]' in json_path.read_text()
+
+
+def test_diff_api_takes_providers(library, fake, monkeypatch, fused_llama):
+    monkeypatch.setenv(ascend_ep.FAKE_MODE_ENV, "1")
+    result = otfuse.diff(fixture_path("llama"), fused_llama, dims={"batch": 1, "seq": 4}, providers="cann")
+    assert result.ok and result.fused_providers == ["CPUExecutionProvider"]
+    nodes = [n for n in onnx.load(fused_llama).graph.node if n.op_type.endswith("Linear")]
+    projections = sum(len(next(a.ints for a in n.attribute if a.name == "out_features")) for n in nodes)
+    assert len(fake.calls(MATMUL)) == projections  # llama's projections have no bias
+    fake.clear()
+    cpu = otfuse.diff(fixture_path("llama"), fused_llama, dims={"batch": 1, "seq": 4},
+                      providers=["CPUExecutionProvider"])
+    assert cpu.ok and not fake.calls(MATMUL)  # a plain provider list: the CPU kernels
+    with pytest.raises(OtfuseError, match="providers must be 'cpu', 'cann' or a list"):
+        otfuse.diff(fixture_path("llama"), fused_llama, providers="npu")
+
+
+def test_diff_passes_the_device_to_create_session(fake, monkeypatch, fused_llama):
+    seen = []
+    real = ascend_ep.create_session
+
+    def recording(path, **kwargs):
+        seen.append(kwargs)
+        return real(path, fake_mode=True, **kwargs)
+
+    monkeypatch.setattr(ascend_ep, "create_session", recording)
+    result = CliRunner().invoke(cli, ["diff", str(fixture_path("llama")), str(fused_llama), "--provider", "cann",
+                                      "--device-id", "3", "--dims", "batch=1,seq=3"])
+    assert result.exit_code == 0, result.output
+    assert seen == [{"device_id": 3}] and fake.calls(MATMUL)
+
+
+@pytest.mark.skipif(HAS_CANN_PROVIDER, reason="onnxruntime-cann is installed")
+def test_diff_provider_cann_falls_back_to_cpu_with_the_warning(fake, fused_llama):
+    result = CliRunner().invoke(cli, ["diff", str(fixture_path("llama")), str(fused_llama), "--provider", "cann",
+                                      "--dims", "batch=1,seq=3", "--per-fusion"])
+    assert result.exit_code == 0, result.output
+    # one line, naming the user's file (not --per-fusion's temporary copy)
+    assert result.stderr == (f"otfuse: warning: otfuse.ascend_ep: running {fused_llama} on CPU: "
+                             "CANNExecutionProvider is not available: onnxruntime-cann is not installed\n")
+    assert "fused model ran on: CPUExecutionProvider" in result.stdout and "PASS" in result.stdout
+    assert fake.calls() == []  # the CPU kernels ran: nothing of the CANN runtime was touched
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert otfuse.diff(fixture_path("llama"), fused_llama, dims={"batch": 1, "seq": 3}, providers="cann").ok
+    assert [str(w.message) for w in caught if w.category is RuntimeWarning] == [
+        (f"otfuse.ascend_ep: running {fused_llama} on CPU: CANNExecutionProvider is not available: "
+         "onnxruntime-cann is not installed")]
+
+
+def test_diff_reports_a_failure_on_the_ascend_path(fake, monkeypatch, fused_llama):
+    monkeypatch.setenv(ascend_ep.FAKE_MODE_ENV, "1")
+    fake.fail("aclnnMatmul", 561002, "tiling (injected)")
+    result = CliRunner().invoke(cli, ["diff", str(fixture_path("llama")), str(fused_llama), "--provider", "cann",
+                                      "--dims", "batch=1,seq=3"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"otfuse: error: running {fused_llama} failed: ")
+    assert "aclnnMatmul returned 561002 (ACLNN_ERR_INNER_TILING_ERROR): tiling (injected)" in result.stderr

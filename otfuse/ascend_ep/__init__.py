@@ -12,6 +12,7 @@ Ascend machine, ``otfuse verify-ops --device npu MODEL`` compares them with torc
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass
 from importlib import metadata
@@ -24,6 +25,8 @@ CPU_PROVIDER = "CPUExecutionProvider"
 # TEST ONLY: with this session config entry set to "1" before the library is registered, the
 # Ascend kernels replace the CPU kernels under the CPU EP, backed by the CANN test double.
 FAKE_MODE_KEY = "otfuse.ascend_ep.fake_mode"
+# TEST ONLY: "1" makes create_session (and so ``otfuse diff --provider cann``) use that fake mode.
+FAKE_MODE_ENV = "OTFUSE_ASCEND_FAKE_MODE"
 # float32 Attention / RopeAttention on the NPU (docs/ops.md, "float32 policy"): "cpu" (default: the
 # CPU kernel runs them), or "float16" / "bfloat16" (FIA in that type, cast around it). Read when the
 # library is registered.
@@ -122,7 +125,8 @@ def provider_options(device_id=0, npu_mem_limit=None, arena_extend_strategy=None
 
 
 def create_session(path, device_id=0, npu_mem_limit=None, arena_extend_strategy=None, enable_cann_graph=False,
-                   precision_mode=None, *, sess_options=None, fallback=True, fp32_attention=None, **provider_opts):
+                   precision_mode=None, *, sess_options=None, fallback=True, fp32_attention=None, fake_mode=None,
+                   **provider_opts):
     """An ``otfuse.InferenceSession`` for ``path`` on ``CANNExecutionProvider`` (then CPU).
 
     ``enable_cann_graph`` defaults to False: the otfuse nodes are custom ops, which CANN's graph
@@ -136,6 +140,11 @@ def create_session(path, device_id=0, npu_mem_limit=None, arena_extend_strategy=
     nodes run; by default ("cpu") on the CPU kernel, since the NPU's fused attention takes
     float16/bfloat16 only. The other two opt in to running them there in that type (within that
     type's tolerance, not float32's).
+
+    ``fake_mode`` (TEST ONLY; default: ``$OTFUSE_ASCEND_FAKE_MODE == "1"``): no CANN EP; the session
+    runs the Ascend kernels on CPU against otfuse's CPU test double of the CANN runtime
+    (tests/fake_cann, found through ``$OTFUSE_CANN_LIB_DIR``), by the session config entry
+    ``otfuse.ascend_ep.fake_mode=1``. Session creation fails when the runtime found is not the double.
     """
     import onnxruntime as ort
 
@@ -149,6 +158,12 @@ def create_session(path, device_id=0, npu_mem_limit=None, arena_extend_strategy=
 
     options = provider_options(device_id, npu_mem_limit, arena_extend_strategy, enable_cann_graph, precision_mode,
                                **provider_opts)
+    if fake_mode is None:
+        fake_mode = os.environ.get(FAKE_MODE_ENV, "") == "1"
+    if fake_mode:
+        sess_options = sess_options if sess_options is not None else ort.SessionOptions()
+        sess_options.add_session_config_entry(FAKE_MODE_KEY, "1")  # before the library is registered
+        return InferenceSession(path, sess_options=sess_options, providers=[CPU_PROVIDER])
     reason = cann_unavailable_reason()
     if not reason:
         try:
