@@ -27,7 +27,8 @@ from fixtures import fixture_path
 from test_kernels_norm_linear import BF16, F16, F32, KINDS, TOLERANCE, Case, _check
 
 import otfuse
-from otfuse import ascend_ep
+from otfuse import ascend_ep, reference
+from otfuse.ascend_ep import verify
 from otfuse.cli import cli
 from otfuse.compare import compare_arrays, tolerance_for
 from otfuse.errors import OtfuseError
@@ -553,3 +554,57 @@ def test_diff_reports_a_failure_on_the_ascend_path(fake, monkeypatch, fused_llam
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith(f"otfuse: error: running {fused_llama} failed: ")
     assert "aclnnMatmul returned 561002 (ACLNN_ERR_INNER_TILING_ERROR): tiling (injected)" in result.stderr
+
+
+# ----------------------------------------------------------------------------- verify-ops
+
+
+def _numpy_runner(op, inputs, attrs):
+    """What a device that follows the contract returns: Y_1..Y_n, [S], Yn (as the torch_npu runner)."""
+    first, n, transposed, has_bias = verify._norm_linear_layout(op, attrs)
+    weights = inputs[first:first + n]
+    extra = iter(inputs[first + n:])
+    biases = [next(extra) if flag else None for flag in has_bias]
+    eps = attrs.get("epsilon", verify._DEFAULT_EPSILON[op])
+    if op == "RMSNormLinear":
+        ys, yn = reference.rms_norm_linear(inputs[0], inputs[1], weights, biases, transposed, eps)
+        return ys + [yn]
+    if op == "AddRMSNormLinear":
+        ys, s, yn = reference.add_rms_norm_linear(*inputs[:3], weights, biases, transposed, eps)
+        return ys + [s, yn]
+    if op == "LayerNormLinear":
+        ys, yn = reference.layer_norm_linear(*inputs[:3], weights, biases, transposed, eps)
+        return ys + [yn]
+    ys, s, yn = reference.add_layer_norm_linear(*inputs[:4], weights, biases, transposed, eps)
+    return ys + [s, yn]
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "bert", "llama_fp16"])
+def test_verify_ops_covers_norm_linear(tmp_path, name):
+    out = tmp_path / f"{name}_fused.onnx"
+    otfuse.fuse(fixture_path(name), out, only=["norm", "norm_linear"])
+    checks = verify.verify_ops(out, dims={"batch": 2, "seq": 3}, runner=_numpy_runner)
+    linear = [c for c in checks if c.case.op.endswith("Linear")]
+    assert linear and all(c.ok for c in linear), [(c.case.op, c.error, [o.to_dict() for o in c.outputs])
+                                                  for c in linear if not c.ok]
+    for check in linear:
+        n = len(check.case.attrs["out_features"])
+        assert [o.name for o in check.outputs][:n] == [f"Y{i + 1}" for i in range(n)]
+        assert len(check.outputs) == check.case.n_outputs
+        weights = check.case.inputs[verify._norm_linear_layout(check.case.op, check.case.attrs)[0]]
+        assert weights.std() < 0.1  # random weights of the model's shape, not the model's
+
+
+def test_verify_ops_reports_a_wrong_projection(tmp_path):
+    out = tmp_path / "llama_fused.onnx"
+    otfuse.fuse(fixture_path("llama"), out, only=["norm", "norm_linear"])
+
+    def off_by_ten_percent(op, inputs, attrs):
+        results = _numpy_runner(op, inputs, attrs)
+        return [(results[0].astype(np.float32) * 1.1).astype(results[0].dtype)] + results[1:]
+
+    checks = verify.verify_ops(out, dims={"batch": 1, "seq": 3}, runner=off_by_ten_percent)
+    linear = [c for c in checks if c.case.op.endswith("Linear")]
+    assert linear
+    for check in linear:
+        assert [o.ok for o in check.outputs] == [False] + [True] * (len(check.outputs) - 1)

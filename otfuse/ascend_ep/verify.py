@@ -21,9 +21,14 @@ torch_npu counterparts (Ascend/op-plugin), each the aclnn call the Ascend kernel
                        the 2048 x 2048 mask, a full mask for key padding, inner_precise 2); float32
                        nodes run in float16 (the kernel's opt-in), so they compare with float16's tolerance
     RopeAttention      the two rotations above, then npu_fused_infer_attention_score
+    RMSNormLinear, AddRMSNormLinear, LayerNormLinear, AddLayerNormLinear
+                       the norm op's counterpart above (Yn, S), then per projection
+                       torch.matmul(Yn, W) -> aclnnMatmul, or torch.addmm(bias, Yn, W) -> aclnnAddmm
+                       with a bias (cast to T); a transposed W as W.t(), a strided view, as the kernel
 
-The rotary and attention runners are untested here (no torch_npu); the suite exercises
-``verify_ops`` with a numpy runner.
+Weights of the norm + linear ops are random too (normal x 0.05, the model's shapes), not the
+model's. The rotary, attention and norm + linear runners are untested here (no torch_npu); the
+suite exercises ``verify_ops`` with a numpy runner.
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ from otfuse.errors import OtfuseError
 NORM_OPS = ("RMSNorm", "AddRMSNorm", "LayerNorm", "AddLayerNorm")
 ROTARY_OPS = ("RotaryEmbedding", "RotaryEmbeddingQK")
 ATTENTION_OPS = ("Attention", "RopeAttention")
-VERIFIED_OPS = NORM_OPS + ROTARY_OPS + ATTENTION_OPS
+NORM_LINEAR_OPS = ("RMSNormLinear", "AddRMSNormLinear", "LayerNormLinear", "AddLayerNormLinear")
+VERIFIED_OPS = NORM_OPS + ROTARY_OPS + ATTENTION_OPS + NORM_LINEAR_OPS
 # Which node inputs are activations (random normal) and which are something else.
 _WEIGHT_INPUTS = {"RMSNorm": {1: "scale"}, "AddRMSNorm": {2: "scale"}, "LayerNorm": {1: "scale", 2: "bias"},
                   "AddLayerNorm": {2: "scale", 3: "bias"},
@@ -53,7 +59,9 @@ _OUTPUT_NAMES = {"RMSNorm": ("Y",), "AddRMSNorm": ("Y", "S"), "LayerNorm": ("Y",
                  "RotaryEmbedding": ("Y",), "RotaryEmbeddingQK": ("Q_out", "K_out"),
                  "Attention": ("Y", "present_key", "present_value"),
                  "RopeAttention": ("Y", "present_key", "present_value")}
-_DEFAULT_EPSILON = {"RMSNorm": 1e-6, "AddRMSNorm": 1e-6, "LayerNorm": 1e-5, "AddLayerNorm": 1e-5}
+_DEFAULT_EPSILON = {"RMSNorm": 1e-6, "AddRMSNorm": 1e-6, "LayerNorm": 1e-5, "AddLayerNorm": 1e-5,
+                    "RMSNormLinear": 1e-6, "AddRMSNormLinear": 1e-6, "LayerNormLinear": 1e-5,
+                    "AddLayerNormLinear": 1e-5}
 
 Runner = Callable[[str, list, dict], list]
 
@@ -68,6 +76,7 @@ class OpCase:
     nodes: list[str]
     inputs: list  # np.ndarray, or None for an absent optional input
     attrs: dict
+    n_outputs: int = 0  # the node's output count (norm + linear: n, n + 1 or n + 2)
 
     def describe(self) -> str:
         return ", ".join("-" if a is None else f"{a.dtype.name}{list(a.shape)}" for a in self.inputs)
@@ -85,7 +94,7 @@ class OpCheck:
 
 
 def collect_cases(model_path, dims=None, seed=0) -> list[OpCase]:
-    """One case per distinct (op, input shapes/dtypes, attributes) among MODEL's fused norm nodes."""
+    """One case per distinct (op, input shapes/dtypes, attributes) among MODEL's fused nodes."""
     from otfuse.compare import _with_outputs
     from otfuse.feeds import make_feeds
     from otfuse.rewriter.model_io import load_model
@@ -96,7 +105,7 @@ def collect_cases(model_path, dims=None, seed=0) -> list[OpCase]:
     nodes = [n for n in graph.node if n.domain == OP_DOMAIN and n.op_type in VERIFIED_OPS]
     if not nodes:
         found = sorted({n.op_type for n in graph.node if n.domain == OP_DOMAIN})
-        raise OtfuseError(f"{model_path}: no fused norm, rotary or attention nodes to verify"
+        raise OtfuseError(f"{model_path}: no fused norm, norm + linear, rotary or attention nodes to verify"
                           + (f" (its otfuse ops: {', '.join(found)} have no NPU check yet)" if found
                              else " (fuse it first: otfuse MODEL -o MODEL_fused.onnx)"))
     initializers = {t.name: t for t in graph.initializer}
@@ -118,15 +127,43 @@ def collect_cases(model_path, dims=None, seed=0) -> list[OpCase]:
     for i, node in enumerate(nodes):
         attrs = {a.name: _attribute(a) for a in node.attribute}
         sigs = tuple(signature(name) for name in node.input)
-        key = (node.op_type, sigs, tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items())))
+        key = (node.op_type, sigs, tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items())),
+               len(node.output))
         if key in cases:
             cases[key].nodes.append(node.name or f"#{i}")
             continue
         rng = np.random.default_rng(zlib.crc32(repr(key).encode()) ^ seed)
-        inputs = [None if s is None else _random(rng, s[0], s[1], _WEIGHT_INPUTS[node.op_type].get(j))
-                  for j, s in enumerate(sigs)]
-        cases[key] = OpCase(node.op_type, [node.name or f"#{i}"], inputs, attrs)
+        roles = _input_roles(node.op_type, attrs)
+        inputs = [None if s is None else _random(rng, s[0], s[1], roles.get(j)) for j, s in enumerate(sigs)]
+        cases[key] = OpCase(node.op_type, [node.name or f"#{i}"], inputs, attrs, len(node.output))
     return list(cases.values())
+
+
+def _norm_linear_layout(op: str, attrs: dict) -> tuple[int, int, list[int], list[int]]:
+    """(index of W_1, n, transposed, has_bias) of a norm + linear node."""
+    n = len(attrs["out_features"])
+    first = (3 if op.startswith("Add") else 2) + (1 if op.startswith(("LayerNorm", "AddLayerNorm")) else 0)
+    return first, n, list(attrs.get("transposed", [0] * n)), list(attrs.get("has_bias", [0] * n))
+
+
+def _input_roles(op: str, attrs: dict) -> dict[int, str]:
+    """Input index -> role for the inputs that are not activations."""
+    if op not in NORM_LINEAR_OPS:
+        return _WEIGHT_INPUTS[op]
+    first, n, _, has_bias = _norm_linear_layout(op, attrs)
+    roles = {first - 1: "bias"} if op.startswith(("LayerNorm", "AddLayerNorm")) else {}
+    roles[first - (2 if roles else 1)] = "scale"
+    roles.update({first + i: "weight" for i in range(n)})
+    roles.update({first + n + i: "bias" for i in range(sum(has_bias))})
+    return roles
+
+
+def _output_names(op: str, attrs: dict, n_outputs: int) -> tuple[str, ...]:
+    if op not in NORM_LINEAR_OPS:
+        return _OUTPUT_NAMES[op]
+    n = len(attrs["out_features"])
+    names = [f"Y{i + 1}" for i in range(n)] + (["S"] if op.startswith("Add") else [])
+    return tuple(names + ["Yn"] * (n_outputs - len(names)))
 
 
 def _attribute(attribute):
@@ -142,6 +179,8 @@ def _random(rng: np.random.Generator, shape, dtype_name: str, role: str | None) 
         return rng.uniform(-1.0, 1.0, shape).astype(np.float32).astype(dtype)
     if role == "cache":
         return (rng.standard_normal(shape) * 0.5).astype(np.float32).astype(dtype)
+    if role == "weight":
+        return (rng.standard_normal(shape) * 0.05).astype(np.float32).astype(dtype)
     if role == "scale":
         values = rng.uniform(0.5, 1.5, shape)
     elif role == "bias":
@@ -159,8 +198,8 @@ def _np_dtype(name: str) -> np.dtype:
     return np.dtype(name)
 
 
-def cpu_kernel_outputs(op: str, inputs: list, attrs: dict) -> list[np.ndarray]:
-    """The otfuse CPU kernel's outputs (``_OUTPUT_NAMES[op]``) for one node."""
+def cpu_kernel_outputs(op: str, inputs: list, attrs: dict, n_outputs: int = 0) -> list[np.ndarray]:
+    """The otfuse CPU kernel's outputs (``_output_names``) for one node."""
     from otfuse.session import InferenceSession, run
 
     names = [f"in{i}" if a is not None else "" for i, a in enumerate(inputs)]
@@ -168,7 +207,7 @@ def cpu_kernel_outputs(op: str, inputs: list, attrs: dict) -> list[np.ndarray]:
         names.pop()
     graph_inputs = [helper.make_tensor_value_info(f"in{i}", helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape))
                     for i, a in enumerate(inputs) if a is not None]
-    outputs = list(_OUTPUT_NAMES[op])
+    outputs = list(_output_names(op, attrs, n_outputs))
     elem = helper.np_dtype_to_tensor_dtype(inputs[0].dtype)
     shape = list(inputs[0].shape) if op in NORM_OPS else None
     graph = helper.make_graph(
@@ -212,6 +251,10 @@ def torch_npu_runner(device_id: int = 0) -> Runner:
             results = _transformer_on_npu(torch, torch_npu, op, t, attrs)
             torch.npu.synchronize()
             return [to_numpy(r, inputs[0].dtype) for r in results]
+        if op in NORM_LINEAR_OPS:
+            results = _norm_linear_on_npu(torch, torch_npu, op, t, attrs)
+            torch.npu.synchronize()
+            return [to_numpy(r, inputs[0].dtype) for r in results]
         eps = float(attrs.get("epsilon", _DEFAULT_EPSILON[op]))
         if op == "RMSNorm":
             results = [torch_npu.npu_rms_norm(t[0], t[1], epsilon=eps)[0]]
@@ -229,6 +272,36 @@ def torch_npu_runner(device_id: int = 0) -> Runner:
         return [to_numpy(r, inputs[0].dtype) for r in results]
 
     return runner
+
+
+def _norm_linear_on_npu(torch, torch_npu, op: str, t: list, attrs: dict) -> list:
+    """The norm + linear kernel's calls: the norm op's counterpart, then per projection
+    torch.matmul (aclnnMatmul) or torch.addmm (aclnnAddmm). Returns Y_1..Y_n, [S], Yn: the caller
+    compares as many as the node outputs."""
+    first, n, transposed, has_bias = _norm_linear_layout(op, attrs)
+    eps = float(attrs.get("epsilon", _DEFAULT_EPSILON[op]))
+    s = None
+    if op == "RMSNormLinear":
+        yn = torch_npu.npu_rms_norm(t[0], t[1], epsilon=eps)[0]
+    elif op == "AddRMSNormLinear":
+        yn, _, s = torch_npu.npu_add_rms_norm(t[0], t[1], t[2], epsilon=eps)
+    elif op == "LayerNormLinear":
+        yn = torch.nn.functional.layer_norm(t[0], tuple(t[1].shape), t[1], t[2], eps)
+    else:
+        beta = t[3] if t[3] is not None else torch.zeros_like(t[2])
+        yn, _, _, s = torch_npu.npu_add_layer_norm(t[0], t[1], t[2], beta, eps, True)
+    k = yn.shape[-1]
+    rows = yn.reshape(-1, k)
+    biases = iter(t[first + n:])
+    ys = []
+    for i in range(n):
+        w = t[first + i].t() if transposed[i] else t[first + i]  # a strided view, as the kernel's
+        if has_bias[i]:
+            y = torch.addmm(next(biases).to(yn.dtype), rows, w)
+        else:
+            y = torch.matmul(rows, w)
+        ys.append(y.reshape(*yn.shape[:-1], w.shape[1]))
+    return ys + ([s] if s is not None else []) + [yn]
 
 
 def _rotate_on_npu(torch, torch_npu, x, cos, sin, mode: str, rotary_dim: int, sections) -> object:
@@ -346,8 +419,8 @@ def _transformer_on_npu(torch, torch_npu, op: str, t: list, attrs: dict) -> list
 
 
 def verify_ops(model_path, *, dims=None, seed=0, device_id=0, runner: Runner | None = None) -> list[OpCheck]:
-    """Check every distinct fused norm, rotary and attention op of MODEL on the device against the
-    CPU kernels. float32 attention runs in float16 on the device (the kernel's opt-in), so those
+    """Check every distinct fused norm, norm + linear, rotary and attention op of MODEL on the device
+    against the CPU kernels. float32 attention runs in float16 on the device (the kernel's opt-in), so those
     outputs compare with float16's tolerance."""
     from otfuse.compare import compare_arrays, tolerance_for
 
@@ -363,9 +436,9 @@ def verify_ops(model_path, *, dims=None, seed=0, device_id=0, runner: Runner | N
             check.error = f"{type(e).__name__}: {' '.join(str(e).split())}"
             checks.append(check)
             continue
-        cpu = cpu_kernel_outputs(case.op, case.inputs, case.attrs)
+        cpu = cpu_kernel_outputs(case.op, case.inputs, case.attrs, case.n_outputs)
         half = case.op in ATTENTION_OPS and case.inputs[0].dtype == np.float32
-        for name, want, got in zip(_OUTPUT_NAMES[case.op], cpu, device):
+        for name, want, got in zip(_output_names(case.op, case.attrs, case.n_outputs), cpu, device):
             rtol, atol = tolerance_for(np.dtype(np.float16) if half and name == "Y" else want.dtype)
             check.outputs.append(compare_arrays(name, want, np.asarray(got), rtol, atol))
         checks.append(check)
