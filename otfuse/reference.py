@@ -201,12 +201,16 @@ def attention(
     softcap: float = 0.0,
     layout: str = "BNSD",
     output_layout: str | None = None,
+    empty_rows: str = "zero",
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Attention (docs/ops.md, "Attention family"), naive: materialises the [B, N, Sq, Skv] scores.
 
     Returns (Y, present_key, present_value). Scores, softmax and P·V are float32; Y is rounded to
-    Q's type once. Rows with no visible key are 0.
+    Q's type once. Rows with no visible key are 0 (`empty_rows="zero"`) or the float32 mean of V
+    over all Skv keys (`empty_rows="uniform"`; 0 when Skv = 0).
     """
+    if empty_rows not in ("zero", "uniform"):
+        raise ValueError(f"empty_rows must be 'zero' or 'uniform', got {empty_rows!r}")
     kv_num_heads = kv_num_heads or num_heads
     if num_heads % kv_num_heads:
         raise ValueError(f"num_heads {num_heads} is not a multiple of kv_num_heads {kv_num_heads}")
@@ -246,11 +250,15 @@ def attention(
     scores = np.where(visible, scores, _F32(-np.inf)).astype(_F32)
     with np.errstate(invalid="ignore"):
         m = scores.max(axis=-1, keepdims=True) if skv else np.full((b, n, sq, 1), -np.inf, _F32)
-        empty = m == -np.inf  # no visible key: the row is 0
+        empty = m == -np.inf  # no visible key: the row is 0, or the mean of V over all keys
         p = np.exp(scores - np.where(empty, _F32(0), m)).astype(_F32)
         l = p.sum(axis=-1, keepdims=True, dtype=_F32)
         y = np.matmul(p, v32) / np.where(empty, _F32(1), l)
-    y = np.where(empty, _F32(0), y).astype(_F32)
+    if empty_rows == "uniform" and skv:
+        fill = v32.sum(axis=2, keepdims=True, dtype=_F32) / _F32(skv)  # [B, N, 1, Dv]
+    else:
+        fill = _F32(0)
+    y = np.where(empty, fill, y).astype(_F32)
     if output_layout == "BSND":
         y = y.transpose(0, 2, 1, 3)
         if layout == "BSND" and q.ndim == 3:

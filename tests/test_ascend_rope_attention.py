@@ -413,6 +413,99 @@ def test_key_padding_mask_builds_a_full_mask(library, fake, mask_dtype, causal):
     assert len(fake.calls("aclnnLogicalNotGetWorkspaceSize")) == 1
 
 
+@pytest.mark.parametrize("case", ["left_padding", "left_padding_bsnd", "causal_sq_gt_skv", "window", "bias",
+                                  "bias_one_head"])
+@pytest.mark.parametrize("dtype", HALF, ids=lambda d: d.name)
+def test_uniform_empty_rows_get_the_mean_of_v(library, fake, dtype, case):
+    # FIA writes 0 into rows that see no key; with empty_rows = "uniform" the kernel finds them on
+    # the host (key_padding_mask / attn_bias read back after a stream sync), takes the mean of V
+    # from a second FIA call with a zero query per kv head, and copies it into those rows
+    base = {"bias": "left_padding", "bias_one_head": "causal_sq_gt_skv", "left_padding_bsnd": "left_padding"}
+    layout = "BSND" if case.endswith("bsnd") else "BNSD"
+    inputs, attrs, empty = A.empty_rows_case(seeded("uniform", dtype.name, case), base.get(case, case), dtype, layout)
+    attrs["layout"] = layout
+    if case == "bias":  # the padding as a -inf bias [B, 1, 1, Skv] instead of key_padding_mask
+        mask = inputs.pop("key_padding_mask")
+        inputs["attn_bias"] = np.where(mask != 0, 0, -np.inf).astype(dtype)[:, None, None, :]
+    elif case == "bias_one_head":  # and one head of one row masked by a float32 -inf bias
+        bias = np.zeros((2, 4, 21, 13), F32)
+        bias[1, 2, 10] = -np.inf
+        inputs["attn_bias"] = bias
+    attrs = {"num_heads": 4, "kv_num_heads": 2, "empty_rows": "uniform", **attrs}
+    (y,) = attention_vs_cpu(library, inputs, attrs)
+    (main, mean) = one_clean_call(fake, FIA, 2)
+    assert main["innerPrecise"] == 2
+    mean_shape = [2, 1, 2, 16] if layout == "BSND" else [2, 2, 1, 16]
+    assert mean["query"]["shape"] == mean_shape and mean["numHeads"] == 2 and mean["numKeyValueHeads"] == 0
+    assert mean["attenMask"] is None and mean["pseShift"] is None and mean["attentionOut"]["shape"] == mean_shape
+    assert mean["inputLayout"] == layout and mean["key"] == main["key"] and mean["value"] == main["value"]
+    v = inputs["V"].astype(F32)
+    if layout == "BSND":  # check in BNSD
+        y, v = y.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    for b, i in zip(*np.nonzero(empty)):
+        close(y[b, :, i], np.repeat(v[b].mean(1), 2, axis=0).astype(dtype))
+    if case == "bias_one_head":
+        close(y[1, 2, 10], v[1, 1].mean(0).astype(dtype))
+    read_back = [c for c in fake.calls("aclrtMemcpy") if c["kind"] == 2]
+    assert len(read_back) == ("key_padding_mask" in inputs) + ("attn_bias" in inputs)
+    assert len(fake.calls("aclrtSynchronizeStream")) >= len(read_back)
+    fills = [c for c in fake.calls(COPY + "GetWorkspaceSize") if c["src"]["shape"][1:] == [1, 1, 16]]
+    # one broadcast copy per batch row's run of empty positions, one per head for the lone row
+    assert len(fills) == {"causal_sq_gt_skv": 2, "bias_one_head": 3}.get(case, 1)
+
+
+@pytest.mark.parametrize("op", ["Attention", "RopeAttention"])
+def test_uniform_empty_rows_float32_opt_in(library, fake, op):
+    # the mean comes out of FIA in float16 and is cast into the float32 Y by the fill copy
+    rng = seeded("uniform f32", op)
+    inputs, attrs, _ = A.empty_rows_case(rng, "left_padding", F32)
+    if op == "RopeAttention":
+        inputs["cos"], inputs["sin"] = R.cos_sin(rng, (1, 1, 37, 16), F32)
+    tol = tolerance_for(np.dtype(F16))[0] * 2
+    attention_vs_cpu(library, inputs, {"num_heads": 4, "kv_num_heads": 2, "empty_rows": "uniform", **attrs}, op=op,
+                     fp32="float16", tol=tol)
+    one_clean_call(fake, FIA, 2)
+    (fill,) = [c for c in fake.calls(COPY + "GetWorkspaceSize") if c["src"]["shape"][1:] == [1, 1, 16]]
+    assert (fill["selfRef"]["dtype"], fill["src"]["dtype"], fill["selfRef"]["shape"]) == ("float32", "float16",
+                                                                                          [2, 2, 19, 16])
+
+
+def test_uniform_without_empty_rows_reads_back_but_keeps_fia_output(library, fake):
+    rng = seeded("uniform none empty")
+    inputs = A.qkv(rng, 2, 4, 2, 6, 6, 16, F16)
+    mask = np.ones((2, 6), np.int64)
+    mask[1, :2] = 0  # left padding, but causal row 2.. sees keys; rows 0, 1 of batch 1 are empty
+    inputs["key_padding_mask"] = mask
+    attention_vs_cpu(library, inputs, {"num_heads": 4, "kv_num_heads": 2, "empty_rows": "uniform"})
+    one_clean_call(fake, FIA, 1)  # not causal: every row sees keys 2..5, no mean needed
+    assert [c["kind"] for c in fake.calls("aclrtMemcpy") if c["kind"] == 2] == [2]
+
+
+@pytest.mark.parametrize("op", ["Attention", "RopeAttention"])
+def test_uniform_empty_rows_without_empty_rows_runs_on_fia(library, fake, op):
+    # causal (+ window) with Sq <= Skv and no mask or bias: every row sees its own position
+    rng = seeded("uniform fia", op)
+    inputs = A.qkv(rng, 2, 4, 2, 6, 6, 16, F16)
+    inputs["past_key"], inputs["past_value"] = A.rand(rng, (2, 2, 3, 16), F16), A.rand(rng, (2, 2, 3, 16), F16)
+    if op == "RopeAttention":
+        inputs["cos"], inputs["sin"] = R.cos_sin(rng, (1, 1, 6, 16), F16)
+    for window in (0, 4):
+        fake.clear()
+        attention_vs_cpu(library, inputs, {"num_heads": 4, "kv_num_heads": 2, "causal": 1, "window": window,
+                                           "empty_rows": "uniform"}, op=op)
+        assert fia_call(fake)["sparseMode"] == (4 if window else 3)
+    fake.clear()
+    no_keys = {"Q": inputs["Q"], "K": np.zeros((2, 2, 0, 16), F16), "V": np.zeros((2, 2, 0, 16), F16)}
+    (y,) = attention_vs_cpu(library, no_keys, {"num_heads": 4, "kv_num_heads": 2, "empty_rows": "uniform"})
+    assert not y.any() and not fake.calls(FIA + "GetWorkspaceSize")  # Skv = 0: 0 in both modes
+
+
+def test_empty_rows_value_is_checked(library, fake):
+    with pytest.raises(Exception, match=r"Attention \(node 'fused_attention_0'\): attribute 'empty_rows' must be "
+                                        r"\"zero\" or \"uniform\", got \"mean\""):
+        _attention_session(library, {"num_heads": 2, "empty_rows": "mean"})
+
+
 def test_no_keys_at_all_gives_zeros(library, fake):
     rng = seeded("nokeys")
     inputs = {"Q": A.rand(rng, (1, 2, 3, 16), F16), "K": np.zeros((1, 2, 0, 16), F16),

@@ -347,6 +347,98 @@ def test_more_queries_than_keys_causal_is_bottom_right(library):
     assert not np.any(y[0, 0, :2]) and np.any(y[0, 0, 2:])
 
 
+# ---- empty_rows: what a row with no visible key outputs ----
+
+
+def empty_rows_case(rng, case, dtype, layout="BNSD"):
+    """Inputs, attributes and the [B, Sq] rows left without a visible key, per way of emptying them."""
+    b, n, nkv, d = 2, 4, 2, 16
+    if case == "causal_sq_gt_skv":  # bottom-right causal: the first Sq - Skv rows see nothing
+        sq, skv = 21, 13
+        inputs = qkv(rng, b, n, nkv, sq, skv, d, dtype, layout)
+        empty = np.zeros((b, sq), bool)
+        empty[:, :sq - skv] = True
+        return inputs, {"causal": 1}, empty
+    sq = skv = 37
+    inputs = qkv(rng, b, n, nkv, sq, skv, d, dtype, layout)
+    mask = np.ones((b, skv), np.int64)
+    empty = np.zeros((b, sq), bool)
+    if case == "left_padding":  # HF's attention_mask of a left-padded batch, with causal
+        mask[1, :19] = 0  # whole leading key tiles padded out: rows 0..18 see no key
+        empty[1, :19] = True
+        attrs = {"causal": 1}
+    else:  # "window": a window of 4 over a padded stretch: rows 10..14 see only padded keys
+        mask[0, 7:15] = 0
+        empty[0, 10:15] = True
+        attrs = {"causal": 1, "window": 4}
+    inputs["key_padding_mask"] = mask
+    return inputs, attrs, empty
+
+
+@pytest.mark.parametrize("mode", ["zero", "uniform"])
+@pytest.mark.parametrize("path", ["direct", "packed"])
+@pytest.mark.parametrize("case", ["causal_sq_gt_skv", "left_padding", "window"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_empty_rows(library, monkeypatch, dtype, case, path, mode):
+    monkeypatch.setenv("OTFUSE_ATTENTION_PATH", path)
+    monkeypatch.setenv("OTFUSE_ATTENTION_TILES", "8x16")
+    rng = seeded("empty_rows", dtype.name, case, path, mode)
+    inputs, attrs, empty = empty_rows_case(rng, case, dtype)
+    (y,) = check(library, inputs, {"num_heads": 4, "kv_num_heads": 2, "empty_rows": mode, **attrs})
+    # kv head g serves query heads 2g, 2g+1: an empty row holds the mean of its kv head's V over
+    # every key (padded and causally masked ones included), in float32 rounded once; or 0
+    v = inputs["V"].astype(F32)
+    mean = np.repeat(v.sum(axis=2, dtype=F32) / np.float32(v.shape[2]), 2, axis=1)  # [B, N, Dv]
+    for bb, i in zip(*np.nonzero(empty)):
+        want = mean[bb] if mode == "uniform" else np.zeros_like(mean[bb])
+        assert_close(y[bb, :, i], want.astype(dtype))
+    assert np.all(np.abs(y[~np.broadcast_to(empty[:, None], y.shape[:3])].astype(F32)).sum(-1) > 0)
+
+
+@pytest.mark.parametrize("dtype", [F32, F16], ids=lambda d: d.name)
+def test_uniform_empty_rows_equal_a_finite_minimum_mask(library, dtype):
+    # The reason for empty_rows = "uniform": Hugging Face's additive mask (0 / finfo(float32).min)
+    # passed as attn_bias gives the same Y as causal + key_padding_mask, fully padded rows included.
+    rng = seeded("finfo_equiv", dtype.name)
+    inputs, attrs, empty = empty_rows_case(rng, "left_padding", dtype)
+    mask = inputs.pop("key_padding_mask")
+    sq, skv = inputs["Q"].shape[2], mask.shape[1]
+    visible = (np.arange(skv)[None, :] <= np.arange(sq)[:, None])[None] & (mask != 0)[:, None, :]
+    bias = np.where(visible, 0, np.finfo(np.float32).min).astype(np.float32)[:, None]  # [B, 1, Sq, Skv]
+    (unfused,) = run_op(library, "Attention", {**inputs, "attn_bias": bias}, {"num_heads": 4, "kv_num_heads": 2})
+    (fused,) = run_op(library, "Attention", {**inputs, "key_padding_mask": mask},
+                      {"num_heads": 4, "kv_num_heads": 2, "empty_rows": "uniform", **attrs})
+    assert empty.any()
+    assert_close(fused, unfused)
+
+
+def test_uniform_empty_rows_from_a_minus_infinity_bias(library):
+    rng = seeded("uniform_inf")
+    inputs = qkv(rng, 2, 2, 1, 6, 6, 8, F32, "BSND")
+    bias = np.zeros((2, 2, 6, 6), np.float32)
+    bias[0, 1, 3, :] = -np.inf  # one head of one row sees no key
+    inputs["attn_bias"] = bias
+    (y,) = check(library, inputs, {"num_heads": 2, "kv_num_heads": 1, "layout": "BSND", "empty_rows": "uniform"})
+    np.testing.assert_allclose(y[0, 3, 1], inputs["V"][0, :, 0].mean(0), rtol=1e-6, atol=1e-6)
+
+
+def test_uniform_empty_rows_without_keys_are_zero(library):
+    rng = seeded("uniform_nokeys")
+    (y,) = check(library, qkv(rng, 1, 2, 2, 3, 0, 8, F32), {"num_heads": 2, "empty_rows": "uniform"})
+    assert not np.any(y)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_rope_attention_uniform_empty_rows(library, dtype):
+    rng = seeded("rope_uniform", dtype.name)
+    inputs, attrs, _ = empty_rows_case(rng, "left_padding", dtype, "BSND")
+    s, d = inputs["Q"].shape[1], inputs["Q"].shape[3]
+    c, si = cos_sin(rng, np.arange(s), d, dtype)
+    inputs["cos"], inputs["sin"] = c[None, :, None], si[None, :, None]  # [1, S, 1, r] (BSND)
+    check(library, inputs, {"num_heads": 4, "kv_num_heads": 2, "layout": "BSND", "empty_rows": "uniform", **attrs},
+          op="RopeAttention", outputs=("Y", "present_key"))
+
+
 @pytest.mark.parametrize("softcap", [1.0, 30.0])
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=lambda d: d.name)
 def test_softcap(library, dtype, softcap):
@@ -600,6 +692,7 @@ def test_error_layout_rank(library):
     ({"causal": 2}, "'causal' must be 0 or 1"),
     ({"softcap": -1.0}, "'softcap' must be"),
     ({"scale": 1}, "'scale' must be a float"),
+    ({"empty_rows": "mean"}, "'empty_rows' must be \"zero\" or \"uniform\", got \"mean\""),
 ])
 def test_error_attributes(library, attrs, match):
     model = build_model("Attention", small(), {"num_heads": 4, "kv_num_heads": 2, **attrs})

@@ -203,6 +203,11 @@ class AscendAttentionKernel {
     }
     layout_ = ParseLayout(info, "layout", Layout::kBnsd);
     output_layout_ = ParseLayout(info, "output_layout", layout_);
+    const std::string empty_rows = info.StringAttribute("empty_rows").value_or("zero");
+    if (empty_rows != "zero" && empty_rows != "uniform") {
+      throw Error("attribute 'empty_rows' must be \"zero\" or \"uniform\", got \"" + empty_rows + "\"");
+    }
+    uniform_empty_rows_ = empty_rows == "uniform";
     if constexpr (kRope) {
       rotary_ = ReadRopeAttentionRotary(info);
       rotary_ops_ = RotaryOps::Bind(*rt_);
@@ -255,6 +260,12 @@ class AscendAttentionKernel {
   // the device from views of the compressed mask.
   aclTensor* FullMask(AclnnCall& call, int64_t batch, int64_t sq, int64_t skv, const std::optional<InputTensor>& pad) const;
 
+  // empty_rows = "uniform": [B, N, Sq] flags of the rows that see no key (causal, window,
+  // key_padding_mask, a -inf attn_bias), worked out on the host; empty when there is none. Reads
+  // key_padding_mask and attn_bias back after synchronising the stream.
+  std::vector<uint8_t> EmptyRows(AclnnCall& call, int64_t batch, int64_t sq, int64_t skv,
+                                 const std::optional<InputTensor>& pad, const std::optional<InputTensor>& bias) const;
+
   const CannRuntime* rt_;
   AclnnOp<FiaV3GetWorkspace> fia_;
   AclnnOp<InplaceCopyGetWorkspace> copy_;
@@ -266,6 +277,7 @@ class AscendAttentionKernel {
   float scale_ = 0.0f;
   bool causal_ = false;
   int64_t window_ = 0;
+  bool uniform_empty_rows_ = false;  // empty_rows = "uniform"
   Layout layout_ = Layout::kBnsd, output_layout_ = Layout::kBnsd;
 };
 
@@ -315,6 +327,95 @@ aclTensor* AscendAttentionKernel<kRope, kPlacement, kFp32>::FullMask(AclnnCall& 
     }
   }
   return mask;
+}
+
+template <bool kRope, Placement kPlacement, Fp32 kFp32>
+std::vector<uint8_t> AscendAttentionKernel<kRope, kPlacement, kFp32>::EmptyRows(
+    AclnnCall& call, int64_t batch, int64_t sq, int64_t skv, const std::optional<InputTensor>& pad,
+    const std::optional<InputTensor>& bias) const {
+  // Device tensors to the host, once the stream has produced them (one synchronisation).
+  if (pad || bias) {
+    if (rt_->rt_synchronize_stream == nullptr || rt_->rt_memcpy == nullptr) {
+      throw Error("empty_rows = \"uniform\" reads key_padding_mask / attn_bias on the host, which needs "
+                  "aclrtSynchronizeStream and aclrtMemcpy");
+    }
+    if (rt_->rt_synchronize_stream(call.stream()) != 0) {
+      throw Error("aclrtSynchronizeStream failed: " + rt_->RecentErrorMessage());
+    }
+  }
+  auto read_back = [&](const InputTensor& tensor, const char* what) {
+    std::vector<uint8_t> host(static_cast<size_t>(Numel(tensor.shape)) * ElementBytes(tensor.type));
+    if (!host.empty() &&
+        rt_->rt_memcpy(host.data(), host.size(), tensor.data, host.size(), ACL_MEMCPY_DEVICE_TO_HOST) != 0) {
+      throw Error(std::string("aclrtMemcpy of ") + what + " to the host failed: " + rt_->RecentErrorMessage());
+    }
+    return host;
+  };
+  const int64_t nq = num_heads_, c = skv - sq;  // query row i sits at position i + c
+  // Keys visible per batch row by key_padding_mask: a prefix count over the positions.
+  std::vector<int64_t> kept;
+  if (pad) {
+    const std::vector<uint8_t> host = read_back(*pad, "key_padding_mask");
+    const size_t es = ElementBytes(pad->type);
+    kept.assign(static_cast<size_t>(batch * (skv + 1)), 0);
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t j = 0; j < skv; ++j) {
+        const uint8_t* e = host.data() + static_cast<size_t>(b * skv + j) * es;
+        bool nonzero = false;
+        for (size_t k = 0; k < es; ++k) nonzero = nonzero || e[k] != 0;
+        kept[b * (skv + 1) + j + 1] = kept[b * (skv + 1) + j] + (nonzero ? 1 : 0);
+      }
+    }
+  }
+  // attn_bias broadcast to [B, N, Sq, Skv]: its element strides (0 along broadcast dims), and
+  // whether an element is -inf.
+  std::vector<uint8_t> bias_host;
+  Shape bs(4, 0);
+  size_t bes = 0;
+  if (bias) {
+    bias_host = read_back(*bias, "attn_bias");
+    bes = ElementBytes(bias->type);
+    Shape b4(4 - bias->shape.size(), 1);
+    b4.insert(b4.end(), bias->shape.begin(), bias->shape.end());
+    const Shape contiguous = ContiguousStrides(b4);
+    for (size_t k = 0; k < 4; ++k) bs[k] = b4[k] == 1 ? 0 : contiguous[k];
+  }
+  auto minus_inf = [&](int64_t index) {
+    const uint8_t* e = bias_host.data() + static_cast<size_t>(index) * bes;
+    if (bes == 4) {
+      uint32_t bits;
+      std::memcpy(&bits, e, 4);
+      return bits == 0xFF800000u;
+    }
+    uint16_t bits;
+    std::memcpy(&bits, e, 2);
+    return bits == (bias->type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 ? 0xFC00u : 0xFF80u);
+  };
+  std::vector<uint8_t> empty(static_cast<size_t>(batch * nq * sq), 0);
+  bool any = false;
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t i = 0; i < sq; ++i) {
+      const int64_t t = i + c;
+      const int64_t lo = window_ > 0 ? std::max<int64_t>(0, t - window_ + 1) : 0;
+      const int64_t hi = causal_ ? std::min(skv, t + 1) : skv;
+      const int64_t visible = hi <= lo ? 0 : pad ? kept[b * (skv + 1) + hi] - kept[b * (skv + 1) + lo] : hi - lo;
+      for (int64_t h = 0; h < nq; ++h) {
+        bool none = visible == 0;
+        if (!none && bias) {  // every visible key at -inf? (stops at the first that is not)
+          none = true;
+          const int64_t row = b * bs[0] + h * bs[1] + i * bs[2];
+          for (int64_t j = lo; j < hi && none; ++j) {
+            if (pad && kept[b * (skv + 1) + j + 1] == kept[b * (skv + 1) + j]) continue;  // padded out
+            none = minus_inf(row + j * bs[3]);
+          }
+        }
+        if (none) empty[(b * nq + h) * sq + i] = 1;
+        any = any || none;
+      }
+    }
+  }
+  if (!any) empty.clear();
+  return empty;
 }
 
 template <bool kRope, Placement kPlacement, Fp32 kFp32>
@@ -566,6 +667,62 @@ void AscendAttentionKernel<kRope, kPlacement, kFp32>::Compute(const KernelContex
   if (!direct) {
     // Y = out: cast back to float32 and/or transpose BSND -> BNSD.
     Copy(call, y.data, t, y_heads, out, ft, fia_out_heads, 0, "Y");
+  }
+
+  // empty_rows = "uniform": FIA's invalid-row correction left 0 in the rows that see no key; they
+  // get the mean of V over all keys. Which rows those are is worked out on the host (the
+  // key_padding_mask and attn_bias are read back after a stream synchronisation); nothing more
+  // happens when there are none.
+  if (uniform_empty_rows_ && (pad || bias || (causal_ && sq > skv))) {
+    const std::vector<uint8_t> empty = EmptyRows(call, batch, sq, skv, pad, bias);
+    if (empty.empty()) return;
+    // The mean of V per (batch, kv head): FIA over the same key/value lists with a zero query
+    // row per kv head (every score 0, so every key weighs 1/Skv), no mask, no bias.
+    const Heads zero_heads{batch, nkv, 1, d, in}, mean_heads{batch, nkv, 1, dv, in};
+    void* zero_q = call.ZeroedScratch(static_cast<size_t>(Numel(zero_heads.Dims(in))) * fes, "zero query");
+    void* mean = scratch(Numel(mean_heads.Dims(in)), fes, "mean of V");
+    aclTensorList* mean_key = call.TensorList({call.Tensor(k_fia, ft, kv_heads.Dims(in), "key")}, "key");
+    aclTensorList* mean_value = call.TensorList({call.Tensor(v_fia, ft, val_heads.Dims(in), "value")}, "value");
+    std::string mean_layout = Name(in);
+    call.Run(fia_, static_cast<const aclTensor*>(call.Tensor(zero_q, ft, zero_heads.Dims(in), "zero query")),
+             static_cast<const aclTensorList*>(mean_key), static_cast<const aclTensorList*>(mean_value), none, none,
+             no_array, no_array, none, none, none, none, none, none, none, none, none, none, none, none, none, none,
+             none, none, no_array, none, none, none, nkv, 1.0, kAllTokens, kAllTokens, mean_layout.data(),
+             int64_t{0}, int64_t{0}, int64_t{0}, int64_t{0}, int64_t{0}, false, int64_t{0}, int64_t{0},
+             static_cast<const aclTensor*>(call.Tensor(mean, ft, mean_heads.Dims(in), "mean of V")), none);
+    // Y's rows (b, h, i): one broadcast copy per run of positions whose every head is empty (the
+    // usual case: key_padding_mask, causal), else one per head and position (a -inf bias).
+    const Shape ys = output_layout_ == Layout::kBnsd ? Shape{nq * sq * dv, sq * dv, dv}   // Y's b, h, i strides
+                                                     : Shape{sq * nq * dv, dv, nq * dv};
+    const int64_t group = nq / nkv;
+    auto fill = [&](int64_t b, int64_t h, int64_t heads, int64_t i, int64_t run) {
+      const int64_t kv = heads == nq ? nkv : 1, per_kv = heads == nq ? group : 1;
+      call.Run(copy_, call.View(y.data, t, Shape{kv, per_kv, run, dv}, Shape{group * ys[1], ys[1], ys[2], 1},
+                                b * ys[0] + h * ys[1] + i * ys[2], "Y (rows that see no key)"),
+               call.View(mean, ft, Shape{kv, 1, 1, dv}, Shape{dv, dv, dv, 1}, (b * nkv + h / group) * dv,
+                         "mean of V"));
+    };
+    for (int64_t b = 0; b < batch; ++b) {
+      const uint8_t* rows = empty.data() + b * nq * sq;  // [N][Sq]
+      auto flagged = [&](int64_t i) {
+        int64_t heads = 0;
+        for (int64_t h = 0; h < nq; ++h) heads += rows[h * sq + i];
+        return heads;
+      };
+      for (int64_t i = 0; i < sq;) {
+        if (flagged(i) == nq) {
+          int64_t end = i + 1;
+          while (end < sq && flagged(end) == nq) ++end;
+          fill(b, 0, nq, i, end - i);
+          i = end;
+          continue;
+        }
+        for (int64_t h = 0; h < nq; ++h) {
+          if (rows[h * sq + i]) fill(b, h, 1, i, 1);
+        }
+        ++i;
+      }
+    }
   }
 }
 

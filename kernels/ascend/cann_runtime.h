@@ -69,6 +69,7 @@ enum aclrtMemMallocPolicy : int32_t {
 //   https://www.hiascend.com/document/detail/en/canncommercial/800/apiref/appdevgapi/aclcppdevg_03_0105.html
 enum aclrtMemcpyKind : int32_t {
   ACL_MEMCPY_HOST_TO_DEVICE = 1,
+  ACL_MEMCPY_DEVICE_TO_HOST = 2,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -121,7 +122,8 @@ using RtMemsetAsync = aclError (*)(void* dev_ptr, size_t max_count, int32_t valu
                                    aclrtStream stream);
 // aclrtMemcpy(void* dst, size_t destMax, const void* src, size_t count, aclrtMemcpyKind kind)
 //   -> aclError: synchronous, "no implicit device synchronization or stream synchronization"
-//   (libascendcl.so); used once per device to upload the compressed attention mask
+//   (libascendcl.so); used once per device to upload the compressed attention mask, and to read
+//   key_padding_mask / attn_bias back for empty_rows = "uniform" (after aclrtSynchronizeStream)
 //   https://www.hiascend.com/document/detail/en/canncommercial/800/apiref/appdevgapi/aclcppdevg_03_0105.html
 using RtMemcpy = aclError (*)(void* dst, size_t dest_max, const void* src, size_t count, aclrtMemcpyKind kind);
 // aclrtGetDevice(int32_t* deviceId) -> aclError: the device of the calling thread's context

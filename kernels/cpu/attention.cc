@@ -211,6 +211,11 @@ class AttentionKernel {
     }
     layout_ = ParseLayout(info, "layout", Layout::kBnsd);
     output_layout_ = ParseLayout(info, "output_layout", layout_);
+    const std::string empty_rows = info.StringAttribute("empty_rows").value_or("zero");
+    if (empty_rows != "zero" && empty_rows != "uniform") {
+      throw Error("attribute 'empty_rows' must be \"zero\" or \"uniform\", got \"" + empty_rows + "\"");
+    }
+    uniform_empty_rows_ = empty_rows == "uniform";
     if constexpr (kRope) {
       const std::string mode = info.StringAttribute("rotary_mode").value_or("half");
       if (mode != "half" && mode != "interleaved") {
@@ -482,6 +487,16 @@ class AttentionKernel {
       });
     }
 
+    // empty_rows = "uniform": Attend flags the rows that see no key, phase 4 fills them.
+    std::unique_ptr<uint8_t[]> empty_flags;
+    if (uniform_empty_rows_ && skv > 0) {
+      const size_t rows = static_cast<size_t>(DimProduct(Shape{batch, nq, sq}, 0, 3));
+      empty_flags.reset(new (std::nothrow) uint8_t[rows]);
+      if (!empty_flags) throw Error("out of memory for the empty-row flags (" + std::to_string(rows) + " bytes)");
+      std::memset(empty_flags.get(), 0, rows);
+      job.empty_flags = empty_flags.get();
+    }
+
     // Phase 3: attention, one task per (batch, head, query tile). Head by head, so that the two
     // threads stream the same head's keys and values through the shared cache (25% faster at
     // S = 2048 than handing out all heads' last tiles first); within a head the last query tiles,
@@ -508,6 +523,15 @@ class AttentionKernel {
         const int64_t i0 = q_chunk * positions;
         fns.attend(job, bg / nkv, h0, std::min(heads_per_task, job.group - head_chunk * heads_per_task), i0,
                    std::min(positions, sq - i0), scratch);
+      });
+    }
+
+    // Phase 4 (empty_rows = "uniform"): the mean of V into the flagged rows, per (batch, kv head);
+    // the mean is computed only for kv heads with such a row.
+    const size_t flag_count = job.empty_flags != nullptr ? static_cast<size_t>(batch * nq * sq) : 0;
+    if (flag_count > 0 && std::memchr(job.empty_flags, 1, flag_count) != nullptr) {
+      RunTasks(ctx, batch * nkv, FillEmptyScratchFloats(job), [&](int64_t task, float* scratch) {
+        fns.fill_empty_rows(job, task / nkv, task % nkv, scratch);
       });
     }
   }
@@ -537,6 +561,7 @@ class AttentionKernel {
   float softcap_ = 0.0f;
   Layout layout_ = Layout::kBnsd;
   Layout output_layout_ = Layout::kBnsd;
+  bool uniform_empty_rows_ = false;  // empty_rows = "uniform"
   bool interleaved_ = false;
   int64_t rotary_dim_ = 0;
   std::vector<int64_t> sections_;

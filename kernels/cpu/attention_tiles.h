@@ -13,6 +13,9 @@
 //   3. Attend (per batch x head x query tile): flash attention with an online softmax; key tiles
 //      wholly outside the causal/window band are skipped, only tiles that straddle its edges are
 //      masked element by element.
+//   4. FillEmptyRows (per batch x kv head, empty_rows = "uniform" only): when some row of that kv
+//      head's query heads saw no key, the mean of V over all keys is computed once and written
+//      into those rows; nothing is read for a kv head without such rows.
 // The "direct" path (few query rows, e.g. decoding) skips phase 2, reads the key/value rows where
 // they are and serves all query heads of a kv head in one task (each row read once per group).
 #pragma once
@@ -47,6 +50,10 @@ struct AttentionJob {
   int64_t window;  // 0: none; else key j is seen from position t iff t - window < j <= t
   float scale;
   float softcap;  // 0: none
+  // empty_rows = "uniform": [B, N, Sq] flags, zeroed by the caller; Attend sets the flag of each
+  // row that saw no key (and stores 0 there), FillEmptyRows then writes the mean of V into those
+  // rows. null: empty_rows = "zero".
+  uint8_t* empty_flags;
 
   const T* q;
   int64_t q_sb, q_sh, q_ss;
@@ -134,6 +141,11 @@ static int64_t PackScratchFloats(const AttentionJob<T>& job) {
 }
 
 template <typename T>
+static int64_t FillEmptyScratchFloats(const AttentionJob<T>& job) {
+  return 2 * job.dv;
+}
+
+template <typename T>
 struct AttentionFns {
   void (*kv_rows)(const AttentionJob<T>& job, const KvRowsJob<T>& rows, int64_t b, int64_t g, float* scratch);
   void (*pack_kv)(const AttentionJob<T>& job, int64_t b, int64_t g, int64_t tile, float* scratch);
@@ -141,6 +153,7 @@ struct AttentionFns {
   // all heads of one kv head.
   void (*attend)(const AttentionJob<T>& job, int64_t b, int64_t h0, int64_t heads, int64_t i0, int64_t positions,
                  float* scratch);
+  void (*fill_empty_rows)(const AttentionJob<T>& job, int64_t b, int64_t g, float* scratch);
 };
 
 namespace baseline {

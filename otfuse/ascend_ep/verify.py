@@ -379,6 +379,22 @@ def _attention_on_npu(torch, torch_npu, q, k, v, bias, key_mask, past_k, past_v,
         qb.to(compute).contiguous(), present_k.to(compute).contiguous(), present_v.to(compute).contiguous(),
         pse_shift=pse, atten_mask=mask, num_heads=n, scale=scale, pre_tokens=pre, next_tokens=nxt,
         input_layout="BNSD", num_key_value_heads=0 if nkv == n else nkv, sparse_mode=sparse, inner_precise=inner)
+    if attrs.get("empty_rows", "zero") == "uniform" and skv > 0:
+        # the kernel's post-process: rows that see no key get the mean of V (FIA with a zero query)
+        visible = torch.ones(sq, skv, dtype=torch.bool, device=q.device)
+        if causal:
+            visible &= j[None, :] <= t
+        if window > 0:
+            visible &= j[None, :] > t - window
+        visible = visible[None, None].expand(b, n, sq, skv)
+        if key_mask is not None:
+            visible = visible & (key_mask != 0)[:, None, None, :]
+        if bias is not None:
+            visible = visible & (b4.expand(b, n, sq, skv) != float("-inf"))
+        mean, _ = torch_npu.npu_fused_infer_attention_score(
+            torch.zeros(b, nkv, 1, d, dtype=compute, device=q.device), present_k.to(compute).contiguous(),
+            present_v.to(compute).contiguous(), num_heads=nkv, scale=1.0, input_layout="BNSD")
+        out = torch.where(~visible.any(-1, keepdim=True), mean.repeat_interleave(n // nkv, dim=1), out)
     y = out.to(dtype)
     if out_layout == "BSND":
         y = y.transpose(1, 2)
