@@ -283,6 +283,27 @@ def test_large_outputs_streamed(library, mode, dtype):
     check(library, "RotaryEmbedding", inputs, {"mode": mode})
 
 
+@pytest.mark.parametrize("misalign", [0, 16, 4], ids=["aligned", "16_bytes_in", "4_bytes_in"])
+@pytest.mark.parametrize("dtype", [F32, F16], ids=lambda d: d.name)
+def test_large_output_bound_at_any_alignment(library, dtype, misalign):
+    # An output bound by the caller: streamed when every 8-lane store is 16-byte aligned (numpy
+    # buffers sit 16 bytes into a 64-byte line), plain stores otherwise; the same values.
+    rng = seeded("bound", dtype.name, misalign)
+    seq = 8192 // dtype.itemsize
+    x = random(rng, (1, 16, seq, 128), dtype)
+    cos, sin = cos_sin(rng, (1, 1, seq, 128), dtype)
+    storage = np.zeros(x.nbytes + 128, np.uint8)
+    start = (-storage.ctypes.data) % 64 + misalign
+    y = storage[start:start + x.nbytes].view(dtype).reshape(x.shape)
+    session = make_session(build_model("RotaryEmbedding", [x, cos, sin], 1, {}), library)
+    binding = session.io_binding()
+    for name, array in (("in0", x), ("in1", cos), ("in2", sin)):
+        binding.bind_input(name, "cpu", 0, dtype, list(array.shape), array.ctypes.data)
+    binding.bind_output("out0", "cpu", 0, dtype, list(y.shape), y.ctypes.data)
+    session.run_with_iobinding(binding)
+    assert_same_bits(y, reference.rotary_embedding(x, cos, sin))
+
+
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # the reference overflows to inf too
 def test_half_output_overflows_to_inf_like_the_reference(library):
     x = np.full((1, 2, 3, 8), 6e4, np.float16)

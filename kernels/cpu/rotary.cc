@@ -310,21 +310,21 @@ class RotaryKernel {
     return r;
   }
 
-  // Streaming stores need every vector store aligned: rows of a multiple of 32 bytes from an
-  // aligned Y, and (half mode) sections and half sections starting on 8-lane boundaries.
+  // Streaming stores need every 8-lane store 16-byte aligned: Y and its rows, and (half mode)
+  // the first and second half of every section.
   bool StreamStores(const Rotated& item, size_t t_bytes, const std::vector<int64_t>& sections) const {
+    const int64_t tb = static_cast<int64_t>(t_bytes);
     int64_t y_bytes = 0;
-    if (__builtin_mul_overflow(DimProduct(item.x.shape, 0, item.x.shape.size()), static_cast<int64_t>(t_bytes),
-                               &y_bytes) ||
+    if (__builtin_mul_overflow(DimProduct(item.x.shape, 0, item.x.shape.size()), tb, &y_bytes) ||
         y_bytes < kStreamingStoreBytes) {
       return false;
     }
-    if (reinterpret_cast<uintptr_t>(item.y.data) % 32 != 0 || (item.d * static_cast<int64_t>(t_bytes)) % 32 != 0) {
-      return false;
-    }
-    if (interleaved_) return item.r % 8 == 0;
+    if (reinterpret_cast<uintptr_t>(item.y.data) % 16 != 0 || (item.d * tb) % 16 != 0) return false;
+    if (interleaved_) return true;  // stores at multiples of 8 lanes from the row start
+    int64_t offset = 0;
     for (int64_t width : sections) {
-      if (width % 16 != 0) return false;
+      if ((offset * tb) % 16 != 0 || ((offset + width / 2) * tb) % 16 != 0) return false;
+      offset += width;
     }
     return true;
   }
