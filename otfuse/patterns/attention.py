@@ -22,6 +22,7 @@ import onnx
 
 from otfuse import OP_DOMAIN
 from otfuse.patterns import common
+from otfuse.patterns.masks import classify_mask
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.passes import RulePass
 from otfuse.rewriter.pattern import ANY, Const, Either, Match, Var, attr, op
@@ -236,13 +237,25 @@ class AttentionRule(Rule):
     def extra_attributes(self, graph: GraphIndex, match: Match) -> dict:
         return {}
 
+    def mask_inputs(self, ctx: RewriteContext, match: Match, attributes: dict) -> tuple[str, str]:
+        """(attn_bias, key_padding_mask): the graph's mask as causal/window/padding when
+        masks.py can prove what it computes (attributes updated), else as an additive bias."""
+        if not match.has("mask"):
+            return "", ""
+        claim = classify_mask(ctx.graph, match.value("mask"), ctx.memo)
+        if isinstance(claim, str):
+            return match.value("mask"), ""
+        attributes.update(causal=int(claim.causal), window=claim.window, empty_rows=claim.empty_rows)
+        return "", claim.key_padding or ""
+
     def rewrite(self, ctx: RewriteContext, match: Match, root: onnx.NodeProto) -> Replacement:
         graph = ctx.graph
         attributes = {**self.attributes(graph, match), **self.extra_attributes(graph, match)}
         cached = match.has("k_cache")
+        bias, padding = self.mask_inputs(ctx, match, attributes)
         inputs = self.inputs(match) + [
-            match.value("mask") if match.has("mask") else "",
-            "",
+            bias,
+            padding,
             match.value("past_k") if cached else "",
             match.value("past_v") if cached else "",
         ]
@@ -357,9 +370,12 @@ class FlatHeadsAttentionRule(AttentionRule):
             tail = bias.node("Slice", [bias.node("Shape", [alibi]), bias.ints([1]), bias.ints([3])])
             shape = bias.node("Concat", [bias.ints([-1, attributes["num_heads"]]), tail], axis=0)
             bias.value = bias.node("Reshape", [alibi, shape])
-        if match.has("mask"):
-            bias.value = bias.node("Add", [bias.value, match.value("mask")]) if bias.value else match.value("mask")
-        inputs = [match.value("q"), match.value("k"), match.value("v")] + ([bias.value] if bias.value else [])
+        mask, padding = self.mask_inputs(ctx, match, attributes)
+        if mask:
+            bias.value = bias.node("Add", [bias.value, mask]) if bias.value else mask
+        inputs = [match.value("q"), match.value("k"), match.value("v"), bias.value or "", padding]
+        while inputs and not inputs[-1]:
+            inputs.pop()
         fused = ctx.fused_node("Attention", inputs, [root.output[0]], root, **attributes)
         return Replacement(bias.nodes + [fused], bias.initializers)
 

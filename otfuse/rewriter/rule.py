@@ -29,6 +29,7 @@ class RewriteContext:
         self.graph = graph
         self._taken = {n.name for n in graph.graph.node} | set(graph.producer) | set(graph.initializers)
         self._taken |= graph.graph_inputs
+        self.memo: dict = {}  # per-pass results rules share (e.g. one mask analysis for all layers)
 
     def unique_name(self, base: str) -> str:
         name, counter = base, 1
