@@ -23,8 +23,8 @@ namespace {
 
 // cos + sin bytes of one block of positions (BNSD): read from memory for the first head, then
 // from cache (a share of a typical L3) for the others. Long runs of positions per head stream
-// better than short ones that fit L2: measured with X [1, 32, 8192, 128], blocks of 128
-// positions ran at 60-70% of the speed of 1024 and more.
+// better than short ones that fit L2: in a standalone run of the rows on X [1, 32, 8192, 128]
+// (2 threads, noisy shared machine), blocks of 128 positions were 20-35% slower than 1024+.
 constexpr int64_t kCosBlockBytes = 4 << 20;
 // Work per task, as RowTasks: big enough that thread-pool overhead stays small.
 constexpr int64_t kMinTaskElements = 16384;

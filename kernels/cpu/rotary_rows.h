@@ -45,7 +45,8 @@ struct RotaryTask {
   int64_t p_begin, p_end, b_begin, b_end;
 };
 
-// `scratch` holds 4 * job.r floats (unused for float32).
+// `scratch` holds 4 * job.r floats: row buffers of the baseline variant for float16/bfloat16
+// (float32 rows, and every row of the AVX2 variant, are rotated in place of the tensors).
 template <typename T, typename C>
 using RotaryRowsFn = void (*)(const RotaryJob<T, C>& job, const RotaryTask& task, float* scratch);
 
