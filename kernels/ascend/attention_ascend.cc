@@ -25,6 +25,7 @@
 
 #include "ascend/aclnn_call.h"
 #include "ascend/rotary_plan.h"
+#include "common/attention_params.h"
 #include "common/shape_check.h"
 #include "op_registry.h"
 
@@ -64,21 +65,13 @@ constexpr int64_t kMaxGroup = 64;         // anchors.md §3: numHeads / numKeyVa
 constexpr int64_t kMaxBatch = 65536;      // "The B axis must be less than or equal to 65536"
 constexpr int64_t kAllTokens = 2147483647;
 
-enum class Layout { kBnsd, kBsnd };
+using Layout = AttentionLayout;
 
 // float32 nodes: not registered for the NPU (kCpu: ORT runs the CPU kernel), or run on FIA in
 // float16 / bfloat16 when the session opts in (docs/ops.md, "float32 policy").
 enum class Fp32 { kCpu, kFloat16, kBFloat16 };
 
 const char* Name(Layout l) { return l == Layout::kBnsd ? "BNSD" : "BSND"; }
-
-Layout ParseLayout(const KernelInfo& info, const char* name, Layout fallback) {
-  const std::optional<std::string> value = info.StringAttribute(name);
-  if (!value) return fallback;
-  if (*value == "BNSD") return Layout::kBnsd;
-  if (*value == "BSND") return Layout::kBsnd;
-  throw Error(std::string("attribute '") + name + "' must be \"BNSD\" or \"BSND\", got \"" + *value + "\"");
-}
 
 InputTensor RequiredInput(const KernelContext& ctx, size_t index, const char* name) {
   std::optional<InputTensor> tensor = ctx.Input(index);
@@ -177,37 +170,16 @@ class AscendAttentionKernel {
       : rt_(&BindRuntime(kPlacement)),
         fia_(AclnnOp<FiaV3GetWorkspace>::Bind(*rt_, "aclnnFusedInferAttentionScoreV3")),
         copy_(AclnnOp<InplaceCopyGetWorkspace>::Bind(*rt_, "aclnnInplaceCopy")) {
-    const std::optional<int64_t> heads = info.IntAttribute("num_heads");
-    if (!heads) throw Error("attribute 'num_heads' is required");
-    num_heads_ = *heads;
-    kv_num_heads_ = info.IntAttribute("kv_num_heads").value_or(num_heads_);
-    if (num_heads_ < 1 || kv_num_heads_ < 1) {
-      throw Error("num_heads and kv_num_heads must be >= 1, got " + std::to_string(num_heads_) + " and " +
-                  std::to_string(kv_num_heads_));
-    }
-    if (num_heads_ % kv_num_heads_ != 0) {
-      throw Error("num_heads = " + std::to_string(num_heads_) + " is not a multiple of kv_num_heads = " +
-                  std::to_string(kv_num_heads_));
-    }
-    scale_ = info.FloatAttribute("scale").value_or(0.0f);
-    if (!std::isfinite(scale_)) throw Error("attribute 'scale' must be finite");
-    const int64_t causal = info.IntAttribute("causal").value_or(0);
-    if (causal != 0 && causal != 1) throw Error("attribute 'causal' must be 0 or 1, got " + std::to_string(causal));
-    causal_ = causal == 1;
-    window_ = info.IntAttribute("window").value_or(0);
-    if (window_ < 0) throw Error("attribute 'window' must be >= 0, got " + std::to_string(window_));
-    if (window_ > 0 && !causal_) throw Error("attribute 'window' > 0 needs causal = 1");
-    const float softcap = info.FloatAttribute("softcap").value_or(0.0f);
-    if (!(softcap >= 0.0f) || !std::isfinite(softcap)) {
-      throw Error("attribute 'softcap' must be a finite number >= 0, got " + std::to_string(softcap));
-    }
-    layout_ = ParseLayout(info, "layout", Layout::kBnsd);
-    output_layout_ = ParseLayout(info, "output_layout", layout_);
-    const std::string empty_rows = info.StringAttribute("empty_rows").value_or("zero");
-    if (empty_rows != "zero" && empty_rows != "uniform") {
-      throw Error("attribute 'empty_rows' must be \"zero\" or \"uniform\", got \"" + empty_rows + "\"");
-    }
-    uniform_empty_rows_ = empty_rows == "uniform";
+    const AttentionParams params = ReadAttentionParams(info);
+    num_heads_ = params.num_heads;
+    kv_num_heads_ = params.kv_num_heads;
+    scale_ = params.scale;
+    causal_ = params.causal;
+    window_ = params.window;
+    const float softcap = params.softcap;
+    layout_ = params.layout;
+    output_layout_ = params.output_layout;
+    uniform_empty_rows_ = params.uniform_empty_rows;
     if constexpr (kRope) {
       rotary_ = ReadRopeAttentionRotary(info);
       rotary_ops_ = RotaryOps::Bind(*rt_);

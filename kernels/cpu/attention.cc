@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "common/attention_params.h"
 #include "common/cpu_features.h"
 #include "common/float_types.h"
 #include "common/shape_check.h"
@@ -31,17 +32,9 @@ constexpr int64_t kBlockKv = 128;
 // packing costs a pass over the whole cache that so few rows cannot amortise.
 constexpr int64_t kMinRowsForPacking = 8;
 
-enum class Layout { kBnsd, kBsnd };
+using Layout = AttentionLayout;
 
 const char* LayoutName(Layout layout) { return layout == Layout::kBnsd ? "BNSD" : "BSND"; }
-
-Layout ParseLayout(const KernelInfo& info, const char* name, Layout fallback) {
-  const std::optional<std::string> value = info.StringAttribute(name);
-  if (!value) return fallback;
-  if (*value == "BNSD") return Layout::kBnsd;
-  if (*value == "BSND") return Layout::kBsnd;
-  throw Error(std::string("attribute '") + name + "' must be \"BNSD\" or \"BSND\", got \"" + *value + "\"");
-}
 
 bool IsSupportedType(ONNXTensorElementDataType type) {
   return type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 ||
@@ -185,37 +178,16 @@ template <bool kRope>
 class AttentionKernel {
  public:
   explicit AttentionKernel(const KernelInfo& info) {
-    const std::optional<int64_t> heads = info.IntAttribute("num_heads");
-    if (!heads) throw Error("attribute 'num_heads' is required");
-    num_heads_ = *heads;
-    kv_num_heads_ = info.IntAttribute("kv_num_heads").value_or(num_heads_);
-    if (num_heads_ < 1 || kv_num_heads_ < 1) {
-      throw Error("num_heads and kv_num_heads must be >= 1, got " + std::to_string(num_heads_) + " and " +
-                  std::to_string(kv_num_heads_));
-    }
-    if (num_heads_ % kv_num_heads_ != 0) {
-      throw Error("num_heads = " + std::to_string(num_heads_) + " is not a multiple of kv_num_heads = " +
-                  std::to_string(kv_num_heads_));
-    }
-    scale_ = info.FloatAttribute("scale").value_or(0.0f);
-    if (!std::isfinite(scale_)) throw Error("attribute 'scale' must be finite");
-    const int64_t causal = info.IntAttribute("causal").value_or(0);
-    if (causal != 0 && causal != 1) throw Error("attribute 'causal' must be 0 or 1, got " + std::to_string(causal));
-    causal_ = causal == 1;
-    window_ = info.IntAttribute("window").value_or(0);
-    if (window_ < 0) throw Error("attribute 'window' must be >= 0, got " + std::to_string(window_));
-    if (window_ > 0 && !causal_) throw Error("attribute 'window' > 0 needs causal = 1");
-    softcap_ = info.FloatAttribute("softcap").value_or(0.0f);
-    if (!(softcap_ >= 0.0f) || !std::isfinite(softcap_)) {
-      throw Error("attribute 'softcap' must be a finite number >= 0, got " + std::to_string(softcap_));
-    }
-    layout_ = ParseLayout(info, "layout", Layout::kBnsd);
-    output_layout_ = ParseLayout(info, "output_layout", layout_);
-    const std::string empty_rows = info.StringAttribute("empty_rows").value_or("zero");
-    if (empty_rows != "zero" && empty_rows != "uniform") {
-      throw Error("attribute 'empty_rows' must be \"zero\" or \"uniform\", got \"" + empty_rows + "\"");
-    }
-    uniform_empty_rows_ = empty_rows == "uniform";
+    const AttentionParams params = ReadAttentionParams(info);
+    num_heads_ = params.num_heads;
+    kv_num_heads_ = params.kv_num_heads;
+    scale_ = params.scale;
+    causal_ = params.causal;
+    window_ = params.window;
+    softcap_ = params.softcap;
+    layout_ = params.layout;
+    output_layout_ = params.output_layout;
+    uniform_empty_rows_ = params.uniform_empty_rows;
     if constexpr (kRope) {
       const std::string mode = info.StringAttribute("rotary_mode").value_or("half");
       if (mode != "half" && mode != "interleaved") {

@@ -1,0 +1,34 @@
+// Attributes shared by the Attention and RopeAttention kernels of every backend (contract:
+// docs/ops.md, "Attention family"): read and checked once here, so the CPU and Ascend kernels
+// refuse the same nodes with the same messages. The RoPE attributes stay with each backend.
+#pragma once
+
+#include <cstdint>
+
+#include "ort_glue.h"
+
+namespace otfuse {
+
+// Storage order of a [B, heads, S, D] tensor.
+enum class AttentionLayout { kBnsd, kBsnd };
+
+// Attribute `name` ("BNSD" or "BSND"), or fallback when the node does not set it.
+AttentionLayout ParseAttentionLayout(const KernelInfo& info, const char* name, AttentionLayout fallback);
+
+struct AttentionParams {
+  int64_t num_heads = 0;
+  int64_t kv_num_heads = 0;  // defaults to num_heads
+  float scale = 0.0f;        // 0: 1 / sqrt(D)
+  bool causal = false;
+  int64_t window = 0;
+  float softcap = 0.0f;
+  AttentionLayout layout = AttentionLayout::kBnsd;
+  AttentionLayout output_layout = AttentionLayout::kBnsd;  // defaults to layout
+  bool uniform_empty_rows = false;                         // empty_rows = "uniform"
+};
+
+// num_heads, kv_num_heads, scale, causal, window, softcap, layout, output_layout and empty_rows,
+// checked in that order; throws otfuse::Error on the first bad one.
+AttentionParams ReadAttentionParams(const KernelInfo& info);
+
+}  // namespace otfuse
