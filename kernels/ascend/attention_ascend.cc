@@ -97,29 +97,8 @@ struct Heads {
 };
 
 Heads ViewHeads(const char* name, const InputTensor& t, Layout layout, int64_t heads, const char* heads_attr) {
-  const Shape& s = t.shape;
-  Numel(s);
-  const std::string what = std::string(name) + " has shape " + ToString(s) + " but layout " + Name(layout);
-  Heads h{};
-  if (layout == Layout::kBnsd) {
-    if (s.size() != 4) throw Error(what + " needs rank 4 [B, N, S, D]");
-    h = Heads{s[0], s[1], s[2], s[3], layout};
-  } else if (s.size() == 4) {
-    h = Heads{s[0], s[2], s[1], s[3], layout};
-  } else if (s.size() == 3) {
-    if (heads == 0 || s[2] % heads != 0) {
-      throw Error(what + " [B, S, N*D]: the last dim " + std::to_string(s[2]) + " is not a multiple of " + heads_attr +
-                  " = " + std::to_string(heads));
-    }
-    h = Heads{s[0], heads, s[1], s[2] / heads, layout};
-  } else {
-    throw Error(what + " needs rank 4 [B, S, N, D] or rank 3 [B, S, N*D]");
-  }
-  if (h.n != heads) {
-    throw Error(std::string(name) + " has shape " + ToString(s) + ": " + std::to_string(h.n) + " heads in layout " +
-                Name(layout) + " but " + heads_attr + " = " + std::to_string(heads));
-  }
-  return h;
+  const AttentionHeadDims h = ReadHeadDims(name, t.shape, layout, heads, heads_attr);
+  return Heads{h.batch, h.heads, h.seq, h.d, layout};
 }
 
 void CheckBroadcast(const char* name, const Shape& shape, const Shape& target, const char* target_name) {

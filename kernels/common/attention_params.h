@@ -27,6 +27,16 @@ struct AttentionParams {
   bool uniform_empty_rows = false;                         // empty_rows = "uniform"
 };
 
+// B, heads, S, D of a Q/K/V-like input given in `layout`: BNSD needs rank 4 [B, N, S, D]; BSND
+// takes rank 4 [B, S, N, D] or rank 3 [B, S, N*D] (rank3, D = last dim / heads). Throws unless
+// the shape has no negative dims, does not overflow and holds `heads` (= attribute heads_attr) heads.
+struct AttentionHeadDims {
+  int64_t batch, heads, seq, d;
+  bool rank3;
+};
+AttentionHeadDims ReadHeadDims(const char* name, const Shape& s, AttentionLayout layout, int64_t heads,
+                               const char* heads_attr);
+
 // num_heads, kv_num_heads, scale, causal, window, softcap, layout, output_layout and empty_rows,
 // checked in that order; throws otfuse::Error on the first bad one.
 AttentionParams ReadAttentionParams(const KernelInfo& info);

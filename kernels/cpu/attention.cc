@@ -34,8 +34,6 @@ constexpr int64_t kMinRowsForPacking = 8;
 
 using Layout = AttentionLayout;
 
-const char* LayoutName(Layout layout) { return layout == Layout::kBnsd ? "BNSD" : "BSND"; }
-
 bool IsSupportedType(ONNXTensorElementDataType type) {
   return type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 ||
          type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
@@ -64,29 +62,10 @@ struct HeadView {
 
 HeadView ViewHeads(const char* name, const InputTensor& t, Layout layout, int64_t heads, const char* heads_attr) {
   const Shape& s = t.shape;
-  DimProduct(s, 0, s.size());  // no negative dims, no overflow
-  HeadView v{};
-  const std::string what = std::string(name) + " has shape " + ToString(s) + " but layout " + LayoutName(layout);
-  if (layout == Layout::kBnsd) {
-    if (s.size() != 4) throw Error(what + " needs rank 4 [B, N, S, D]");
-    v = HeadView{s[0], s[1], s[2], s[3], s[1] * s[2] * s[3], s[2] * s[3], s[3], false};
-  } else if (s.size() == 4) {
-    v = HeadView{s[0], s[2], s[1], s[3], s[1] * s[2] * s[3], s[3], s[2] * s[3], false};
-  } else if (s.size() == 3) {
-    if (s[2] % heads != 0) {
-      throw Error(what + " [B, S, N*D]: the last dim " + std::to_string(s[2]) + " is not a multiple of " + heads_attr +
-                  " = " + std::to_string(heads));
-    }
-    const int64_t d = s[2] / heads;
-    v = HeadView{s[0], heads, s[1], d, s[1] * s[2], d, s[2], true};
-  } else {
-    throw Error(what + " needs rank 4 [B, S, N, D] or rank 3 [B, S, N*D]");
-  }
-  if (v.heads != heads) {
-    throw Error(std::string(name) + " has shape " + ToString(s) + ": " + std::to_string(v.heads) + " heads in layout " +
-                LayoutName(layout) + " but " + heads_attr + " = " + std::to_string(heads));
-  }
-  return v;
+  const AttentionHeadDims h = ReadHeadDims(name, s, layout, heads, heads_attr);
+  if (h.rank3) return HeadView{h.batch, h.heads, h.seq, h.d, s[1] * s[2], h.d, s[2], true};
+  if (layout == Layout::kBnsd) return HeadView{s[0], s[1], s[2], s[3], s[1] * s[2] * s[3], s[2] * s[3], s[3], false};
+  return HeadView{s[0], s[2], s[1], s[3], s[1] * s[2] * s[3], s[3], s[2] * s[3], false};
 }
 
 // Strides (in elements) of `shape` broadcast to `target` with numpy rules (aligned right);
