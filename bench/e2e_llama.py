@@ -1,0 +1,866 @@
+#!/usr/bin/env python3
+"""End-to-end prefill of a LLaMA-shaped model: unfused vs onnxscript's ORT fusions vs otfuse.
+
+Exports (torch dynamo exporter, random weights, no hub access) a 2-layer LLaMA-shaped fp32
+model -- hidden 2048, 16 heads x 128, 4 KV heads, intermediate 5632, vocab 32000, SDPA attention,
+no KV cache, inputs input_ids / attention_mask / position_ids with dynamic batch and seq -- into
+``--workdir`` (cached there: ~0.9 GB of weights in external data; never commit it). Then runs one
+prefill (batch 1) at each ``--seqs`` length for three variants, each in a fresh child process:
+
+1. ``unfused``    the export in plain onnxruntime (default graph optimisations);
+2. ``onnxscript`` ``onnxscript.rewriter.ort_fusions.optimize_for_ort`` output in plain onnxruntime;
+3. ``otfuse``     ``otfuse.fuse(export, fused)`` run with ``otfuse.InferenceSession``.
+
+Per variant and length: wall time of one prefill (best of ``--runs`` after a warm-up; a single
+run when the warm-up took longer than ``--slow``), peak RSS of the child (VmHWM read inside it,
+and ``ru_maxrss`` of that child alone via ``os.wait4``), what was fused, and the max abs diff of
+the logits against the unfused model. A watchdog kills a child whose RSS passes ``--max-rss-gib``
+(or when the machine's MemAvailable falls under 1 GiB): the row then says so instead of the
+machine swapping (or OOM-killing someone else's process: the children set oom_score_adj 1000).
+``--profile`` adds one profiled run per listed variant (ORT ``enable_profiling``): time per op
+type, the slowest nodes and the largest node outputs.
+
+The export needs torch + transformers: it runs in ``--export-python`` (default
+/work/export-venv/bin/python, or $OTFUSE_EXPORT_PYTHON). Everything else runs in this Python,
+with this checkout's otfuse on the path (its kernels come from the installed otfuse library:
+``pip install .`` first).
+
+    python bench/e2e_llama.py [--seqs 2048,8192] [--variants unfused,onnxscript,otfuse]
+                              [--workdir DIR] [--json out.json] [--profile otfuse]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+HIDDEN = 2048
+HEADS = 16
+KV_HEADS = 4
+HEAD_DIM = 128
+LAYERS = 2
+VOCAB = 32000
+DEFAULT_INTERMEDIATE = 5632
+EXPORT_BATCH, EXPORT_SEQ = 2, 16
+OPSET = 20
+
+VARIANTS = ("unfused", "onnxscript", "otfuse")
+# Not run unless named: otfuse with every family, the opt-in ones too (norm_linear).
+EXTRA_VARIANTS = ("otfuse_all",)
+OTFUSE_VARIANTS = ("otfuse", "otfuse_all")
+GOAL_8K_SECONDS = 6.0
+GOAL_8K_PEAK_GIB = 2.0
+TOL = (1e-4, 1e-4)  # float32 (rtol, atol) of `otfuse diff`, docs/ops.md
+
+DEFAULT_EXPORT_PYTHON = os.environ.get("OTFUSE_EXPORT_PYTHON", "/work/export-venv/bin/python")
+DEFAULT_WORKDIR = Path(tempfile.gettempdir()) / "otfuse_e2e_llama"
+
+GIB = 2**30
+
+
+# --------------------------------------------------------------------------------------------
+# export (runs in the export venv)
+
+
+def _torch_model(intermediate: int):
+    """The LLaMA-shaped model with seeded random weights (transformers' own init), and a wrapper
+    that takes the three inputs positionally and returns the logits."""
+    import torch
+    import transformers
+
+    config = transformers.LlamaConfig(
+        hidden_size=HIDDEN, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+        intermediate_size=intermediate, num_hidden_layers=LAYERS, vocab_size=VOCAB,
+        max_position_embeddings=16384, rms_norm_eps=1e-5, tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM._from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    model.eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.model = m
+
+        def forward(self, input_ids, attention_mask, position_ids):
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                              use_cache=False, return_dict=True).logits
+
+    return model, Logits(model).eval()
+
+
+def _export(workdir: Path, intermediate: int) -> None:
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+    import transformers
+
+    model, wrapper = _torch_model(intermediate)
+
+    def inputs(batch, seq, seed):
+        gen = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, VOCAB, (batch, seq), generator=gen)
+        mask = torch.ones(batch, seq, dtype=torch.int64)
+        pos = torch.arange(seq, dtype=torch.int64).unsqueeze(0).expand(batch, seq).contiguous()
+        return ids, mask, pos
+
+    names = ["input_ids", "attention_mask", "position_ids"]
+    dyn = tuple({0: "batch", 1: "seq"} for _ in names)
+    out = workdir / "export" / "model.onnx"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with torch.no_grad():
+        program = torch.onnx.export(
+            wrapper, inputs(EXPORT_BATCH, EXPORT_SEQ, 1), dynamo=True, input_names=names,
+            output_names=["logits"], dynamic_shapes=dyn, opset_version=OPSET, optimize=True, verbose=False,
+        )
+    program.save(str(out), external_data=True)
+    seconds = time.perf_counter() - start
+
+    # Sanity: onnxruntime reproduces torch at another shape.
+    ids, mask, pos = inputs(1, 96, 2)
+    with torch.no_grad():
+        ref = wrapper(ids, mask, pos).numpy()
+    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy(), "position_ids": pos.numpy()})[0]
+    diff = float(np.max(np.abs(got - ref)))
+    if not np.allclose(got, ref, rtol=1e-4, atol=1e-4):
+        raise SystemExit(f"export check failed: onnxruntime vs torch max abs diff {diff}")
+    meta = {
+        "config": {"hidden": HIDDEN, "heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
+                   "intermediate": intermediate, "layers": LAYERS, "vocab": VOCAB, "dtype": "float32",
+                   "attn_implementation": "sdpa", "opset": OPSET},
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "exporter": f"torch.onnx.export(dynamo=True, optimize=True), torch {torch.__version__}, "
+                    f"transformers {transformers.__version__}",
+        "export_seconds": round(seconds, 1),
+        "ort_vs_torch_max_abs_diff_seq96": diff,
+    }
+    (workdir / "export" / "meta.json").write_text(json.dumps(meta, indent=2))
+    print(json.dumps(meta))
+
+
+def _torch_reference(export: Path, intermediate: int, seq: int, threads: int, out: Path) -> None:
+    """Logits of the same model in torch (eager, fp32, SDPA): the reference where the unfused
+    ONNX model is too big to run. The weights are rebuilt from the seed; the embedding and
+    lm_head are checked bit for bit against the export's initializers first."""
+    import numpy as np
+    import onnx
+    import torch
+
+    torch.set_num_threads(threads)
+    model, wrapper = _torch_model(intermediate)
+    proto = onnx.load(str(export), load_external_data=False)
+    wanted = {"model.model.embed_tokens.weight": model.model.embed_tokens.weight.detach().numpy(),
+              "lm_head": model.lm_head.weight.detach().numpy().T}
+    checked = []
+    for init in proto.graph.initializer:
+        ext = {e.key: e.value for e in init.external_data}
+        shape = tuple(init.dims)
+        for key, value in wanted.items():
+            if key in checked or shape != value.shape or not (init.name == key or key == "lm_head"):
+                continue
+            data = np.fromfile(export.parent / ext["location"], dtype=np.float32, count=int(np.prod(shape)),
+                               offset=int(ext.get("offset", 0))).reshape(shape)
+            if np.array_equal(data, value):
+                checked.append(key)
+    if sorted(checked) != sorted(wanted):
+        raise SystemExit(f"torch reference: rebuilt weights differ from the export (matched only {checked})")
+    feeds = {k: torch.from_numpy(v) for k, v in _feeds(seq).items()}
+    start = time.perf_counter()
+    with torch.no_grad():
+        logits = wrapper(feeds["input_ids"], feeds["attention_mask"], feeds["position_ids"]).numpy()
+    seconds = time.perf_counter() - start
+    np.save(out, logits)
+    print(json.dumps({"seconds": round(seconds, 2), "peak_rss_mib": common.proc_memory_mib()["peak_rss_mib"],
+                      "torch": torch.__version__}))
+
+
+# --------------------------------------------------------------------------------------------
+# preparing the variants (children of the main Python)
+
+
+def _onnxscript_optimize(src: Path, dst: Path) -> None:
+    import onnx_ir as ir
+    import onnxscript
+    from onnxscript.rewriter import ort_fusions
+
+    start = time.perf_counter()
+    model = ir.load(str(src))
+    model, stats = ort_fusions.optimize_for_ort(model)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    ir.save(model, str(dst), external_data=dst.name + ".data")
+    seconds = time.perf_counter() - start
+    info = {"stats": {k: int(v) for k, v in stats.items()}, "seconds": round(seconds, 1),
+            "onnxscript": onnxscript.__version__, "peak_rss_mib": common.proc_memory_mib()["peak_rss_mib"]}
+    (dst.parent / "stats.json").write_text(json.dumps(info, indent=2))
+    print(json.dumps(info))
+
+
+def _otfuse_fuse(src: Path, dst: Path, every_family: bool) -> None:
+    import otfuse
+    from otfuse.patterns import FAMILIES
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    only = list(FAMILIES) if every_family else None
+    report = otfuse.fuse(str(src), str(dst), data_mode="link", only=only)
+    info = {"fusions": report.fusions, "seconds": round(report.seconds, 2), "nodes_before": report.nodes_before,
+            "nodes_after": report.nodes_after, "near_misses": len(report.near_misses),
+            "near_miss_reasons": sorted({str(m.get("reason", m))[:160] for m in report.near_misses})[:10],
+            "otfuse_version": report.otfuse_version, "families": report.families,
+            "peak_rss_mib": common.proc_memory_mib()["peak_rss_mib"]}
+    (dst.parent / "fuse.json").write_text(json.dumps(info, indent=2))
+    print(json.dumps(info))
+
+
+def op_census(path: Path) -> dict[str, int]:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    counts: dict[str, int] = {}
+    for node in model.graph.node:
+        key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+# --------------------------------------------------------------------------------------------
+# one prefill (a fresh child per variant and length)
+
+
+def _feeds(seq: int):
+    import numpy as np
+
+    rng = np.random.default_rng(1234 + seq)
+    return {
+        "input_ids": rng.integers(0, VOCAB, size=(1, seq), dtype=np.int64),
+        "attention_mask": np.ones((1, seq), dtype=np.int64),
+        "position_ids": np.arange(seq, dtype=np.int64)[None, :],
+    }
+
+
+def _cpu_busy_seconds() -> float:
+    """Busy CPU seconds of the whole machine so far (/proc/stat, all cores)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _run(variant: str, model: Path, seq: int, runs: int, slow: float, threads: int,
+         logits_path: str, profile_prefix: str, result_path: Path, arena: bool = True, bind: bool = False,
+         contended: float = 0.25, extra_runs: int = 0, budget: float = 0.0, mem_pattern: bool = True) -> None:
+    """Session, warm-up, then timed runs until `runs` of them were *clean* (everyone else used
+    under `contended` cores meanwhile), at most `extra_runs` more, while under `budget` seconds."""
+    try:
+        Path("/proc/self/oom_score_adj").write_text("1000")  # if anything gets OOM-killed, it is us
+    except OSError:
+        pass
+    import numpy as np
+    import onnxruntime as ort
+
+    result: dict = {"variant": variant, "seq": seq, "rss_start_mib": common.proc_memory_mib()["rss_mib"]}
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.enable_cpu_mem_arena = arena
+    options.enable_mem_pattern = mem_pattern
+    result["mem_pattern"] = mem_pattern
+    result["cpu_mem_arena"] = arena
+    result["bind_output"] = bind
+    if profile_prefix:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
+    start = time.perf_counter()
+    if variant in OTFUSE_VARIANTS:
+        import otfuse
+
+        session = otfuse.InferenceSession(str(model), sess_options=options, providers=["CPUExecutionProvider"])
+    else:
+        session = ort.InferenceSession(str(model), sess_options=options, providers=["CPUExecutionProvider"])
+    result["session_seconds"] = round(time.perf_counter() - start, 2)
+    result["rss_after_session_mib"] = common.proc_memory_mib()["rss_mib"]
+    feeds = _feeds(seq)
+
+    run = lambda: session.run(["logits"], feeds)[0]  # noqa: E731
+    if bind:
+        # The logits go straight into one buffer we own (reused by every run), instead of an
+        # arena block that session.run then copies into a fresh numpy array.
+        out = np.empty((1, seq, VOCAB), dtype=np.float32)
+        binding = session.io_binding()
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, value)
+        binding.bind_output("logits", "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
+
+        def run():
+            session.run_with_iobinding(binding)
+            return out
+    times = []
+    ours = []  # cores' worth of CPU this process used during each run
+    others = []  # cores' worth of CPU everyone else used meanwhile
+    logits = None
+    wanted = runs
+    started = time.perf_counter()
+    i = 0
+    while True:
+        logits = None  # never two logits alive at once (1 GB each at 8k)
+        c0, b0, t0 = os.times(), _cpu_busy_seconds(), time.perf_counter()
+        logits = run()
+        wall = time.perf_counter() - t0
+        c1, b1 = os.times(), _cpu_busy_seconds()
+        mine = (c1.user - c0.user) + (c1.system - c0.system)
+        times.append(wall)
+        ours.append(round(mine / wall, 2))
+        others.append(round(max(0.0, (b1 - b0) - mine) / wall, 2))
+        if i == 0:
+            result["rss_after_first_run_mib"] = common.proc_memory_mib()["rss_mib"]
+            result["peak_after_first_run_mib"] = common.proc_memory_mib()["peak_rss_mib"]
+            if times[0] > slow:
+                wanted = min(wanted, 1)  # one measured run after the warm-up
+        result.setdefault("peak_after_run_mib", []).append(common.proc_memory_mib()["peak_rss_mib"])
+        i += 1
+        clean = sum(1 for o in others[1:] if o < contended)
+        done = i - 1  # timed runs so far
+        if clean >= wanted or done >= wanted + extra_runs:
+            break
+        if done >= wanted and time.perf_counter() - started + times[-1] > budget:
+            break
+    result["run_seconds"] = [round(t, 3) for t in times]
+    result["run_cores_ours"] = ours
+    result["run_cores_others"] = others
+    timed = list(range(1, len(times))) or [0]
+    clean = [j for j in timed if others[j] < contended]
+    best = min(clean or timed, key=lambda j: times[j])
+    result["seconds"] = round(times[best], 3)
+    result["best_run"] = best
+    result["measured_runs"] = len(times) - 1
+    result["clean_runs"] = len(clean)
+    result["contended_threshold_cores"] = contended
+    mem = common.proc_memory_mib()
+    result["peak_rss_mib"] = mem["peak_rss_mib"]
+    result["rss_end_mib"] = mem["rss_mib"]
+    result["logits_shape"] = list(logits.shape)
+    result["logits_finite"] = bool(np.isfinite(logits).all())
+    if profile_prefix:
+        result["profile_file"] = session.end_profiling()
+    if logits_path:
+        np.save(logits_path, logits)
+    result_path.write_text(json.dumps(result))
+
+
+class _Watchdog(threading.Thread):
+    """Polls a child's VmRSS and the machine's MemAvailable; kills the child past the limits."""
+
+    def __init__(self, pid: int, max_rss_bytes: float, min_available_bytes: float):
+        super().__init__(daemon=True)
+        self.pid, self.max_rss, self.min_avail = pid, max_rss_bytes, min_available_bytes
+        self.killed: str | None = None
+        self.max_seen = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.02):
+            try:
+                status = Path(f"/proc/{self.pid}/status").read_text()
+                meminfo = Path("/proc/meminfo").read_text()
+            except OSError:
+                return
+            rss = next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+            avail = next((int(line.split()[1]) * 1024 for line in meminfo.splitlines()
+                          if line.startswith("MemAvailable:")), None)
+            self.max_seen = max(self.max_seen, rss)
+            why = None
+            if rss > self.max_rss:
+                why = f"RSS {rss / GIB:.1f} GiB passed the {self.max_rss / GIB:.1f} GiB limit"
+            elif avail is not None and avail < self.min_avail:
+                why = f"MemAvailable fell to {avail / GIB:.1f} GiB (child RSS {rss / GIB:.1f} GiB)"
+            if why:
+                self.killed = why
+                try:
+                    os.kill(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                return
+
+
+def wait_quiet(args) -> float:
+    """Wait (up to --wait-max s) until the 1-minute loadavg is under --wait-quiet."""
+    if not args.wait_quiet:
+        return 0.0
+    start = time.perf_counter()
+    while os.getloadavg()[0] >= args.wait_quiet and time.perf_counter() - start < args.wait_max:
+        time.sleep(5)
+    return round(time.perf_counter() - start, 1)
+
+
+def run_child(args, variant: str, model: Path, seq: int, logits_path: str = "", profile_prefix: str = "") -> dict:
+    result_path = args.workdir / f"result_{variant}_{seq}{'_profile' if profile_prefix else ''}.json"
+    result_path.unlink(missing_ok=True)
+    config = {"variant": variant, "model": str(model), "seq": seq, "runs": args.runs, "slow": args.slow,
+              "threads": args.threads, "logits_path": logits_path, "profile_prefix": profile_prefix,
+              "result_path": str(result_path), "arena": not args.no_arena, "bind": args.bind_output,
+              "contended": args.contended, "extra_runs": args.extra_runs, "budget": args.retry_budget,
+              "mem_pattern": not args.no_mem_pattern}
+    cmd = [sys.executable, __file__, "_run", json.dumps(config)]
+    waited = wait_quiet(args)
+    load_before = os.getloadavg()
+    log = args.workdir / f"child_{variant}_{seq}.log"
+    wall = time.perf_counter()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=common.child_env())
+        dog = _Watchdog(proc.pid, args.max_rss_gib * GIB, args.min_available_gib * GIB)
+        dog.start()
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        dog.stop.set()
+    wall = time.perf_counter() - wall
+    row = {"variant": variant, "seq": seq, "loadavg_before": [round(x, 2) for x in load_before],
+           "loadavg_after": [round(x, 2) for x in os.getloadavg()], "child_wall_seconds": round(wall, 1),
+           "ru_maxrss_mib": round(usage.ru_maxrss / 1024, 1), "waited_for_quiet_seconds": waited}
+    if dog.killed:
+        row.update(status="killed", error=f"killed by the watchdog: {dog.killed}",
+                   watchdog_max_rss_mib=round(dog.max_seen / 2**20, 1))
+    elif proc.returncode != 0 or not result_path.exists():
+        tail = log.read_text()[-1500:].strip().splitlines()
+        row.update(status="failed", error=f"exit {proc.returncode}: " + " | ".join(tail[-6:]))
+    else:
+        row.update(json.loads(result_path.read_text()), status="ok")
+    return row
+
+
+# --------------------------------------------------------------------------------------------
+# numerics and profiles
+
+
+def compare_logits(ref_path: Path, got_path: Path) -> dict:
+    import numpy as np
+
+    ref = np.load(ref_path, mmap_mode="r")
+    got = np.load(got_path, mmap_mode="r")
+    if ref.shape != got.shape:
+        return {"error": f"shape {got.shape} != {ref.shape}"}
+    rtol, atol = TOL
+    ref2 = ref.reshape(-1, ref.shape[-1])
+    got2 = got.reshape(-1, got.shape[-1])
+    max_abs = max_ref = worst_excess = 0.0
+    bad = 0
+    argmax_same = 0
+    for lo in range(0, ref2.shape[0], 256):
+        r = np.asarray(ref2[lo:lo + 256], dtype=np.float64)
+        g = np.asarray(got2[lo:lo + 256], dtype=np.float64)
+        d = np.abs(g - r)
+        max_abs = max(max_abs, float(d.max()))
+        max_ref = max(max_ref, float(np.abs(r).max()))
+        excess = d - (atol + rtol * np.abs(r))
+        bad += int((excess > 0).sum())
+        worst_excess = max(worst_excess, float(excess.max()))
+        argmax_same += int((r.argmax(-1) == g.argmax(-1)).sum())
+    return {"max_abs_diff": max_abs, "max_abs_ref": max_ref, "within_tolerance": bad == 0,
+            "elements_over_tolerance": bad, "argmax_agreement": argmax_same / ref2.shape[0]}
+
+
+def _shapes(arg) -> list[list[int]]:
+    return [next(iter(d.values())) for d in (arg or [])]
+
+
+def node_flops(op: str, ins: list[list[int]], outs: list[list[int]], causal: bool = False) -> float:
+    """Multiply-add FLOPs (x2) of the GEMM-like and attention nodes; 0 for everything else.
+    Attention is counted dense (every query x every key: what a kernel that adds the mask
+    computes), or the causal triangle for a node with causal = 1 (its kernel skips the rest)."""
+    import math
+
+    if not ins or not outs:
+        return 0.0
+    if op in ("MatMul", "FusedMatMul", "Gemm", "MatMulNBits"):
+        return 2.0 * math.prod(outs[0]) * ins[0][-1]
+    if op.endswith("NormLinear"):
+        k = ins[0][-1]
+        n = sum(1 for s in ins if len(s) == 2)  # the 2-D weights
+        return sum(2.0 * math.prod(o) * k for o in outs[:n])
+    if op in ("Attention", "RopeAttention", "MultiHeadAttention", "GroupQueryAttention"):
+        q, k = ins[0], ins[1]
+        if len(q) == 4 and q[1] < q[2]:  # BNSD
+            width, sq = q[1] * q[3], q[2]
+        elif len(q) == 4:
+            width, sq = q[2] * q[3], q[1]
+        else:
+            width, sq = q[-1], q[1]
+        skv = k[2] if len(k) == 4 and k[1] < k[2] else k[1]
+        if causal:  # query i (bottom-right aligned) sees skv - sq + i + 1 keys
+            return 4.0 * q[0] * width * sum(max(0, min(skv, skv - sq + i + 1)) for i in range(sq))
+        return 4.0 * q[0] * sq * skv * width
+    return 0.0
+
+
+def causal_nodes(model: Path) -> set[str]:
+    """Names of the nodes with causal = 1 (otfuse Attention/RopeAttention; GQA is causal by contract)."""
+    import onnx
+
+    names = set()
+    for node in onnx.load(str(model), load_external_data=False).graph.node:
+        if node.op_type == "GroupQueryAttention" or any(a.name == "causal" and a.i == 1 for a in node.attribute):
+            names.add(node.name)
+    return names
+
+
+def summarise_profile(profile_file: str, top: int = 12, causal: set[str] = frozenset()) -> dict:
+    """Time per op type (with GFLOP/s of the GEMM/attention nodes), the slowest nodes, the
+    largest node outputs and ORT's arena figures (bytes in use at the peak, and where)."""
+    events = json.loads(Path(profile_file).read_text())
+    by_type: dict[str, dict] = {}
+    nodes: dict[str, dict] = {}
+    arena_peak = (0, "")
+    arena_held = 0
+    durations: dict[str, list[float]] = {}
+    for e in events:
+        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
+            continue
+        a = e.get("args", {})
+        op = a.get("op_name", "?")
+        name = e["name"][: -len("_kernel_time")]
+        if name not in nodes:
+            flops = node_flops(op, _shapes(a.get("input_type_shape")), _shapes(a.get("output_type_shape")),
+                               name in causal)
+            nodes[name] = {"op": op, "ms": 0.0, "output_bytes": 0, "gflop": flops / 1e9}
+        durations.setdefault(name, []).append(e["dur"] / 1e3)
+        nodes[name]["output_bytes"] = max(nodes[name]["output_bytes"], int(a.get("output_size", 0) or 0))
+        peak = int(a.get("mem_in_use_peak", 0) or 0)
+        if peak > arena_peak[0]:
+            arena_peak = (peak, name)
+        arena_held = max(arena_held, int(a.get("mem_arena_held", 0) or 0))
+    # Per node, the fastest of the timed runs (the warm-up dropped): a shared machine slows
+    # some runs' nodes, never speeds them up.
+    runs = max((len(d) for d in durations.values()), default=0)
+    for name, d in durations.items():
+        n = nodes[name]
+        n["ms"] = min(d[1:] or d)
+        t = by_type.setdefault(n["op"], {"ms": 0.0, "gflop": 0.0, "count": 0})
+        t["ms"] += n["ms"]
+        t["gflop"] += n["gflop"]
+        t["count"] += 1
+    total = sum(t["ms"] for t in by_type.values())
+
+    def rate(gflop: float, ms: float):
+        return round(gflop / (ms / 1e3), 1) if gflop and ms else None
+
+    return {
+        "runs_in_profile": runs,
+        "total_node_ms": round(total, 1),
+        "by_op_type": [{"op": k, "count": v["count"], "ms": round(v["ms"], 1),
+                        "pct": round(100 * v["ms"] / total, 1) if total else 0,
+                        "gflop": round(v["gflop"], 1), "gflops_per_s": rate(v["gflop"], v["ms"])}
+                       for k, v in sorted(by_type.items(), key=lambda kv: -kv[1]["ms"])[:top]],
+        "slowest_nodes": [{"node": k, "op": v["op"], "ms": round(v["ms"], 1), "gflop": round(v["gflop"], 1),
+                           "gflops_per_s": rate(v["gflop"], v["ms"])}
+                          for k, v in sorted(nodes.items(), key=lambda kv: -kv[1]["ms"])[:top]],
+        "largest_outputs": [{"node": k, "op": v["op"], "output_mib": round(v["output_bytes"] / 2**20, 1)}
+                            for k, v in sorted(nodes.items(), key=lambda kv: -kv[1]["output_bytes"])[:top]],
+        "arena_in_use_peak_mib": round(arena_peak[0] / 2**20, 1),
+        "arena_in_use_peak_at": arena_peak[1],
+        "arena_held_max_mib": round(arena_held / 2**20, 1),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# driver
+
+
+def prepare(args) -> dict[str, dict]:
+    """Export (cached), onnxscript-optimise (cached), otfuse-fuse (always redone: cheap)."""
+    wd = args.workdir
+    export = wd / "export" / "model.onnx"
+    meta_path = wd / "export" / "meta.json"
+    if args.refresh or not meta_path.exists() or json.loads(meta_path.read_text())["config"]["intermediate"] != args.intermediate:
+        print(f"exporting with {args.export_python} ...", flush=True)
+        subprocess.run([args.export_python, __file__, "_export", str(wd), str(args.intermediate)], check=True)
+    out = {"unfused": {"path": export, "export": json.loads(meta_path.read_text())}}
+
+    if "onnxscript" in args.variants:
+        dst = wd / "onnxscript" / "model.onnx"
+        stats = dst.parent / "stats.json"
+        if args.refresh or not stats.exists() or stats.stat().st_mtime < export.stat().st_mtime:
+            print("onnxscript optimize_for_ort ...", flush=True)
+            proc = subprocess.run([sys.executable, __file__, "_onnxscript", str(export), str(dst)],
+                                  capture_output=True, text=True, env=common.child_env())
+            if proc.returncode != 0:
+                err = (proc.stderr.strip().splitlines() or ["?"])[-1]
+                out["onnxscript"] = {"path": None, "error": err}
+                stats.unlink(missing_ok=True)
+        if stats.exists():
+            out["onnxscript"] = {"path": dst, **json.loads(stats.read_text())}
+    for variant in [v for v in args.variants if v in OTFUSE_VARIANTS]:
+        dst = wd / variant / "model.onnx"
+        print(f"otfuse.fuse ({variant}) ...", flush=True)
+        proc = subprocess.run([sys.executable, __file__, "_fuse", str(export), str(dst),
+                               "all" if variant == "otfuse_all" else "default"],
+                              capture_output=True, text=True, env=common.child_env())
+        if proc.returncode != 0:
+            out[variant] = {"path": None, "error": (proc.stderr.strip().splitlines() or ["?"])[-1]}
+        else:
+            out[variant] = {"path": dst, **json.loads((dst.parent / "fuse.json").read_text())}
+    for variant, info in out.items():
+        if info.get("path"):
+            info["ops"] = op_census(info["path"])
+    return out
+
+
+def fmt_gib(mib) -> str:
+    return "n/a" if mib is None else f"{mib / 1024:.2f} GiB"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help=f"cache and scratch (default {DEFAULT_WORKDIR})")
+    p.add_argument("--seqs", default="2048,8192", help="prefill lengths, comma-separated")
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help=f"subset of {','.join(VARIANTS)}, plus {','.join(EXTRA_VARIANTS)} (otfuse with opt-in families)")
+    p.add_argument("--intermediate", type=int, default=DEFAULT_INTERMEDIATE)
+    p.add_argument("--runs", type=int, default=2, help="timed runs after the warm-up (best is reported)")
+    p.add_argument("--slow", type=float, default=30.0, help="a warm-up slower than this many seconds: 1 timed run")
+    p.add_argument("--contended", type=float, default=0.25,
+                   help="a run during which other processes used this many cores or more is not clean")
+    p.add_argument("--extra-runs", type=int, default=3, help="more runs allowed while runs were not clean")
+    p.add_argument("--retry-budget", type=float, default=240.0, help="no extra run starts after this many seconds")
+    p.add_argument("--threads", type=int, default=2, help="ORT intra-op threads")
+    p.add_argument("--max-rss-gib", type=float, default=18.0, help="watchdog: kill a child whose RSS passes this")
+    p.add_argument("--min-available-gib", type=float, default=1.0, help="watchdog: kill when MemAvailable falls under this")
+    p.add_argument("--skip", default="", help="variant:seq pairs not to run, e.g. onnxscript:8192")
+    p.add_argument("--unfused-max-seq", type=int, default=4096,
+                   help="skip the unfused model above this length (it needs ~21 GB at 8k)")
+    p.add_argument("--no-torch-reference", dest="torch_reference", action="store_false",
+                   help="do not compute torch logits (the reference where unfused is skipped)")
+    p.add_argument("--profile", default="", help="variants to profile once more (ORT enable_profiling), e.g. otfuse")
+    p.add_argument("--profile-seqs", default="", help="lengths to profile at (default: the largest of --seqs)")
+    p.add_argument("--no-arena", action="store_true", help="SessionOptions.enable_cpu_mem_arena = False (all variants)")
+    p.add_argument("--no-mem-pattern", action="store_true", help="SessionOptions.enable_mem_pattern = False (all variants)")
+    p.add_argument("--bind-output", action="store_true",
+                   help="IOBinding: logits written into one preallocated buffer (no arena block, no copy)")
+    p.add_argument("--wait-quiet", type=float, default=0.0,
+                   help="before each child, wait until the 1-min loadavg is under this (shared machines)")
+    p.add_argument("--wait-max", type=float, default=600.0, help="longest wait for --wait-quiet, seconds")
+    p.add_argument("--export-python", default=DEFAULT_EXPORT_PYTHON)
+    p.add_argument("--refresh", action="store_true", help="redo the export and the onnxscript model")
+    p.add_argument("--keep-logits", action="store_true")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    args.variants = [v for v in args.variants.split(",") if v]
+    for v in args.variants:
+        if v not in VARIANTS + EXTRA_VARIANTS:
+            p.error(f"unknown variant {v}")
+    seqs = [int(s) for s in args.seqs.split(",") if s]
+    skip = {tuple(x.split(":")) for x in args.skip.split(",") if x}
+    args.workdir.mkdir(parents=True, exist_ok=True)
+
+    import onnxruntime as ort
+
+    machine = common.machine_info()
+    machine["loadavg_start"] = [round(x, 2) for x in os.getloadavg()]
+    versions = {"onnxruntime": ort.__version__}
+    try:
+        import onnxscript
+
+        versions["onnxscript"] = onnxscript.__version__
+    except ImportError:
+        pass
+    common.use_checkout()
+    import otfuse
+
+    versions["otfuse"] = otfuse.__version__
+    # Snapshot the library: on a shared checkout someone may reinstall otfuse mid-run.
+    import hashlib
+    import shutil
+
+    lib = Path(otfuse.library_path())
+    snapshot = args.workdir / "libotfuse_ops.so"
+    shutil.copy2(lib, snapshot)
+    os.environ["OTFUSE_LIBRARY"] = str(snapshot)
+    versions["otfuse_library"] = f"{lib} (mtime {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(lib.stat().st_mtime))} UTC, " \
+                                 f"sha256 {hashlib.sha256(snapshot.read_bytes()).hexdigest()[:12]}), run from a copy"
+    versions["checkout"] = subprocess.run(["git", "-C", str(common.REPO_ROOT), "describe", "--always", "--dirty"],
+                                          capture_output=True, text=True).stdout.strip()
+
+    prepared = prepare(args)
+    export = prepared["unfused"]["path"]
+    rows: list[dict] = []
+    numerics: dict = {}
+    torch_runs: dict = {}
+    for seq in seqs:
+        for variant in args.variants:
+            info = prepared.get(variant, {})
+            if not info.get("path"):
+                rows.append({"variant": variant, "seq": seq, "status": "failed", "error": info.get("error", "not prepared")})
+                continue
+            if (variant, str(seq)) in skip or (variant == "unfused" and seq > args.unfused_max_seq):
+                why = ("--skip" if (variant, str(seq)) in skip else
+                       f"S > --unfused-max-seq {args.unfused_max_seq}: the unfused graph materialises "
+                       f"[1, {HEADS}, S, S] fp32 scores ({HEADS * seq * seq * 4 / GIB:.1f} GiB each, several alive; "
+                       f"21 GB peak at S=8192 measured before)")
+                rows.append({"variant": variant, "seq": seq, "status": "skipped", "error": f"skipped: {why}"})
+                continue
+            logits = args.workdir / f"logits_{variant}_{seq}.npy"
+            logits.unlink(missing_ok=True)
+            print(f"[{time.strftime('%H:%M:%S')}] {variant} S={seq} (loadavg {os.getloadavg()[0]:.2f}) ...", flush=True)
+            row = run_child(args, variant, info["path"], seq, str(logits))
+            rows.append(row)
+            print("   ", {k: row.get(k) for k in ("status", "seconds", "run_seconds", "peak_rss_mib", "error")}, flush=True)
+        refs = ["unfused"]
+        if args.torch_reference:
+            out = args.workdir / f"logits_torch_{seq}.npy"
+            out.unlink(missing_ok=True)
+            print(f"[{time.strftime('%H:%M:%S')}] torch reference S={seq} ...", flush=True)
+            proc = subprocess.run([args.export_python, __file__, "_torch_reference", str(export), str(args.intermediate),
+                                   str(seq), str(args.threads), str(out)], capture_output=True, text=True)
+            if proc.returncode == 0:
+                torch_runs[seq] = json.loads(proc.stdout.strip().splitlines()[-1])
+                refs.append("torch")
+            else:
+                torch_runs[seq] = {"error": (proc.stderr.strip().splitlines() or ["?"])[-1]}
+        for ref_name in refs:
+            ref = args.workdir / f"logits_{ref_name}_{seq}.npy"
+            if not ref.exists():
+                continue
+            for variant in ["unfused", *[v for v in args.variants if v != "unfused"]]:
+                got = args.workdir / f"logits_{variant}_{seq}.npy"
+                if variant != ref_name and got.exists():
+                    numerics.setdefault(f"{variant}@{seq}", {})[ref_name] = compare_logits(ref, got)
+        if not args.keep_logits:
+            for name in [*args.variants, "torch"]:
+                (args.workdir / f"logits_{name}_{seq}.npy").unlink(missing_ok=True)
+
+    profiles: dict = {}
+    profile_seqs = [int(s) for s in args.profile_seqs.split(",") if s] or [max(seqs)]
+    for variant in [v for v in args.profile.split(",") if v]:
+        for seq in profile_seqs:
+            info = prepared.get(variant, {})
+            if not info.get("path") or (variant, str(seq)) in skip:
+                continue
+            print(f"[{time.strftime('%H:%M:%S')}] profiling {variant} S={seq} ...", flush=True)
+            row = run_child(args, variant, info["path"], seq, profile_prefix=str(args.workdir / f"profile_{variant}_{seq}"))
+            if row["status"] == "ok":
+                profiles[f"{variant}@{seq}"] = {"profiled_run_seconds": row["seconds"], "loadavg": row["loadavg_after"],
+                                                **summarise_profile(row["profile_file"], causal=causal_nodes(info["path"]))}
+            else:
+                profiles[f"{variant}@{seq}"] = {"error": row.get("error")}
+
+    machine["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    report = {"machine": machine, "versions": versions,
+              "model": {k: v for k, v in prepared["unfused"]["export"].items()},
+              "variants": {v: {k: (str(x) if isinstance(x, Path) else x) for k, x in info.items()}
+                           for v, info in prepared.items()},
+              "rows": rows, "numerics": numerics, "torch_reference": torch_runs, "profiles": profiles,
+              "goals_8k": {"seconds": GOAL_8K_SECONDS, "peak_rss_gib": GOAL_8K_PEAK_GIB}}
+    report["options"] = {"threads": args.threads, "runs": args.runs, "slow": args.slow, "contended": args.contended,
+                         "extra_runs": args.extra_runs, "retry_budget": args.retry_budget, "cpu_mem_arena": not args.no_arena,
+                         "bind_output": args.bind_output, "mem_pattern": not args.no_mem_pattern,
+                         "wait_quiet": args.wait_quiet}
+    print_report(report)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2, default=str))
+        print(f"\nwrote {args.json}")
+    ok = all(r["status"] in ("ok", "skipped") for r in rows if r["variant"] == "otfuse")
+    for r in rows:
+        if r["variant"] == "otfuse" and r["seq"] == 8192 and r["status"] == "ok":
+            ok &= r["seconds"] <= GOAL_8K_SECONDS and r["peak_rss_mib"] / 1024 <= GOAL_8K_PEAK_GIB
+    for key, n in numerics.items():
+        if key.startswith("otfuse@"):
+            for ref in ("unfused", "torch"):
+                if ref in n:
+                    ok &= bool(n[ref].get("within_tolerance"))
+    return 0 if ok else 1
+
+
+def print_report(report: dict) -> None:
+    m = report["machine"]
+    cfg = report["model"]["config"]
+    print()
+    print(f"machine: {m['cpu_model']}, nproc {m['nproc']}, {m['memory_gib']} GiB RAM; loadavg at start "
+          f"{m['loadavg_start']}, at end {m['loadavg_end']}; {m['date']}")
+    print(f"versions: {report['versions']}")
+    print(f"model: LLaMA-shaped fp32, hidden {cfg['hidden']}, {cfg['heads']} heads x {cfg['head_dim']}, "
+          f"{cfg['kv_heads']} KV heads, intermediate {cfg['intermediate']}, {cfg['layers']} layers, vocab "
+          f"{cfg['vocab']}, {report['model']['parameters'] / 1e6:.0f} M parameters; batch 1 prefill")
+    for v, info in report["variants"].items():
+        what = info.get("fusions") or info.get("stats") or info.get("error") or ""
+        if isinstance(what, dict):
+            what = ", ".join(f"{k} {n}" for k, n in what.items() if n)
+        print(f"  {v:<10} {what}")
+    header = (f"{'variant':<10} {'S':>5}  {'prefill':>9}  {'runs (s)':<20} {'peak RSS':>9}  {'session':>7}  "
+              f"{'vs unfused':>10}  {'vs torch':>9}  {'cores us/others':<15}  {'loadavg':<14} note")
+    print()
+    print(header)
+    print("-" * len(header))
+
+    def diff(n: dict, ref: str) -> str:
+        d = n.get(ref)
+        if not d or "max_abs_diff" not in d:
+            return "-"
+        return f"{d['max_abs_diff']:.1e}" + ("" if d["within_tolerance"] else "!")
+
+    for r in report["rows"]:
+        n = report["numerics"].get(f"{r['variant']}@{r['seq']}", {})
+        load = ",".join(f"{x:.1f}" for x in r.get("loadavg_before", []))
+        if r["status"] == "ok":
+            runs = ",".join(f"{t:.2f}" for t in r["run_seconds"])
+            note = "" if r["measured_runs"] >= 2 else f"{r['measured_runs']} timed run after the warm-up"
+            if r.get("clean_runs") == 0:
+                note += (", " if note else "") + "CONTENDED: no clean run"
+            best = r.get("best_run", r["run_seconds"].index(r["seconds"]))
+            cores = f"{r['run_cores_ours'][best]:.2f}/{r['run_cores_others'][best]:.2f}" if "run_cores_ours" in r else "-"
+            print(f"{r['variant']:<10} {r['seq']:>5}  {r['seconds']:>7.2f} s  {runs:<20} {fmt_gib(r['peak_rss_mib']):>9}  "
+                  f"{r['session_seconds']:>5.1f} s  {diff(n, 'unfused'):>10}  {diff(n, 'torch'):>9}  {cores:<15}  {load:<14} {note}")
+        else:
+            print(f"{r['variant']:<10} {r['seq']:>5}  {r['status']:>9}  {'':<20} {'':>9}  {'':>7}  {'':>10}  {'':>9}  "
+                  f"{'':<15}  {load:<14} {r.get('error', '')}")
+    print("(max abs diff of the logits; '!' = some element outside the float32 tolerance of otfuse diff, "
+          f"rtol {TOL[0]:g} atol {TOL[1]:g}. cores us/others: CPU the child used / everyone else used during "
+          "the reported run, in cores of 2; loadavg: 1/5/15-min before the child)")
+    for seq, t in report.get("torch_reference", {}).items():
+        print(f"torch reference S={seq}: " + (t.get("error") or f"{t['seconds']:.2f} s, peak {fmt_gib(t['peak_rss_mib'])}"))
+    for key, prof in report["profiles"].items():
+        print(f"\nprofile {key}: " + (prof.get("error") or f"{prof['total_node_ms'] / 1e3:.2f} s in nodes (per node the "
+                                                        f"fastest of {max(1, prof['runs_in_profile'] - 1)} timed runs)"))
+        for item in prof.get("by_op_type", []):
+            rate = f"  {item['gflop']:>7.0f} GFLOP  {item['gflops_per_s']:>5.0f} GFLOP/s" if item.get("gflops_per_s") else ""
+            print(f"  {item['op']:<34} x{item['count']:<3} {item['ms']:>9.1f} ms  {item['pct']:>5.1f} %{rate}")
+        for item in prof.get("slowest_nodes", [])[:8]:
+            rate = f", {item['gflops_per_s']} GFLOP/s" if item.get("gflops_per_s") else ""
+            print(f"  slow node: {item['node']} ({item['op']}) {item['ms']} ms{rate}")
+        if prof.get("arena_in_use_peak_mib"):
+            print(f"  ORT arena: {prof['arena_in_use_peak_mib']} MiB in use at the peak (during "
+                  f"{prof['arena_in_use_peak_at']}), {prof['arena_held_max_mib']} MiB held at most")
+        for item in prof.get("largest_outputs", [])[:6]:
+            print(f"  largest output: {item['node']} ({item['op']}) {item['output_mib']} MiB")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1].startswith("_"):
+        cmd, rest = sys.argv[1], sys.argv[2:]
+        if cmd == "_export":
+            _export(Path(rest[0]), int(rest[1]))
+        elif cmd == "_torch_reference":
+            _torch_reference(Path(rest[0]), int(rest[1]), int(rest[2]), int(rest[3]), Path(rest[4]))
+        elif cmd == "_onnxscript":
+            _onnxscript_optimize(Path(rest[0]), Path(rest[1]))
+        elif cmd == "_fuse":
+            common.use_checkout()
+            _otfuse_fuse(Path(rest[0]), Path(rest[1]), rest[2] == "all")
+        elif cmd == "_run":
+            common.use_checkout()
+            c = json.loads(rest[0])
+            _run(c["variant"], Path(c["model"]), c["seq"], c["runs"], c["slow"], c["threads"], c["logits_path"],
+                 c["profile_prefix"], Path(c["result_path"]), c["arena"], c["bind"], c["contended"],
+                 c["extra_runs"], c["budget"], c["mem_pattern"])
+        else:
+            raise SystemExit(f"unknown subcommand {cmd}")
+        sys.exit(0)
+    sys.exit(main())
