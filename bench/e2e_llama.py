@@ -12,21 +12,32 @@ prefill (batch 1) at each ``--seqs`` length for three variants, each in a fresh 
 3. ``otfuse``     ``otfuse.fuse(export, fused)`` run with ``otfuse.InferenceSession``.
 
 Per variant and length: wall time of one prefill (best of ``--runs`` after a warm-up; a single
-run when the warm-up took longer than ``--slow``), peak RSS of the child (VmHWM read inside it,
-and ``ru_maxrss`` of that child alone via ``os.wait4``), what was fused, and the max abs diff of
-the logits against the unfused model. A watchdog kills a child whose RSS passes ``--max-rss-gib``
-(or when the machine's MemAvailable falls under 1 GiB): the row then says so instead of the
-machine swapping (or OOM-killing someone else's process: the children set oom_score_adj 1000).
-``--profile`` adds one profiled run per listed variant (ORT ``enable_profiling``): time per op
-type, the slowest nodes and the largest node outputs.
+run when the warm-up took longer than ``--slow``), peak RSS of the child (VmHWM read inside it
+right after the runs, and ``ru_maxrss`` of that child alone via ``os.wait4``), what was fused, and
+the max abs diff of the logits against the unfused model and against torch (the same weights,
+rebuilt from the seed in the export venv and checked against the export's initializers: the
+reference where the unfused model is skipped, by default above 4096 tokens, where it needs
+~21 GB).
+
+Shared machine: for every run the child measures the CPU it used and the CPU everyone else used
+meanwhile (/proc/stat); a run during which others used ``--contended`` cores or more is not
+clean, and up to ``--extra-runs`` more runs are made until ``--runs`` clean ones exist (the table
+says CONTENDED when none was). ``--wait-quiet L`` waits for a 1-min loadavg under L before each
+child. A watchdog kills a child whose RSS passes ``--max-rss-gib`` (or when the machine's
+MemAvailable falls under 1 GiB), and the children set oom_score_adj 1000, so the machine never
+swaps or OOM-kills someone else's process for this bench. ``--profile`` adds one profiled child
+per listed variant (ORT ``enable_profiling``; per node the fastest timed run): time and GFLOP/s
+per op type, the slowest nodes, the largest outputs, ORT's arena peak. ``--no-arena``,
+``--no-mem-pattern`` and ``--bind-output`` change the session's memory behaviour (all variants).
 
 The export needs torch + transformers: it runs in ``--export-python`` (default
 /work/export-venv/bin/python, or $OTFUSE_EXPORT_PYTHON). Everything else runs in this Python,
 with this checkout's otfuse on the path (its kernels come from the installed otfuse library:
 ``pip install .`` first).
 
-    python bench/e2e_llama.py [--seqs 2048,8192] [--variants unfused,onnxscript,otfuse]
-                              [--workdir DIR] [--json out.json] [--profile otfuse]
+    python bench/e2e_llama.py [--seqs 2048,8192] [--variants unfused,onnxscript,otfuse[,otfuse_all]]
+                              [--workdir DIR] [--json out.json] [--profile otfuse] [--wait-quiet 1.0]
+                              [--no-arena --no-mem-pattern]
 """
 
 from __future__ import annotations
@@ -292,10 +303,9 @@ def _run(variant: str, model: Path, seq: int, runs: int, slow: float, threads: i
     result["rss_after_session_mib"] = common.proc_memory_mib()["rss_mib"]
     feeds = _feeds(seq)
 
-    run = lambda: session.run(["logits"], feeds)[0]  # noqa: E731
     if bind:
-        # The logits go straight into one buffer we own (reused by every run), instead of an
-        # arena block that session.run then copies into a fresh numpy array.
+        # The logits go straight into one buffer we own (reused by every run), instead of a
+        # block ORT allocates for the output.
         out = np.empty((1, seq, VOCAB), dtype=np.float32)
         binding = session.io_binding()
         for name, value in feeds.items():
@@ -305,6 +315,9 @@ def _run(variant: str, model: Path, seq: int, runs: int, slow: float, threads: i
         def run():
             session.run_with_iobinding(binding)
             return out
+    else:
+        def run():
+            return session.run(["logits"], feeds)[0]
     times = []
     ours = []  # cores' worth of CPU this process used during each run
     others = []  # cores' worth of CPU everyone else used meanwhile
