@@ -45,16 +45,6 @@ APIS = {"RMSNorm": "aclnnRmsNorm", "AddRMSNorm": "aclnnAddRmsNorm", "LayerNorm":
         "AddLayerNorm": "aclnnAddLayerNorm"}
 
 
-@pytest.fixture(scope="module")
-def library() -> str:
-    return otfuse.library_path()
-
-
-@pytest.fixture
-def fake(monkeypatch, tmp_path) -> FakeCann:
-    return FakeCann(build(), tmp_path / "calls.jsonl", monkeypatch)
-
-
 def _session(model: onnx.ModelProto, library: str, ascend: bool) -> ort.InferenceSession:
     if ascend:
         options = fake_mode_options(library)

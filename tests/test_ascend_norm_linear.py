@@ -44,16 +44,6 @@ NODE = "fused_0"  # Case.model's node name
 HAS_CANN_PROVIDER = ascend_ep.CANN_PROVIDER in ort.get_available_providers()
 
 
-@pytest.fixture(scope="module")
-def library() -> str:
-    return otfuse.library_path()
-
-
-@pytest.fixture
-def fake(monkeypatch, tmp_path) -> FakeCann:
-    return FakeCann(build(), tmp_path / "calls.jsonl", monkeypatch)
-
-
 def session(model: onnx.ModelProto, library: str, ascend: bool) -> ort.InferenceSession:
     if ascend:
         options = fake_mode_options(library, threads=2)

@@ -23,7 +23,7 @@ import onnxruntime as ort
 import pytest
 import test_kernels_attention as A
 import test_kernels_rotary as R
-from fake_cann import FAKE_MODE_KEY, FakeCann, build, fake_mode_options
+from fake_cann import FAKE_MODE_KEY, FakeCann, fake_mode_options
 from fixtures import fixture_entries, fixture_path
 
 import otfuse
@@ -39,16 +39,6 @@ APPLY = "aclnnApplyRotaryPosEmbV2"
 FIA = "aclnnFusedInferAttentionScoreV3"
 COPY = "aclnnInplaceCopy"
 TOL = {F32: 1e-5, F16: 2e-3, BF16: 1.6e-2}
-
-
-@pytest.fixture(scope="module")
-def library() -> str:
-    return otfuse.library_path()
-
-
-@pytest.fixture
-def fake(monkeypatch, tmp_path) -> FakeCann:
-    return FakeCann(build(), tmp_path / "calls.jsonl", monkeypatch)
 
 
 def options(library, ascend: bool, fp32: str | None = None) -> ort.SessionOptions:

@@ -20,7 +20,6 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-import otfuse
 from otfuse import reference
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -35,11 +34,6 @@ TOLERANCE = {F32: 2e-5, F16: 2e-3, BF16: 1.6e-2}
 NODE_NAME = "fused_attention_0"
 ATTENTION_INPUTS = ["Q", "K", "V", "attn_bias", "key_padding_mask", "past_key", "past_value"]
 ROPE_INPUTS = ["Q", "K", "V", "cos", "sin", "attn_bias", "key_padding_mask", "past_key", "past_value"]
-
-
-@pytest.fixture(scope="module")
-def library() -> str:
-    return otfuse.library_path()
 
 
 def build_model(op: str, inputs: dict, attrs: dict, outputs=("Y",)) -> onnx.ModelProto:

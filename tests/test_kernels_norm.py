@@ -31,11 +31,6 @@ TOLERANCE = {F32: 1e-5, F16: 1e-3, BF16: 1e-2}  # used as both rtol and atol
 NODE_NAME = "fused_norm_0"
 
 
-@pytest.fixture(scope="module")
-def library() -> str:
-    return otfuse.library_path()
-
-
 def _graph_io(name: str, dtype: np.dtype) -> tuple[list, list]:
     """(graph inputs, Cast nodes) that deliver `name` to the op with `dtype`."""
     if dtype == BF16:

@@ -19,7 +19,6 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-import otfuse
 from otfuse import reference
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -30,11 +29,6 @@ ONNX_TYPE = {F32: TensorProto.FLOAT, F16: TensorProto.FLOAT16, BF16: TensorProto
              np.dtype(np.int64): TensorProto.INT64}
 NODE_NAME = "fused_rope_0"
 MODES = ["half", "interleaved"]
-
-
-@pytest.fixture(scope="module")
-def library() -> str:
-    return otfuse.library_path()
 
 
 # ---- single-node models ----
