@@ -8,13 +8,13 @@ the norms this family produces); within one pass, the largest match at each root
 
 from __future__ import annotations
 
-from otfuse.patterns import attention, norm, norm_linear, rope
+from otfuse.patterns import attention, norm, norm_linear, rope, rope_onnx
 from otfuse.rewriter.passes import Pass
 
 FAMILIES: dict[str, list[Pass]] = {
     "norm": norm.PASSES,
     "norm_linear": norm_linear.PASSES,
-    "rope": rope.PASSES,
+    "rope": rope_onnx.PASSES + rope.PASSES,  # the ONNX op first, so its rotations pair too
     "attention": attention.PASSES,
 }
 
