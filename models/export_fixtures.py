@@ -160,6 +160,28 @@ def mistral_config() -> transformers.PretrainedConfig:
     )
 
 
+def gemma2_config() -> transformers.PretrainedConfig:
+    return transformers.Gemma2Config(
+        hidden_size=HIDDEN,
+        num_hidden_layers=LAYERS,  # layer 0 sliding_attention, layer 1 full_attention
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        intermediate_size=INTERMEDIATE,
+        vocab_size=VOCAB,
+        max_position_embeddings=MAX_POS,
+        rms_norm_eps=1e-6,
+        query_pre_attn_scalar=8,  # scale 8**-0.5, not 1/sqrt(head_dim): the scale must come from the graph
+        # Small caps (released Gemma2: 50 / 30) so that tanh bends these tiny models' scores and
+        # logits: a fusion that dropped the soft-capping would change the outputs measurably.
+        attn_logit_softcapping=5.0,
+        final_logit_softcapping=3.0,
+        sliding_window=4,  # < the test sequence length (7), so the window is exercised
+        use_cache=False,
+        **_common_dropout_off(),
+    )
+
+
 def gpt_neox_config() -> transformers.PretrainedConfig:
     return transformers.GPTNeoXConfig(
         hidden_size=HIDDEN,
@@ -265,6 +287,12 @@ FIXTURES: list[Fixture] = [
     Fixture("qwen2", "qwen2", qwen2_config),
     Fixture("qwen3", "qwen3", qwen3_config),
     Fixture("mistral", "mistral", mistral_config),
+    Fixture(
+        "gemma2", "gemma2", gemma2_config,
+        notes=["transformers has no sdpa attention for Gemma2 (soft-capping): exported with eager attention",
+               "attention logits soft-capped (tanh, cap 5.0), final logits too (cap 3.0); "
+               "RMSNorm scales by (1 + w); layer 0 slides (window 4), layer 1 is full"],
+    ),
     Fixture("gpt_neox", "gpt_neox", gpt_neox_config, norm="LayerNorm"),
     Fixture("gptj", "gptj", gptj_config, norm="LayerNorm", rotary_style="interleaved"),
     Fixture("phi", "phi", phi_config, norm="LayerNorm"),

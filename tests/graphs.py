@@ -231,13 +231,25 @@ def _repeat_heads(b: GraphBuilder, x: str, batch_dims, kv_heads: int, rep: int, 
     return b.node("Reshape", [expanded, b.const(np.array([0, kv_heads * rep, -1, head_dim], dtype=np.int64))])
 
 
+def _soft_cap(b: GraphBuilder, scores: str, cap: float, inner: float | None, spelling: str, dtype) -> str:
+    """Gemma2's cap * tanh(scores / cap) (``inner`` replaces the cap inside tanh when given);
+    ``spelling`` "mul" multiplies by the reciprocal instead of dividing."""
+    inner = cap if inner is None else inner
+    if spelling == "div":
+        scaled = b.node("Div", [scores, b.const(np.asarray(inner, dtype=dtype))])
+    else:
+        scaled = b.node("Mul", [scores, b.const(np.asarray(1.0 / inner, dtype=dtype))])
+    return b.node("Mul", [b.node("Tanh", [scaled]), b.const(np.asarray(cap, dtype=dtype))])
+
+
 STATIC_SEQ, STATIC_BATCH = 5, 2  # the Reshape-Transpose-Reshape Kᵀ variant is built with static sizes
 
 
 def attention_model(*, heads=4, kv_heads=2, head_dim=8, scale_at="both", q_scale=None, k_scale=None,
                     kt="transpose", mask=True, nan_guard=True, softmax_axis=-1, out_transpose=True,
                     v_grouping="hf", k_perm=(0, 1, 3, 2), leak_probs=False, dtype=np.float32,
-                    scale_input=False) -> onnx.ModelProto:
+                    scale_input=False, softcap=None, softcap_inner=None, softcap_spelling="div",
+                    softcap_after_mask=False) -> onnx.ModelProto:
     """q [B,N,S,D], k/v [B,Nkv,S,D] graph inputs -> SDPA as the dynamo exporter writes it."""
     b = GraphBuilder()
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
@@ -264,8 +276,13 @@ def attention_model(*, heads=4, kv_heads=2, head_dim=8, scale_at="both", q_scale
     scores = b.node("MatMul", [q, kT])
     if scale_at == "scores_div":
         scores = b.node("Div", [scores, b.const(np.asarray(np.sqrt(head_dim), dtype=dtype))])
+    cap = lambda s: _soft_cap(b, s, softcap, softcap_inner, softcap_spelling, dtype)  # noqa: E731
+    if softcap is not None and not softcap_after_mask:
+        scores = cap(scores)
     if mask:
         scores = b.node("Add", [scores, b.input("mask", elem, [batch, 1, seq, seq])])
+    if softcap is not None and softcap_after_mask:
+        scores = cap(scores)
     probs = b.node("Softmax", [scores], axis=softmax_axis)
     if nan_guard:
         probs = b.node("Where", [b.node("IsNaN", [probs]), b.const(np.asarray(0.0, dtype=dtype)), probs])

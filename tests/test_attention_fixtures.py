@@ -34,7 +34,7 @@ def test_every_attention_site_is_fused_and_outputs_match(tmp_path, name):
     assert result.ok, [row.to_dict() for row in result.outputs]
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2", "mistral", "gpt_neox", "gptj", "phi", "rope3d"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "mistral", "gpt_neox", "gptj", "phi", "rope3d", "gemma2"])
 def test_rope_is_folded_into_attention(tmp_path, name):
     report = otfuse.fuse(fixture_path(name), tmp_path / "f.onnx")
     assert "RotaryEmbeddingQK" not in report.fusions and report.fusions["RopeAttention"] >= 1
@@ -51,7 +51,7 @@ def test_kv_cache_decoder_prefill_and_decode(tmp_path, past, seq):
     assert "present.0.key" in names and "present.1.value" in names
 
 
-@pytest.mark.parametrize("name", ["llama", "mistral", "bloom", "gpt2", "bert", "qwen3"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "bloom", "gpt2", "bert", "qwen3", "gemma2"])
 def test_left_padding_matches_exactly_fully_masked_rows_included(tmp_path, name):
     """The mask the graph built is added as it is, so padded rows (every key masked by a finite
     minimum) come out as in the original, not as zeros."""
@@ -69,3 +69,20 @@ def test_left_padding_matches_exactly_fully_masked_rows_included(tmp_path, name)
     names = {i["name"] for i in ENTRIES[name]["inputs"]}
     result = otfuse.diff(fixture_path(name), out, inputs={k: v for k, v in feeds.items() if k in names})
     assert result.ok, [row.to_dict() for row in result.outputs]
+
+
+def test_gemma2_soft_capping_and_masks_are_attributes(tmp_path):
+    """Gemma2 (eager): tanh soft-capping → softcap, query_pre_attn_scalar 8 → scale 8**-0.5, the
+    sliding layer's mask → window 4, the full layer's → causal; dropping the cap breaks the diff."""
+    out = tmp_path / "gemma2_fused.onnx"
+    otfuse.fuse(fixture_path("gemma2"), out)
+    fused = onnx.load(out)
+    nodes = [n for n in fused.graph.node if n.op_type == "RopeAttention"]
+    got = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in nodes]
+    assert [(a["softcap"], a["causal"], a["window"]) for a in got] == [(5.0, 1, 4), (5.0, 1, 0)]
+    assert all(a["scale"] == pytest.approx(8 ** -0.5) for a in got)
+    assert [n.op_type for n in fused.graph.node].count("Tanh") == 1  # the final logits' cap stays
+    for node in nodes:
+        next(a for a in node.attribute if a.name == "softcap").f = 0.0
+    onnx.save(fused, tmp_path / "uncapped.onnx")
+    assert not otfuse.diff(fixture_path("gemma2"), tmp_path / "uncapped.onnx", dims=_dims("gemma2")).ok

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx import numpy_helper
 from fusing import assert_same_outputs, attrs, fuse_model, fused_nodes
 from graphs import attention_model
 
@@ -71,3 +72,50 @@ def test_probabilities_used_elsewhere_block_the_fusion(tmp_path):
     fused, report = fuse_attention(tmp_path, attention_model(leak_probs=True))
     assert fused is None
     assert any("also used by" in miss["reason"] for miss in report.near_misses)
+
+
+# -- logit soft-capping (Gemma2): cap * tanh(scores / cap) between the scale and the mask ----------
+@pytest.mark.parametrize("spelling", ["div", "mul"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["fp32", "fp16"])
+def test_soft_capping_is_fused_as_softcap(tmp_path, spelling, dtype):
+    fused, report = fuse_attention(tmp_path, attention_model(softcap=3.0, softcap_spelling=spelling, dtype=dtype))
+    assert report.fusions == {"Attention": 1}
+    assert [n.op_type for n in fused.graph.node] == ["Attention"]
+    a = attrs(fused_nodes(fused)[0])
+    assert a["softcap"] == 3.0 and a["scale"] == pytest.approx(8 ** -0.5, rel=1e-3)
+    assert_same_outputs(tmp_path)
+
+
+def test_soft_capping_without_mask_or_scale_is_fused(tmp_path):
+    fused, _ = fuse_attention(tmp_path, attention_model(softcap=1.5, scale_at="none", mask=False))
+    a = attrs(fused_nodes(fused)[0])
+    assert a["softcap"] == 1.5 and a["scale"] == 1.0
+    assert_same_outputs(tmp_path)
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    (dict(softcap=3.0, softcap_inner=2.0), "divides by 2.0 but multiplies by 3.0"),
+    (dict(softcap=3.0, softcap_inner=2.0, softcap_spelling="mul"), "not by 1/3.0"),
+    (dict(softcap=-3.0), "not one finite positive number"),
+], ids=["other_divisor", "other_reciprocal", "negative_cap"])
+def test_soft_capping_with_other_constants_is_not_fused(tmp_path, kwargs, reason):
+    fused, report = fuse_attention(tmp_path, attention_model(**kwargs))
+    assert fused is None
+    assert any(reason in miss["reason"] for miss in report.near_misses), report.near_misses
+
+
+def test_soft_capping_after_the_mask_is_not_fused(tmp_path):
+    # tanh of (scores + mask): the op caps before adding the bias, so this is another function.
+    fused, _ = fuse_attention(tmp_path, attention_model(softcap=3.0, softcap_after_mask=True))
+    assert fused is None
+
+
+def test_soft_capping_per_head_is_not_fused(tmp_path):
+    model = attention_model(softcap=3.0)
+    tanh = next(n for n in model.graph.node if n.op_type == "Tanh")
+    outer = next(n for n in model.graph.node if n.op_type == "Mul" and tanh.output[0] in n.input)
+    cap = next(t for t in model.graph.initializer if t.name in outer.input)
+    cap.CopyFrom(numpy_helper.from_array(np.array([3.0, 3.0, 2.0, 3.0], np.float32).reshape(1, 4, 1, 1), cap.name))
+    fused, report = fuse_attention(tmp_path, model)
+    assert fused is None
+    assert any("not one finite positive number" in miss["reason"] for miss in report.near_misses)

@@ -58,10 +58,17 @@ def _scaled(value, tag: str):
     return Either(op.Mul(value, Const(f"{tag}_mul")), op.Div(value, Const(f"{tag}_div")), value)
 
 
+def _soft_capped(scores):
+    """Gemma2's logit soft-capping of the scaled scores: ``Mul(Tanh(Div(s, c)), c)`` or with
+    ``Mul(s, 1/c)`` inside (the two constants are compared by the rule's check)."""
+    inner = Either(op.Div(scores, Const("softcap_div")), op.Mul(scores, Const("softcap_recip")))
+    return Either(op.Mul(op.Tanh(inner, _bind="softcap_tanh"), Const("softcap_mul")), scores)
+
+
 def _attention(q, k, v=None):
     keys = _repeat_kv(k, "k")
     scores = op.MatMul(_scaled(q, "q"), _scaled(_transposed(keys), "kt"), _bind="qk")
-    scores = _scaled(scores, "scores")
+    scores = _soft_capped(_scaled(scores, "scores"))
     probs = op.Softmax(Either(op.Add(scores, Var("mask")), scores), _bind="softmax")
     guarded = Either(op.Where(op.IsNaN(probs), Const("nan_fill"), probs, _bind="nan_guard"), probs)
     out = op.MatMul(guarded, _repeat_kv(v if v is not None else _with_cache("v"), "v"), _bind="pv")
@@ -98,6 +105,28 @@ def _scalar(graph: GraphIndex, match: Match, name: str) -> float:
     if value is None or not math.isfinite(value) or value == 0:
         raise _Refuse(f"scale constant '{name}' is not one finite non-zero number")
     return value
+
+
+def _softcap(graph: GraphIndex, match: Match) -> float:
+    """The cap c of ``c * tanh(s / c)``: the outer factor, which the inner divisor must equal
+    (or the inner factor be 1/c to the constant's precision); c > 0, one scalar each."""
+    for name in ("softcap_mul", "softcap_div", "softcap_recip"):
+        if match.has(name) and len(graph.constant_shape(match.value(name)) or ()) > 4:
+            raise _Refuse(f"the soft-capping constant '{name}' widens the scores' rank")
+    cap = graph.scalar_value(match.value("softcap_mul"))
+    if cap is None or not math.isfinite(cap) or cap <= 0:
+        raise _Refuse(f"the soft-capping factor is {cap}, not one finite positive number")
+    if match.has("softcap_div"):
+        inner = graph.scalar_value(match.value("softcap_div"))
+        if inner != cap:
+            raise _Refuse(f"soft-capping divides by {inner} but multiplies by {cap}")
+    else:
+        recip = match.value("softcap_recip")
+        inner = graph.scalar_value(recip)
+        eps = float(np.finfo(graph.constant_value(recip).dtype).eps) if inner is not None else 0.0
+        if inner is None or abs(inner * cap - 1.0) > eps:
+            raise _Refuse(f"soft-capping multiplies by {inner} inside tanh, not by 1/{cap}")
+    return float(np.float32(cap))
 
 
 class AttentionRule(Rule):
@@ -163,13 +192,16 @@ class AttentionRule(Rule):
                 raise _Refuse(f"the NaN guard fills {fill}, not 0")
         if graph.elem_type(self.root_output(match)) != elem:
             raise _Refuse("the output type differs from q's")
-        return {
+        attributes = {
             "num_heads": heads,
             "kv_num_heads": kv_heads,
             "scale": self._scale(graph, match),
             "layout": "BNSD",
             "output_layout": "BSND" if match.has("out_transpose") else "BNSD",
         }
+        if match.has("softcap_tanh"):
+            attributes["softcap"] = _softcap(graph, match)
+        return attributes
 
     def root_output(self, match: Match) -> str:
         return match.covered[0].output[0]
