@@ -221,11 +221,19 @@ def rope_sections_model(sections=(4, 6, 6), head_dim=16, split=False) -> onnx.Mo
 
 # -- attention ---------------------------------------------------------------------------------------
 def _repeat_heads(b: GraphBuilder, x: str, batch_dims, kv_heads: int, rep: int, head_dim: int,
-                  interleave: bool) -> str:
+                  interleave: bool, repeat: str = "expand") -> str:
     """repeat_kv as HF writes it (kv head g serves query heads g*rep .. g*rep+rep-1), or the
-    other grouping (query head h reads kv head h % kv_heads) when ``interleave``."""
+    other grouping (query head h reads kv head h % kv_heads) when ``interleave``. ``repeat``:
+    "expand" (HF), "tile" (Tile instead of Expand), "tile_heads" (a bare Tile(x, [1, rep, 1, 1]):
+    always the other grouping)."""
+    if repeat == "tile_heads":
+        return b.node("Tile", [x, b.const(np.array([1, rep, 1, 1], dtype=np.int64))])
     axis = 1 if interleave else 2
     unsq = b.node("Unsqueeze", [x, b.const(np.array([axis], dtype=np.int64))])
+    if repeat == "tile":
+        repeats = [1, rep, 1, 1, 1] if interleave else [1, 1, rep, 1, 1]
+        expanded = b.node("Tile", [unsq, b.const(np.array(repeats, dtype=np.int64))])
+        return b.node("Reshape", [expanded, b.const(np.array([0, kv_heads * rep, -1, head_dim], dtype=np.int64))])
     shape_5d = [1, rep, kv_heads, 1, head_dim] if interleave else [1, kv_heads, rep, 1, head_dim]
     expanded = b.node("Expand", [unsq, b.const(np.array(shape_5d, dtype=np.int64))])
     return b.node("Reshape", [expanded, b.const(np.array([0, kv_heads * rep, -1, head_dim], dtype=np.int64))])
@@ -249,7 +257,7 @@ def attention_model(*, heads=4, kv_heads=2, head_dim=8, scale_at="both", q_scale
                     kt="transpose", mask=True, nan_guard=True, softmax_axis=-1, out_transpose=True,
                     v_grouping="hf", k_perm=(0, 1, 3, 2), leak_probs=False, dtype=np.float32,
                     scale_input=False, softcap=None, softcap_inner=None, softcap_spelling="div",
-                    softcap_after_mask=False) -> onnx.ModelProto:
+                    softcap_after_mask=False, repeat="expand") -> onnx.ModelProto:
     """q [B,N,S,D], k/v [B,Nkv,S,D] graph inputs -> SDPA as the dynamo exporter writes it."""
     b = GraphBuilder()
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
@@ -260,8 +268,8 @@ def attention_model(*, heads=4, kv_heads=2, head_dim=8, scale_at="both", q_scale
     v = b.input("v", elem, [batch, kv_heads, seq, head_dim])
     rep = heads // kv_heads
     if rep > 1:
-        k = _repeat_heads(b, k, None, kv_heads, rep, head_dim, interleave=False)
-        v = _repeat_heads(b, v, None, kv_heads, rep, head_dim, interleave=v_grouping != "hf")
+        k = _repeat_heads(b, k, None, kv_heads, rep, head_dim, interleave=False, repeat=repeat)
+        v = _repeat_heads(b, v, None, kv_heads, rep, head_dim, interleave=v_grouping != "hf", repeat=repeat)
     if kt == "transpose":
         kT = b.node("Transpose", [k], perm=list(k_perm))
     else:  # the dynamo exporter's Reshape [-1, S, D] -> Transpose -> Reshape [B, N, D, S] (static S)

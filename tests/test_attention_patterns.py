@@ -4,6 +4,7 @@ numerics; mutations are refused or fused with attributes that keep them exact.""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from onnx import numpy_helper
 from fusing import assert_same_outputs, attrs, fuse_model, fused_nodes
@@ -119,3 +120,45 @@ def test_soft_capping_per_head_is_not_fused(tmp_path):
     fused, report = fuse_attention(tmp_path, model)
     assert fused is None
     assert any("not one finite positive number" in miss["reason"] for miss in report.near_misses)
+
+
+# -- repeat_kv spelled with Tile -------------------------------------------------------------------
+@pytest.mark.parametrize("kv_heads", [2, 1], ids=["gqa", "mqa"])
+def test_repeat_kv_with_tile_on_a_new_axis_is_absorbed(tmp_path, kv_heads):
+    # Unsqueeze(2) -> Tile([1, 1, rep, 1, 1]) -> Reshape is HF's grouping: head h reads h // rep.
+    fused, report = fuse_attention(tmp_path, attention_model(kv_heads=kv_heads, repeat="tile"))
+    assert [n.op_type for n in fused.graph.node] == ["Attention"]
+    assert attrs(fused_nodes(fused)[0])["kv_num_heads"] == kv_heads
+    assert_same_outputs(tmp_path)
+
+
+def test_bare_tile_of_one_kv_head_is_absorbed(tmp_path):
+    # MQA: Tile(k, [1, N, 1, 1]) gives h % 1 == h // N, both the only kv head.
+    fused, _ = fuse_attention(tmp_path, attention_model(kv_heads=1, repeat="tile_heads"))
+    assert [n.op_type for n in fused.graph.node] == ["Attention"]
+    assert attrs(fused_nodes(fused)[0])["kv_num_heads"] == 1
+    assert_same_outputs(tmp_path)
+
+
+def test_bare_tile_of_several_kv_heads_is_read_as_it_is(tmp_path):
+    # Tile(k, [1, rep, 1, 1]) gives [k0, k1, k0, k1]: query head h reads h % Nkv, not HF's h // rep.
+    # The fused node must not take the kv heads as a group: it reads the tiled tensors, N kv heads.
+    fused, _ = fuse_attention(tmp_path, attention_model(kv_heads=2, repeat="tile_heads"))
+    assert attrs(fused_nodes(fused)[0])["kv_num_heads"] == 4
+    assert [n.op_type for n in fused.graph.node].count("Tile") == 2
+    assert_same_outputs(tmp_path)
+    # Absorbing the Tiles as HF's grouping (kv_num_heads = 2 on the untiled k, v) would be wrong:
+    node, tiles = fused_nodes(fused)[0], {n.output[0]: n.input[0] for n in fused.graph.node if n.op_type == "Tile"}
+    node.input[1], node.input[2] = tiles[node.input[1]], tiles[node.input[2]]
+    next(a for a in node.attribute if a.name == "kv_num_heads").i = 2
+    onnx.save(fused, tmp_path / "m_fused.onnx")
+    with pytest.raises(AssertionError):
+        assert_same_outputs(tmp_path)
+
+
+def test_tile_on_another_axis_keeps_its_repeat(tmp_path):
+    # v: Unsqueeze(1) -> Tile([1, rep, 1, 1, 1]) -> Reshape: the other head grouping, via Tile.
+    fused, _ = fuse_attention(tmp_path, attention_model(repeat="tile", v_grouping="other"))
+    assert attrs(fused_nodes(fused)[0])["kv_num_heads"] == 4
+    assert "Tile" in [n.op_type for n in fused.graph.node]
+    assert_same_outputs(tmp_path)

@@ -5,10 +5,12 @@ The chain as exporters write it (Hugging Face SDPA through the dynamo or TorchSc
 
     q [B,N,S,D] -> [Mul scale] ------------------------------\\
     k [B,Nkv,S,D] -> [Concat(past, k)] -> [repeat_kv] -> Kᵀ -> [Mul scale] -> MatMul -> [Mul|Div scale]
-        -> [Add mask] -> Softmax(-1) -> [Where(IsNaN(p), 0, p)] -> MatMul(·, repeat_kv(v)) -> [Transpose]
+        -> [softcap] -> [Add mask] -> Softmax(-1) -> [Where(IsNaN(p), 0, p)] -> MatMul(·, repeat_kv(v))
+        -> [Transpose]
 
-repeat_kv is ``Unsqueeze(2) -> Expand -> Reshape`` (read as an index map, no copy); Kᵀ is a
-Transpose of the last two axes, or the dynamo exporter's ``Reshape -> Transpose -> Reshape``.
+repeat_kv is ``Unsqueeze(2) -> Expand|Tile -> Reshape`` (read as an index map, no copy), or a
+bare ``Tile`` of a single kv head (MQA); Kᵀ is a Transpose of the last two axes, or the dynamo
+exporter's ``Reshape -> Transpose -> Reshape``. softcap is Gemma2's ``c * tanh(s / c)``.
 The additive mask is passed through as ``attn_bias``: whatever the graph computed (causal,
 sliding window, padding, ALiBi), the fused node adds exactly it, so the fusion is exact.
 """
@@ -36,11 +38,15 @@ class _Refuse(Exception):
 
 
 def _repeat_kv(x, tag: str):
-    """repeat_kv(x, n_rep): Unsqueeze(axis 2) -> Expand -> Reshape merging (Nkv, rep) into heads."""
-    expanded = op.Expand(Either(op.Unsqueeze(x, Const(f"{tag}_unsq_axes"), _bind=f"{tag}_unsq"),
-                                op.Unsqueeze(x, _bind=f"{tag}_unsq")),
-                         Var(f"{tag}_expand_shape"), _bind=f"{tag}_expand")
-    return Either(op.Reshape(expanded, Var(f"{tag}_merge_shape"), _bind=f"{tag}_merge"), x)
+    """repeat_kv(x, n_rep): Unsqueeze(axis 2) -> Expand (or Tile) -> Reshape merging (Nkv, rep)
+    into heads; or a bare Tile of the head axis, which is HF's grouping only when Nkv = 1. The
+    last alternative reads the repeated tensor as it is (every head its own kv head)."""
+    unsqueezed = Either(op.Unsqueeze(x, Const(f"{tag}_unsq_axes"), _bind=f"{tag}_unsq"),
+                        op.Unsqueeze(x, _bind=f"{tag}_unsq"))
+    expanded = Either(op.Expand(unsqueezed, Var(f"{tag}_expand_shape"), _bind=f"{tag}_expand"),
+                      op.Tile(unsqueezed, Const(f"{tag}_repeats"), _bind=f"{tag}_expand"))
+    return Either(op.Reshape(expanded, Var(f"{tag}_merge_shape"), _bind=f"{tag}_merge"),
+                  op.Tile(x, Const(f"{tag}_head_repeats"), _bind=f"{tag}_tile_heads"), x)
 
 
 def _with_cache(tag: str):
@@ -175,7 +181,7 @@ class AttentionRule(Rule):
             raise _Refuse("q, k and v must share one float type")
         for tag, source in (("k", k_all), ("v", v_all)):
             self._check_repeat(graph, match, tag, source, heads, kv_heads)
-        if not match.has("k_merge") and kv_heads != heads:
+        if not (match.has("k_merge") or match.has("k_tile_heads")) and kv_heads != heads:
             raise _Refuse(f"{kv_heads} kv heads meet {heads} query heads without repeat_kv")
         self._check_transpose(graph, match)
         for tag in ("k_cache", "v_cache"):
@@ -207,6 +213,14 @@ class AttentionRule(Rule):
         return match.covered[0].output[0]
 
     def _check_repeat(self, graph, match, tag, source, heads, kv_heads) -> None:
+        if match.has(f"{tag}_tile_heads"):
+            # Tile(x, [1, r, 1, 1]) lays the heads out as [x, x, ...]: query head h reads kv head
+            # h % Nkv, which is HF's h // (N / Nkv) only when there is one kv head.
+            repeats = [int(r) for r in graph.constant_value(match.value(f"{tag}_head_repeats")).reshape(-1)]
+            if kv_heads != 1 or repeats != [1, heads, 1, 1]:
+                raise _Refuse(f"Tile {match.node(f'{tag}_tile_heads').name!r} repeats {kv_heads} kv heads by "
+                              f"{repeats}: query head h would read kv head h % {kv_heads}, not h // {heads // kv_heads}")
+            return
         if not match.has(f"{tag}_merge"):
             return
         unsq = match.node(f"{tag}_unsq")
@@ -218,6 +232,10 @@ class AttentionRule(Rule):
         merged = common.reshaped_dims(graph, match.node(f"{tag}_merge"))
         src = graph.shape(source)
         rep = heads // kv_heads
+        if match.has(f"{tag}_repeats"):  # Tile: the repeats must copy along the new axis 2 only
+            repeats = [int(r) for r in graph.constant_value(match.value(f"{tag}_repeats")).reshape(-1)]
+            if repeats != [1, 1, rep, 1, 1]:
+                raise _Refuse(f"repeat_kv Tile repeats {repeats}, not [1, 1, {rep}, 1, 1]")
         if heads % kv_heads or not common.shapes_equal(expanded, [src[0], kv_heads, rep, src[2], src[3]]):
             raise _Refuse(f"repeat_kv expands {list(src)} to {list(expanded)}, not x{rep} along a new axis 2")
         if not common.shapes_equal(merged, [src[0], heads, src[2], src[3]]):
