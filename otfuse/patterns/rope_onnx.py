@@ -9,12 +9,13 @@ or ``[B, S, r/2]`` without them; its ``X`` is BNSD ``[B, N, S, D]`` or ``[B, S, 
 
 which is ``cos*x + sin*(M x)`` (docs/ops.md) with full-width tables ``Concat(c, c)`` (half) or
 ``c`` repeated pairwise (interleaved). The rewrite builds those [B, S, r] tables with plain nodes
-(Gather by position ids, Concat, Unsqueeze of the head axis) and leaves lanes r..D untouched, as
-both ops do. A 3-D ``X`` is viewed as [B, S, N, D] around the fused node.
+(a Gather of lanes, a Gather by position ids, an Unsqueeze of the head axis) and leaves lanes
+r..D untouched, as both ops do. A 3-D ``X`` is viewed as [B, S, N, D] around the fused node.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 
 from otfuse.patterns import common
@@ -97,7 +98,7 @@ class RotaryEmbeddingOpRule(Rule):
         geometry = _geometry(ctx.graph, match)
         plain = PlainNodes(ctx, root)
         bnsd = geometry["rank"] == 4
-        tables = [self._full_table(plain, match, name, geometry["mode"], bnsd) for name in ("cos", "sin")]
+        tables = [self._full_table(plain, match, name, geometry, bnsd) for name in ("cos", "sin")]
         x, y = match.value("x"), root.output[0]
         if not bnsd:  # [B, S, N*D] viewed as [B, S, N, D]
             x = plain.node("Reshape", [x, plain.ints([0, 0, geometry["heads"], geometry["head_dim"]])])
@@ -108,16 +109,16 @@ class RotaryEmbeddingOpRule(Rule):
                                rotary_dim=0 if width == geometry["head_dim"] else width)
         return plain.replacement(fused)
 
-    def _full_table(self, plain: PlainNodes, match: Match, name: str, mode: str, bnsd: bool) -> str:
-        """[B, S, r/2] (gathered by position ids when given) -> [B, 1, S, r] (BNSD) or [B, S, 1, r]."""
-        table = match.value(name)
+    def _full_table(self, plain: PlainNodes, match: Match, name: str, geometry: dict, bnsd: bool) -> str:
+        """[.., r/2] -> [.., r] by one Gather of lanes (c, c for half; each lane twice for
+        interleaved), by position ids when given (ORT folds the lane Gather of a constant cache),
+        then [B, 1, S, r] (BNSD) or [B, S, 1, r]. Few levels, so the q and k tables compare equal
+        and the two rotations pair."""
+        width = geometry["width"]
+        lanes = np.arange(width) // 2 if geometry["mode"] == "interleaved" else np.arange(width) % (width // 2)
+        table = plain.node("Gather", [match.value(name), plain.ints(lanes.tolist())], axis=-1)
         if match.has("position_ids"):
             table = plain.node("Gather", [table, match.value("position_ids")], axis=0)
-        if mode == "half":
-            table = plain.node("Concat", [table, table], axis=-1)
-        else:  # each half-table lane used for a pair of lanes: [.., h] -> [.., h, 2] -> [.., 2h]
-            pairs = plain.node("Unsqueeze", [table, plain.ints([-1])])
-            table = plain.node("Reshape", [plain.node("Concat", [pairs, pairs], axis=-1), plain.ints([0, 0, -1])])
         return plain.node("Unsqueeze", [table, plain.ints([1 if bnsd else 2])])
 
 
