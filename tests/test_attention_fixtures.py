@@ -10,8 +10,8 @@ from fixtures import fixture_entries, fixture_path
 import otfuse
 
 ENTRIES = fixture_entries()
-# The opset-23 ONNX Attention op is not re-targeted yet.
-NOT_YET = {"llama_opset23"}
+# Fixtures whose attention is not fused yet.
+NOT_YET: set[str] = set()
 SITES = sorted(n for n, e in ENTRIES.items() if e["expected"].get("attention") and n not in NOT_YET)
 
 

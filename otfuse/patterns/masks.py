@@ -57,8 +57,23 @@ def _classify(graph: GraphIndex, mask: str) -> MaskClaim:
     fill = graph.scalar_value(where.input[2])
     if keep != 0.0 or fill is None or fill > _MASKED_BELOW:
         raise _NoClaim(f"the mask adds {keep} / {fill}, not 0 / a large negative minimum")
+    return _claim(graph, where.input[0], "uniform" if np.isfinite(fill) else "zero")
+
+
+def classify_bool_mask(graph: GraphIndex, condition: str, memo: dict) -> MaskClaim | str:
+    """As ``classify_mask`` for a bool mask (True = attend; masked keys count as -inf)."""
+    key = ("bool_mask", condition)
+    if key not in memo:
+        try:
+            memo[key] = _claim(graph, condition, "zero")
+        except _NoClaim as refusal:
+            memo[key] = str(refusal)
+    return memo[key]
+
+
+def _claim(graph: GraphIndex, condition: str, empty_rows: str) -> MaskClaim:
     causal, window, padding = False, 0, None
-    for leaf in _and_leaves(graph, where.input[0]):
+    for leaf in _and_leaves(graph, condition):
         kind, value = _leaf_kind(graph, leaf)
         if kind in ("true", "versus_constant"):
             continue
@@ -74,8 +89,8 @@ def _classify(graph: GraphIndex, mask: str) -> MaskClaim:
         raise _NoClaim("a sliding window without the causal condition")
     if not causal and padding is None:
         raise _NoClaim("the mask is neither causal nor padding")
-    claim = MaskClaim(causal, window, padding, "uniform" if np.isfinite(fill) else "zero")
-    _verify_by_running(graph, where.input[0], claim)
+    claim = MaskClaim(causal, window, padding, empty_rows)
+    _verify_by_running(graph, condition, claim)
     return claim
 
 

@@ -13,6 +13,7 @@ A pattern is a tree of values written the way the model computes them::
   ``_bind``; its matched output value under ``_as``); attribute expectations are a literal,
   ``ANY`` or a predicate. ``Add``/``Mul``/``Max``/``Min``/``Sum`` try both operand orders.
 - ``Either(a, b, ...)`` tries alternatives in order (the first that completes the match wins).
+- ``Absent()`` matches a left-out optional input (an empty name); no other pattern does.
 - Re-using one pattern object at two places means "the same node": the exporter computed it once.
 
 The matcher walks from the pattern's root (the output) towards its inputs and records why each
@@ -66,6 +67,12 @@ class Op(Pattern):
     domain: str = ""
     output_index: int = 0
     value_as: str | None = None  # also bind the matched output value under this name
+
+
+@dataclass(eq=False)
+class Absent(Pattern):
+    """Matches a missing optional input (an empty name) and nothing else: ``Either(Var("mask"),
+    Absent())`` is an optional input that may be left out before inputs that are given."""
 
 
 @dataclass(eq=False)
@@ -159,7 +166,9 @@ class Matcher:
         yield from self._match(pattern, value, EMPTY_MATCH)
 
     def _match(self, pattern: Pattern, value: str, state: Match) -> Iterator[Match]:
-        if isinstance(pattern, Var):
+        if not value or isinstance(pattern, Absent):
+            yield from self._match_absent(pattern, value, state)
+        elif isinstance(pattern, Var):
             yield from self._match_var(pattern, value, state)
         elif isinstance(pattern, Const):
             yield from self._match_const(pattern, value, state)
@@ -170,6 +179,19 @@ class Matcher:
             yield from self._match_op(pattern, value, state)
         else:  # pragma: no cover - programming error in a pattern
             raise TypeError(f"not a pattern: {pattern!r}")
+
+    def _match_absent(self, pattern: Pattern, value: str, state: Match) -> Iterator[Match]:
+        """A missing input matches only ``Absent`` (alone or as an alternative), and vice versa."""
+        if isinstance(pattern, Absent):
+            if value:
+                self.fail(state, "an optional input that must be absent is given")
+            else:
+                yield state
+        elif isinstance(pattern, Either):
+            for alternative in pattern.alternatives:
+                yield from self._match(alternative, value, state)
+        else:
+            self.fail(state, "an optional input is missing")
 
     def _bind_value(self, name: str, value: str, state: Match) -> Match | None:
         bound = state.values.get(name)
@@ -249,9 +271,6 @@ class Matcher:
             yield state
             return
         head, rest = patterns[0], patterns[1:]
-        if not values[0]:
-            self.fail(state, "an optional input is missing")
-            return
         for after_head in self._match(head, values[0], state):
             yield from self._match_inputs(rest, values[1:], after_head)
 
