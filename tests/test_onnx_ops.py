@@ -326,7 +326,67 @@ def test_repeat_kv_with_a_cache_is_not_absorbed(tmp_path):
     _diff(tmp_path, dims={"batch": 2, "seq": 3, "past_seq": 2})
 
 
+# -- the rotation folded into the attention ------------------------------------------------------------
+FOLD_CASES = {
+    "half": ({}, {"rotary_mode": b"half", "rotary_dim": 0}),
+    "interleaved": ({"rope": {"interleaved": 1}}, {"rotary_mode": b"interleaved", "rotary_dim": 0}),
+    "partial": ({"rope": {"rotary_dim": 4}}, {"rotary_mode": b"half", "rotary_dim": 4}),
+    "past_causal_mask": ({"past": True, "is_causal": 1, "mask": "bool"}, {"causal": 1}),
+    "repeat_kv": ({"repeat_kv": True, "is_causal": 1}, {"kv_num_heads": 2}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FOLD_CASES))
+def test_rotation_folded_into_attention(tmp_path, case):
+    kwargs, expected = FOLD_CASES[case]
+    model = attention_op_model(**{"rope": {}, **kwargs})
+    fused, report = fuse_model(tmp_path, model)
+    assert report.fusions == {"RopeAttention": 1}, (report.fusions, report.near_misses)
+    (node,) = fused_nodes(fused)
+    got = attrs(node)
+    for name, value in expected.items():
+        assert got[name] == value, (name, got)
+    assert [fused_graph_producer(fused, name) for name in node.input[:2]] == ["Transpose", "Transpose"]
+    for seq, past in [(5, 3), (1, 4)]:
+        dims = {"batch": 2, "seq": seq, **({"past_seq": past} if kwargs.get("past") else {})}
+        _diff(tmp_path, inputs=_attention_inputs(model, dims, kwargs.get("mask")))
+
+
+def test_rotation_used_elsewhere_is_not_folded_but_exact(tmp_path):
+    model = attention_op_model(rope={}, rope_output_used=True, is_causal=1)
+    fused, report = fuse_model(tmp_path, model)
+    assert report.fusions == {"Attention": 1, "RotaryEmbeddingQK": 1}, report.fusions
+    assert any("also used" in miss["reason"] or "graph output" in miss["reason"] for miss in report.near_misses)
+    _diff(tmp_path, inputs=_attention_inputs(model, {"batch": 2, "seq": 5}))
+
+
+def test_3d_attention_keeps_its_rotation_separate(tmp_path):
+    """A 3-D Q is [B, S, N*D]: the rotations (viewed per head) pair, the attention stays BSND."""
+    model = attention_op_model(rank=3, rope={}, is_causal=1)
+    fused, report = fuse_model(tmp_path, model)
+    assert report.fusions == {"Attention": 1, "RotaryEmbeddingQK": 1}, report.fusions
+    _diff(tmp_path, inputs=_attention_inputs(model, {"batch": 2, "seq": 5}))
+
+
 # -- the exported fixture ------------------------------------------------------------------------------
+def test_opset23_fixture_fuses_like_llama(tmp_path):
+    out = tmp_path / "fused.onnx"
+    report = otfuse.fuse(fixture_path("llama_opset23"), out)
+    reference = otfuse.fuse(fixture_path("llama"), tmp_path / "llama_fused.onnx")
+    assert report.fusions["RopeAttention"] == reference.fusions["RopeAttention"] == 2
+    assert "RotaryEmbeddingQK" not in report.fusions and "Attention" not in report.fusions
+    ops = {n.op_type for n in onnx.load(out).graph.node if n.domain != "otfuse"}
+    assert not ops & {"Attention", "RotaryEmbedding", "RMSNormalization", "LessOrEqual", "GatherND"}, ops
+    for node in fused_nodes(onnx.load(out)):
+        if node.op_type == "RopeAttention":
+            got = attrs(node)
+            assert (got["causal"], got["kv_num_heads"], got["num_heads"], got["empty_rows"]) == (1, 2, 4, b"zero")
+            assert node.input[6] == "attention_mask"
+    for batch, seq in [(1, 1), (2, 7), (3, 40)]:
+        result = otfuse.diff(fixture_path("llama_opset23"), out, dims={"batch": batch, "seq": seq})
+        assert result.ok, [row.to_dict() for row in result.outputs]
+
+
 @pytest.mark.parametrize("padding", [3, 8])
 def test_opset23_fixture_left_padding(tmp_path, padding):
     """Padded query rows see no key: zero in ONNX's Attention (bool mask) and in the fused node."""
