@@ -304,3 +304,39 @@ def attention_model(*, heads=4, kv_heads=2, head_dim=8, scale_at="both", q_scale
         b.nodes.append(helper.make_node("Identity", [softmax.output[0]], ["probs_out"]))
         b.outputs.append(helper.make_empty_tensor_value_info("probs_out"))
     return b.model()
+
+
+def keys_transposed_model(*, heads=4, head_dim=8, keys="bsnd", k_perm=(0, 2, 3, 1), q_layout="bsnd",
+                          v_layout="bsnd", kt_heads=None, kt_dim=None, dtype=np.float32) -> onnx.ModelProto:
+    """Attention whose Kᵀ is not a transpose of BNSD keys: GPT-2's eager ``key.permute(0, 2, 3, 1)``
+    of [B, S, N, D] (``keys="bsnd"``; ``k_perm`` another permutation of a suitably shaped input),
+    a [B, N, D, S] graph input (``"input"``; ``kt_heads``/``kt_dim`` change its dims), or a
+    transposed cache ``Concat(past_kt [B, N, D, P], permuted new keys, axis=-1)`` (``"cache"``).
+    q / v are ``Transpose([0,2,1,3])`` of [B, S, N, D] inputs ("bsnd") or BNSD inputs ("bnsd")."""
+    b = GraphBuilder()
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    kv_len = "total" if keys == "cache" else "seq"
+
+    def heads_first(name, layout, seq):
+        if layout == "bnsd":
+            return b.input(name, elem, ["batch", heads, seq, head_dim])
+        return b.node("Transpose", [b.input(name, elem, ["batch", seq, heads, head_dim])], perm=[0, 2, 1, 3])
+
+    q = heads_first("q", q_layout, "seq")
+    if keys == "input":
+        kt = b.input("k_t", elem, ["batch", kt_heads or heads, kt_dim or head_dim, "seq"])
+    else:
+        bnds = ["batch", heads, head_dim, "seq"]  # Kᵀ's dims; the input holds them permuted
+        kt = b.node("Transpose", [b.input("k", elem, [bnds[k_perm.index(i)] for i in range(4)])], perm=list(k_perm))
+        if keys == "cache":
+            past = b.input("past_kt", elem, ["batch", heads, head_dim, "past"])
+            kt = b.node("Concat", [past, kt], axis=-1)
+            v_all = b.node("Concat", [b.input("past_v", elem, ["batch", heads, "past", head_dim]),
+                                      heads_first("v", v_layout, "seq")], axis=2)
+    v = v_all if keys == "cache" else heads_first("v", v_layout, "seq")
+    scores = b.node("Div", [b.node("MatMul", [q, kt]), b.const(np.asarray(np.sqrt(head_dim), dtype=dtype))])
+    scores = b.node("Add", [scores, b.input("mask", elem, ["batch", 1, "seq", kv_len])])
+    out = b.node("Transpose", [b.node("MatMul", [b.node("Softmax", [scores], axis=-1), v])], perm=[0, 2, 1, 3])
+    b.nodes[-1].output[0] = "y"
+    b.output("y", elem, ["batch", "seq", heads, head_dim])
+    return b.model()

@@ -8,7 +8,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 from fusing import assert_same_outputs, attrs, fuse_model, fused_nodes
-from graphs import attention_model
+from graphs import attention_model, keys_transposed_model
 
 
 def fuse_attention(tmp_path, model):
@@ -162,3 +162,57 @@ def test_tile_on_another_axis_keeps_its_repeat(tmp_path):
     assert attrs(fused_nodes(fused)[0])["kv_num_heads"] == 4
     assert "Tile" in [n.op_type for n in fused.graph.node]
     assert_same_outputs(tmp_path)
+
+
+# -- keys the graph already holds transposed ----------------------------------------------------------
+def test_keys_permuted_from_bsnd_are_read_in_bsnd_with_q_and_v(tmp_path):
+    # GPT-2's eager split: q, v permute(0,2,1,3), k permute(0,2,3,1), all of [B, S, N, D].
+    fused, report = fuse_attention(tmp_path, keys_transposed_model())
+    assert [n.op_type for n in fused.graph.node] == ["Attention"], "the three transposes must go"
+    a = attrs(fused_nodes(fused)[0])
+    assert a["layout"] == b"BSND" and a["output_layout"] == b"BSND" and a["kv_num_heads"] == 4
+    assert a["scale"] == pytest.approx(8 ** -0.5)
+    assert list(fused_nodes(fused)[0].input[:3]) == ["q", "k", "v"]
+    assert_same_outputs(tmp_path)
+
+
+@pytest.mark.parametrize("kwargs", [dict(q_layout="bnsd"), dict(v_layout="bnsd"), dict(keys="input"),
+                                    dict(keys="input", q_layout="bnsd", v_layout="bnsd")],
+                         ids=["q_bnsd", "v_bnsd", "kt_input", "kt_input_qv_bnsd"])
+def test_keys_given_transposed_get_a_transpose_to_bnsd(tmp_path, kwargs):
+    fused, report = fuse_attention(tmp_path, keys_transposed_model(**kwargs))
+    assert report.fusions == {"Attention": 1}
+    node = fused_nodes(fused)[0]
+    assert attrs(node)["layout"] == b"BNSD"
+    transpose = next(n for n in fused.graph.node if n.output[0] == node.input[1])
+    assert attrs(transpose)["perm"] == ([0, 1, 3, 2] if kwargs.get("keys") == "input" else [0, 2, 1, 3])
+    assert_same_outputs(tmp_path)
+
+
+def test_a_cache_kept_transposed_is_read_through_a_transpose(tmp_path):
+    fused, report = fuse_attention(tmp_path, keys_transposed_model(keys="cache"))
+    assert report.fusions == {"Attention": 1}
+    assert "Concat" in [n.op_type for n in fused.graph.node]  # the caches stay what the graph made
+    assert_same_outputs(tmp_path, dims={"batch": 2, "seq": 5, "past": 3, "total": 8})
+
+
+@pytest.mark.parametrize("perm", [(0, 2, 1, 3), (0, 3, 2, 1), (0, 1, 3, 2)])
+def test_keys_permuted_otherwise_are_not_read_as_bsnd(tmp_path, perm):
+    # [B, N, D, S] from another permutation: its input is not [B, S, N, D] (heads and positions
+    # elsewhere), so neither BSND rule may take it as keys. (0,1,3,2) is the plain rule's Kᵀ.
+    fused, report = fuse_attention(tmp_path, keys_transposed_model(k_perm=perm))
+    if perm == (0, 1, 3, 2):
+        assert attrs(fused_nodes(fused)[0])["layout"] == b"BNSD"
+        assert_same_outputs(tmp_path)
+    else:
+        assert fused is None
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    (dict(keys="input", kt_dim="d"), "do not line up"),
+    (dict(keys="input", kt_heads=1), "do not line up"),
+], ids=["head_size_unproven", "kv_heads_broadcast"])
+def test_keys_given_transposed_with_other_shapes_are_not_fused(tmp_path, kwargs, reason):
+    fused, report = fuse_attention(tmp_path, keys_transposed_model(**kwargs))
+    assert fused is None
+    assert any(reason in miss["reason"] for miss in report.near_misses), report.near_misses

@@ -10,7 +10,8 @@ The chain as exporters write it (Hugging Face SDPA through the dynamo or TorchSc
 
 repeat_kv is ``Unsqueeze(2) -> Expand|Tile -> Reshape`` (read as an index map, no copy), or a
 bare ``Tile`` of a single kv head (MQA); Kᵀ is a Transpose of the last two axes, or the dynamo
-exporter's ``Reshape -> Transpose -> Reshape``. softcap is Gemma2's ``c * tanh(s / c)``.
+exporter's ``Reshape -> Transpose -> Reshape``, or keys the graph holds transposed (the permute of
+[B, S, Nkv, D], a graph input, a cache kept transposed). softcap is Gemma2's ``c * tanh(s / c)``.
 The additive mask is passed through as ``attn_bias``: whatever the graph computed (causal,
 sliding window, padding, ALiBi), the fused node adds exactly it, so the fusion is exact.
 """
@@ -71,9 +72,11 @@ def _soft_capped(scores):
     return Either(op.Mul(op.Tanh(inner, _bind="softcap_tanh"), Const("softcap_mul")), scores)
 
 
-def _attention(q, k, v=None):
-    keys = _repeat_kv(k, "k")
-    scores = op.MatMul(_scaled(q, "q"), _scaled(_transposed(keys), "kt"), _bind="qk")
+def _attention(q, k, v=None, keys_t=None):
+    """The chain; ``keys_t`` replaces Kᵀ (= the transpose of repeat_kv(k)) when the keys come
+    already transposed."""
+    keys_t = keys_t if keys_t is not None else _transposed(_repeat_kv(k, "k"))
+    scores = op.MatMul(_scaled(q, "q"), _scaled(keys_t, "kt"), _bind="qk")
     scores = _soft_capped(_scaled(scores, "scores"))
     probs = op.Softmax(Either(op.Add(scores, Var("mask")), scores), _bind="softmax")
     guarded = Either(op.Where(op.IsNaN(probs), Const("nan_fill"), probs, _bind="nan_guard"), probs)
@@ -164,11 +167,15 @@ class AttentionRule(Rule):
     def values_read(self, match: Match) -> str:
         return match.node("v_cache").output[0] if match.has("v_cache") else match.value("v")
 
+    def key_dims(self, graph: GraphIndex, match: Match) -> tuple:
+        """[B, Nkv, Skv, D] of the keys read (a rule reading them in another layout permutes)."""
+        return _dims(graph, self.keys_read(match), 4, "k")
+
     def attributes(self, graph: GraphIndex, match: Match) -> dict:
         q, k_all = self.q_value(match), self.keys_read(match)
         v_all = self.values_read(match)
         batch, heads, q_len, head_dim = _dims(graph, q, 4, "q")
-        _, kv_heads, kv_len, k_dim = _dims(graph, k_all, 4, "k")
+        _, kv_heads, kv_len, k_dim = self.key_dims(graph, match)
         _, v_heads, v_len, v_dim = _dims(graph, v_all, 4, "v")
         if not all(isinstance(d, int) for d in (heads, head_dim, kv_heads, v_heads, v_dim)):
             raise _Refuse("head counts and head sizes must be static")
@@ -242,7 +249,7 @@ class AttentionRule(Rule):
             raise _Refuse(f"repeat_kv merges into {list(merged)}, not [B, {heads}, S, D]")
 
     def _check_transpose(self, graph, match) -> None:
-        if match.has("k_transpose"):
+        if not match.has("kt_flat"):  # a Transpose of the last two axes, or keys given transposed
             return
         keys = match.node("kt_flat").input[0]
         k_shape = _dims(graph, keys, 4, "keys")
@@ -478,5 +485,84 @@ class RopeAttentionBSNDRule(RopeAttentionRule):
         return match.node("v_to_bnsd").output[0]
 
 
-RULES: list[Rule] = [RopeAttentionBSNDRule(), RopeAttentionRule(), AttentionRule(), FlatHeadsAttentionRule()]
+# -- keys the graph already holds transposed ([B, Nkv, D, S]) -------------------------------------------
+def _keys_from_bsnd():
+    """Kᵀ straight from the head split: ``key.permute(0, 2, 3, 1)`` of [B, S, Nkv, D] (GPT-2's
+    eager ``_split_heads(key, k=True)``)."""
+    return op.Transpose(Var("k"), perm=[0, 2, 3, 1], _bind="k_bsnd_transpose")
+
+
+class KeysTransposedBSNDRule(AttentionRule):
+    """q and v ``Transpose(·, [0,2,1,3])`` of [B, S, N, D] and Kᵀ the permute of [B, S, Nkv, D]:
+    the fused node reads the three in BSND (layout BSND) and the three transposes disappear."""
+
+    name = "Attention(Kᵀ from BSND)"
+    exports = ()
+    pattern = _attention(_to_bnsd(Var("q"), "q"), None, _to_bnsd(Var("v"), "v"), keys_t=_keys_from_bsnd())
+
+    def q_value(self, match: Match) -> str:
+        return match.node("q_to_bnsd").output[0]
+
+    def keys_read(self, match: Match) -> str:
+        return match.value("k")
+
+    def values_read(self, match: Match) -> str:
+        return match.node("v_to_bnsd").output[0]
+
+    def key_dims(self, graph: GraphIndex, match: Match) -> tuple:
+        batch, seq, heads, dim = _dims(graph, match.value("k"), 4, "k")
+        return batch, heads, seq, dim
+
+    def attributes(self, graph: GraphIndex, match: Match) -> dict:
+        return {**super().attributes(graph, match), "layout": "BSND"}
+
+    def inputs(self, match: Match) -> list[str]:
+        return [match.value("q"), match.value("k"), match.value("v")]
+
+
+class KeysTransposedRule(AttentionRule):
+    """Kᵀ that is not the transpose of a BNSD K in the graph: the permute of [B, S, Nkv, D] (with
+    q or v in another layout than BSND), or a [B, Nkv, D, S] graph input or cache kept transposed.
+    The rewrite puts a Transpose to BNSD in front of the fused node."""
+
+    name = "Attention(Kᵀ given)"
+    exports = ()
+    pattern = _attention(Var("q"), None, Var("v"), keys_t=Either(_keys_from_bsnd(), Var("k_t")))
+
+    def grow(self, ctx: RewriteContext, match: Match) -> Match | None:
+        """Kᵀ as any value would take every right operand (a scaled Kᵀ, a wrong transpose): only a
+        graph input or a cache kept transposed (Concat along the last axis) is a candidate, the
+        rest silently not (the other rules report their near misses)."""
+        if not match.has("k_t"):
+            return match
+        node = ctx.graph.producer.get(match.value("k_t"))
+        if node is None:
+            return match if match.value("k_t") in ctx.graph.graph_inputs else None
+        return match if node.op_type == "Concat" and attr(node, "axis") in (-1, 3) else None
+
+    def keys_read(self, match: Match) -> str:
+        return match.value("k") if match.has("k_bsnd_transpose") else match.value("k_t")
+
+    def k_new(self, match: Match) -> str:
+        return self.keys_read(match)
+
+    def key_dims(self, graph: GraphIndex, match: Match) -> tuple:
+        if match.has("k_bsnd_transpose"):
+            batch, seq, heads, dim = _dims(graph, match.value("k"), 4, "k")
+        else:
+            batch, heads, dim, seq = _dims(graph, match.value("k_t"), 4, "Kᵀ")
+        return batch, heads, seq, dim
+
+    def rewrite(self, ctx: RewriteContext, match: Match, root: onnx.NodeProto) -> Replacement:
+        replacement = super().rewrite(ctx, match, root)
+        fused = replacement.nodes[-1]
+        name = ctx.unique_name(f"{root.output[0]}/k_to_bnsd")
+        perm = [0, 2, 1, 3] if match.has("k_bsnd_transpose") else [0, 1, 3, 2]
+        transpose = onnx.helper.make_node("Transpose", [fused.input[1]], [name], name=name, perm=perm)
+        fused.input[1] = name
+        return Replacement([transpose, *replacement.nodes], replacement.initializers)
+
+
+RULES: list[Rule] = [RopeAttentionBSNDRule(), RopeAttentionRule(), AttentionRule(), FlatHeadsAttentionRule(),
+                     KeysTransposedBSNDRule(), KeysTransposedRule()]
 PASSES = [RulePass(RULES)]
