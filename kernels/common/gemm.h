@@ -69,13 +69,13 @@ class PackedB {
   std::unique_ptr<unsigned char[], Free> storage_;
 };
 
-// Receives finished output panels: rows [0, m) of panel `panel`, acc[r * kPanelWidth + j] is
-// C[r, panel * 16 + j] (in the packed column numbering). Called from worker threads, one call
-// per panel; must not throw.
+// Receives finished output blocks: rows [row0, row0 + rows) of panel `panel`,
+// acc[r * kPanelWidth + j] is C[row0 + r, panel * 16 + j] (in the packed column numbering).
+// Called from worker threads, once per (row chunk, panel); must not throw.
 class GemmSink {
  public:
   virtual ~GemmSink() = default;
-  virtual void Panel(int64_t panel, int64_t m, const float* acc) const = 0;
+  virtual void Panel(int64_t panel, int64_t row0, int64_t rows, const float* acc) const = 0;
 };
 
 // C = A · B for A float32 row-major [m, b.k()] with row stride lda; every panel of B once, split
@@ -102,14 +102,23 @@ struct PanelsJob {
   const GemmSink* sink;
 };
 
-// Panels [begin, end) of the job. `b_buffer` holds kDepth * kPanelWidth floats, `acc` m * 16.
-using PanelsFn = void (*)(const PanelsJob& job, int64_t begin, int64_t end, float* b_buffer, float* acc);
+// One task: rows [row0, row0 + rows) (row0 a multiple of kRowBlock) times panels
+// [panel_begin, panel_end).
+struct PanelsTask {
+  int64_t row0;
+  int64_t rows;
+  int64_t panel_begin;
+  int64_t panel_end;
+};
+
+// `b_buffer` holds kDepth * kPanelWidth floats, `acc` rows * 16 per panel of the task.
+using PanelsFn = void (*)(const PanelsJob& job, const PanelsTask& task, float* b_buffer, float* acc);
 
 namespace baseline {
-void Panels(const PanelsJob& job, int64_t begin, int64_t end, float* b_buffer, float* acc);
+void Panels(const PanelsJob& job, const PanelsTask& task, float* b_buffer, float* acc);
 }
 namespace avx2 {
-void Panels(const PanelsJob& job, int64_t begin, int64_t end, float* b_buffer, float* acc);
+void Panels(const PanelsJob& job, const PanelsTask& task, float* b_buffer, float* acc);
 }
 
 }  // namespace gemm_detail

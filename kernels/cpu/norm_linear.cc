@@ -90,13 +90,13 @@ class ProjectionSink final : public GemmSink {
                  const std::vector<const float*>& biases, const std::vector<T*>& outputs)
       : projections_(projections), widths_(widths), biases_(biases), outputs_(outputs) {}
 
-  void Panel(int64_t panel, int64_t m, const float* acc) const override {
+  void Panel(int64_t panel, int64_t row0, int64_t m, const float* acc) const override {
     const int32_t i = projections_.owner[panel];
     const int64_t n = widths_[i];
     const int64_t col0 = (panel - projections_.first_panel[i]) * kPanelWidth;
     const int64_t width = std::min(kPanelWidth, n - col0);
     const float* bias = biases_[i] != nullptr ? biases_[i] + col0 : nullptr;
-    T* out = outputs_[i] + col0;
+    T* out = outputs_[i] + row0 * n + col0;
     for (int64_t r = 0; r < m; ++r) {
       const float* row = acc + r * kPanelWidth;
       T* dst = out + r * n;
