@@ -150,7 +150,8 @@ def _repeat(b: GraphBuilder, x: str, rep: int, heads: int, head_dim: int) -> str
 def attention_op_model(*, heads=4, kv_heads=2, head_dim=8, rank=4, past=False, present=None, mask=None,
                        is_causal=0, softcap=0.0, scale=None, qk_mode=None, qk_output=False, nonpad=False,
                        q_len="seq", kv_len="seq", softmax_precision=None, dtype=np.float32, repeat_kv=False,
-                       rope=None, rope_output_used=False, opset=23) -> onnx.ModelProto:
+                       rope=None, rope_output_used=False, out_perm=None, y_used=False,
+                       opset=23) -> onnx.ModelProto:
     """One ONNX Attention on graph inputs (q, k, v, attn_mask, past_key, past_value), optionally
     with the q/k rotated by ONNX RotaryEmbedding ops (``rope``: interleaved, rotary_dim) and K/V
     repeated by repeat_kv; every attribute and optional input as given."""
@@ -197,6 +198,10 @@ def attention_op_model(*, heads=4, kv_heads=2, head_dim=8, rank=4, past=False, p
     shapes = {"y": ["batch", heads, q_len, head_dim] if rank == 4 else ["batch", q_len, heads * head_dim],
               "present_key": ["batch", kv_heads, total, head_dim], "present_value": ["batch", kv_heads, total, head_dim],
               "qk": ["batch", heads, q_len, total]}
+    if out_perm is not None:  # the head transpose after the op; y stays an output only if y_used
+        b.nodes.append(onnx.helper.make_node("Transpose", ["y"], ["y_t"], perm=out_perm))
+        b.output("y_t", elem, None)
+        outputs = [name for name in outputs if name != "y" or y_used]
     for name in outputs:
         if name:
             b.output(name, elem, shapes[name])
@@ -244,6 +249,9 @@ ATTENTION_CASES = {
     "repeat_kv": ({"repeat_kv": True, "is_causal": 1}, {"kv_num_heads": 2}),
     "softmax_precision_float": ({"softmax_precision": onnx.TensorProto.FLOAT}, {}),
     "fp16": ({"dtype": np.float16, "is_causal": 1, "mask": "bool"}, {}),
+    "output_transpose": ({"out_perm": [0, 2, 1, 3], "past": True}, {"output_layout": b"BSND"}),
+    "output_transpose_y_used": ({"out_perm": [0, 2, 1, 3], "y_used": True}, {"output_layout": b"BNSD"}),
+    "output_other_perm": ({"out_perm": [0, 1, 3, 2]}, {"output_layout": b"BNSD"}),
 }
 
 

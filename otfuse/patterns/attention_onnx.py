@@ -2,7 +2,8 @@
 
 What maps directly: Q/K/V as BNSD 4-D tensors (``layout`` BNSD) or 3-D ``[B, S, heads*D]`` with
 ``q_num_heads``/``kv_num_heads`` (``layout`` BSND, our 3-D form of it); ``past_key``/``past_value``
-→ ``present_key``/``present_value``; ``scale``; ``softcap``. A ``repeat_kv`` (Unsqueeze(2) →
+→ ``present_key``/``present_value``; ``scale``; ``softcap``; a ``Transpose(0, 2, 1, 3)`` of a
+4-D output → ``output_layout`` BSND. A ``repeat_kv`` (Unsqueeze(2) →
 Expand → Reshape) in front of K and V is absorbed as ``kv_num_heads`` when no cache is involved.
 
 What is translated:
@@ -54,8 +55,10 @@ def _attention_op():
     """The op with any of its optional inputs given or left out (empty names in between)."""
     optional = [Either(Var(name), Absent()) for name in _OPTIONAL_INPUTS]
     heads = [(Var("q"), _repeat_kv("k"), _repeat_kv("v")), (Var("q"), Var("k"), Var("v"))]
-    return Either(*(op.Attention(*qkv, *optional[:count], _bind="attention")
-                    for qkv in heads for count in range(len(optional), -1, -1)))
+    attention = Either(*(op.Attention(*qkv, *optional[:count], _bind="attention")
+                         for qkv in heads for count in range(len(optional), -1, -1)))
+    # The exporter's head transpose after a 4-D op becomes output_layout BSND (one copy less).
+    return Either(op.Transpose(attention, perm=[0, 2, 1, 3], _bind="out_transpose"), attention)
 
 
 def _dims(graph: GraphIndex, value: str, what: str) -> tuple:
@@ -79,7 +82,8 @@ class AttentionOpRule(Rule):
     pattern = _attention_op()
 
     def produced_values(self, graph: GraphIndex, match: Match, root_value: str) -> set[str] | None:
-        return {name for name in match.node("attention").output if name}
+        """Y (or its transpose, the root) and the present outputs."""
+        return {root_value} | {name for name in match.node("attention").output[1:3] if name}
 
     def check(self, ctx: RewriteContext, match: Match) -> str | None:
         try:
@@ -126,7 +130,9 @@ class AttentionOpRule(Rule):
         past_len = self._check_cache(graph, match, batch, kv_heads, head_dim, v_dim, elem)
         attributes = {"num_heads": heads, "kv_num_heads": kv_heads,
                       "layout": "BNSD" if rank == 4 else "BSND"}
-        attributes["output_layout"] = attributes["layout"]
+        if match.has("out_transpose") and rank != 4:
+            raise _Refuse("a transpose after a 3-D output")
+        attributes["output_layout"] = "BSND" if match.has("out_transpose") else attributes["layout"]
         scale = attr(node, "scale")
         if scale is not None:
             if not math.isfinite(scale) or scale == 0:
@@ -238,7 +244,7 @@ class AttentionOpRule(Rule):
         inputs = [match.value("q"), match.value("k"), match.value("v"), bias, padding, *past]
         while not inputs[-1]:
             inputs.pop()
-        outputs = list(match.node("attention").output[:3])
+        outputs = [root.output[0], *match.node("attention").output[1:3]]
         while not outputs[-1]:
             outputs.pop()
         return plain.replacement(ctx.fused_node("Attention", inputs, outputs, root, **attributes))
