@@ -83,6 +83,8 @@ class Fixture:
     dtype: torch.dtype = torch.float32
     kv_cache: bool = False
     opset: int = OPSET
+    exporter: str = "dynamo"  # "dynamo" or "torchscript" (torch.onnx.export(dynamo=False))
+    weights_of: str | None = None  # build with this fixture's seed (same model, other exporter)
     notes: list[str] = dataclasses.field(default_factory=list)
 
 
@@ -327,6 +329,15 @@ FIXTURES: list[Fixture] = [
         "llama_opset23", "llama", llama_config, opset=23,
         notes=["opset 23: the exporter emits ONNX RMSNormalization, RotaryEmbedding and Attention ops"],
     ),
+    # What users still run: torch.onnx.export(..., dynamo=False). Same models and weights.
+    Fixture(
+        "llama_torchscript", "llama", llama_config, exporter="torchscript", weights_of="llama",
+        notes=["TorchScript exporter (dynamo=False); same model and weights as llama"],
+    ),
+    Fixture(
+        "mistral_torchscript", "mistral", mistral_config, exporter="torchscript", weights_of="mistral",
+        notes=["TorchScript exporter (dynamo=False); same model and weights as mistral (sliding_window 4)"],
+    ),
 ]
 
 
@@ -416,9 +427,10 @@ def build_model(fx: Fixture, attn_impl: str) -> tuple[torch.nn.Module, transform
     fp16 checkpoints."""
     config = fx.make_config()
     auto = transformers.AutoModelForCausalLM if fx.model_kind == "causal_lm" else transformers.AutoModel
-    torch.manual_seed(fixture_seed(fx.name))
+    seed = fixture_seed(fx.weights_of or fx.name)
+    torch.manual_seed(seed)
     model = auto.from_config(config, attn_implementation=attn_impl, dtype=fx.dtype)
-    randomize_weights(model, fixture_seed(fx.name))
+    randomize_weights(model, seed)
     return model.eval(), model.config
 
 
@@ -613,19 +625,22 @@ def export_with_attention(fx: Fixture, out_dir: Path, attn_impl: str) -> dict[st
     past = SAMPLE_PAST if fx.kv_cache else 0
     input_names, args = make_inputs(fx, config, SAMPLE_BATCH, SAMPLE_SEQ, past, seed)
     with torch.no_grad():
-        program = torch.onnx.export(
-            wrapper,
-            tuple(args),
-            dynamo=True,
-            input_names=input_names,
-            output_names=output_names_for(fx, config),
-            dynamic_shapes=dynamic_shapes_for(fx, input_names),
-            opset_version=fx.opset,
-            optimize=True,
-            external_data=False,
-            verbose=False,
-        )
-    proto = program.model_proto
+        if fx.exporter == "torchscript":
+            proto = export_torchscript(fx, config, wrapper, input_names, args)
+        else:
+            program = torch.onnx.export(
+                wrapper,
+                tuple(args),
+                dynamo=True,
+                input_names=input_names,
+                output_names=output_names_for(fx, config),
+                dynamic_shapes=dynamic_shapes_for(fx, input_names),
+                opset_version=fx.opset,
+                optimize=True,
+                external_data=False,
+                verbose=False,
+            )
+            proto = program.model_proto
     strip_metadata(proto)
     proto.doc_string = f"otfuse fixture {fx.name}: tiny random-weight {fx.architecture} (models/export_fixtures.py)"
     onnx.checker.check_model(proto, full_check=True)
@@ -645,6 +660,21 @@ def export_with_attention(fx: Fixture, out_dir: Path, attn_impl: str) -> dict[st
     out_path = out_dir / f"{fx.name}.onnx"
     out_path.write_bytes(data)
     return manifest_entry(fx, proto, config, model, attn_impl, out_path, data)
+
+
+def export_torchscript(fx: Fixture, config, wrapper, input_names, args) -> onnx.ModelProto:
+    """torch.onnx.export(dynamo=False): the dims named as in the dynamo fixtures."""
+    if fx.kv_cache:
+        raise ValueError(f"{fx.name}: TorchScript export of a KV cache is not set up")
+    axes = {name: dims for name, dims in zip(input_names, dynamic_shapes_for(fx, input_names))}
+    output_names = output_names_for(fx, config)
+    axes.update({name: {0: "batch", 1: "seq"} for name in output_names})
+    buffer = io.BytesIO()
+    torch.onnx.export(
+        wrapper, tuple(args), buffer, dynamo=False, input_names=input_names, output_names=output_names,
+        dynamic_axes=axes, opset_version=fx.opset, do_constant_folding=True, verbose=False,
+    )
+    return onnx.load_from_string(buffer.getvalue())
 
 
 def compare_with_ort(
@@ -891,10 +921,12 @@ def graph_op_counts(proto: onnx.ModelProto) -> dict[str, int]:
 
 
 def _scalar_constant(proto: onnx.ModelProto, name: str) -> float | None:
-    for init in proto.graph.initializer:
-        if init.name == name:
-            value = numpy_helper.to_array(init)
-            return float(value.reshape(-1)[0]) if value.size == 1 else None
+    tensors = [init for init in proto.graph.initializer if init.name == name]
+    tensors += [a.t for n in proto.graph.node if n.op_type == "Constant" and n.output[0] == name
+                for a in n.attribute if a.name == "value"]  # TorchScript exports
+    for tensor in tensors:
+        value = numpy_helper.to_array(tensor)
+        return float(value.reshape(-1)[0]) if value.size == 1 else None
     return None
 
 
@@ -972,7 +1004,8 @@ def manifest_entry(fx, proto, config, model, attn_impl, path: Path, data: bytes)
         "model_class": type(model).__name__,
         "dtype": str(fx.dtype).replace("torch.", ""),
         "kv_cache": fx.kv_cache,
-        "exporter": "torch.onnx.export(dynamo=True, optimize=True)",
+        "exporter": "torch.onnx.export(dynamo=True, optimize=True)" if fx.exporter == "dynamo"
+        else "torch.onnx.export(dynamo=False, do_constant_folding=True)",
         "versions": {
             "torch": torch.__version__,
             "transformers": transformers.__version__,
@@ -982,7 +1015,7 @@ def manifest_entry(fx, proto, config, model, attn_impl, path: Path, data: bytes)
         "opset": opset.get("ai.onnx"),
         "opset_imports": opset,
         "attn_implementation": attn_impl,
-        "seed": fixture_seed(fx.name),
+        "seed": fixture_seed(fx.weights_of or fx.name),
         "size_bytes": len(data),
         "sha256": hashlib.sha256(data).hexdigest(),
         "inputs": [_value_info(v) for v in proto.graph.input],

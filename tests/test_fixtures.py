@@ -87,7 +87,12 @@ def value_infos(values) -> list[dict]:
 
 
 def initializer_values(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    """Initializers and (TorchScript exports) Constant nodes' values."""
+    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            values.update({node.output[0]: numpy_helper.to_array(a.t) for a in node.attribute if a.name == "value"})
+    return values
 
 
 def scalar(inits: dict[str, np.ndarray], name: str) -> float | None:
@@ -158,6 +163,7 @@ def norm_parameters(model: onnx.ModelProto) -> list[tuple[str, np.ndarray, np.nd
     for n in nodes:
         for i in n.input:
             consumers.setdefault(i, []).append(n)
+    producer = {out: n for n in nodes for out in n.output}
 
     def only_consumer(name: str, op: str) -> onnx.NodeProto:
         users = consumers.get(name, [])
@@ -169,8 +175,10 @@ def norm_parameters(model: onnx.ModelProto) -> list[tuple[str, np.ndarray, np.nd
         if n.op_type in ("LayerNormalization", "RMSNormalization"):
             bias = inits[n.input[2]] if len(n.input) > 2 and n.input[2] else None
             found.append((n.name, inits[n.input[1]], bias))
-        elif n.op_type == "Reciprocal":
-            mul = only_consumer(n.output[0], "Mul")  # x * rsqrt
+        elif n.op_type == "Reciprocal" or (n.op_type == "Div" and scalar(inits, n.input[0]) == 1.0 and
+                                          getattr(producer.get(n.input[1]), "op_type", "") == "Sqrt" and
+                                          [u.op_type for u in consumers.get(n.output[0], [])] == ["Mul"]):
+            mul = only_consumer(n.output[0], "Mul")  # x * rsqrt (TorchScript: Div(1, Sqrt))
             nxt = consumers[mul.output[0]]
             if len(nxt) == 1 and nxt[0].op_type == "Cast":
                 nxt = consumers[nxt[0].output[0]]

@@ -206,6 +206,7 @@ class GraphIndex:
             value_type = _type_from_proto(info.type)
             if value_type is not None:
                 types.setdefault(info.name, value_type)
+        self._skeleton: onnx.ModelProto | None = skeleton  # for _refine_shapes, run once if needed
         for info in list(self.graph.input) + list(self.graph.value_info) + list(self.graph.output):
             value_type = _type_from_proto(info.type)
             if value_type is not None and info.name not in types:
@@ -217,19 +218,80 @@ class GraphIndex:
         return types
 
     def value_type(self, name: str) -> ValueType | None:
-        return self.types.get(name)
+        value_type = self.types.get(name)
+        if value_type is not None and self._skeleton is not None and _lacks_dims(value_type):
+            self._refine_shapes()
+            value_type = self.types.get(name)
+        return value_type
+
+    def _refine_shapes(self) -> None:
+        """Symbolic inference fills in what onnx's left unknown: slow-ish (Python per node), so it
+        runs only when a pattern asks for a tensor of rank >= 4 with unknown dims (TorchScript
+        exports; the dynamo exporter declares those shapes)."""
+        skeleton, self._skeleton = self._skeleton, None
+        _fill_unknown_dims(self.types, _symbolic_value_info(skeleton))
 
     def elem_type(self, name: str) -> int:
         value_type = self.types.get(name)
         return value_type.elem_type if value_type else 0
 
     def shape(self, name: str) -> tuple[Dim, ...] | None:
-        value_type = self.types.get(name)
+        value_type = self.value_type(name)
         return value_type.shape if value_type else None
 
     def rank(self, name: str) -> int | None:
         shape = self.shape(name)
         return None if shape is None else len(shape)
+
+
+def _symbolic_value_info(skeleton: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """ONNX Runtime's symbolic shape inference, which works out what onnx's leaves unknown in
+    TorchScript exports: ``Reshape(x, Concat(B, S, -1, D))`` with B, S symbolic, or ``Expand`` to
+    a shape computed by ``Where(Equal(shape, -1), 1, shape)``. Run as its ``infer_shapes`` does,
+    minus the debug file that one writes into the working folder when some node is unknown (our
+    own ops): what it inferred before stopping still holds. Best effort: no result on failure.
+    Nodes of other domains (our fused ops) are cut out, their declared outputs entering as inputs."""
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        inference = SymbolicShapeInference(2**31 - 1, auto_merge=False, guess_output_rank=False, verbose=0)
+        inference._preprocess(_without_custom_nodes(skeleton))
+        while inference.run_:
+            inference._infer_impl()
+        return list(inference.out_mp_.graph.value_info)
+    except Exception:  # noqa: BLE001 - an unsupported op or version: keep onnx's shapes
+        return []
+
+
+def _without_custom_nodes(skeleton: onnx.ModelProto) -> onnx.ModelProto:
+    declared = {info.name: info for info in list(skeleton.graph.value_info) + list(skeleton.graph.output)}
+    custom = [node for node in skeleton.graph.node if node.domain not in ("", "ai.onnx")]
+    if not custom:
+        return skeleton
+    model = onnx.ModelProto()
+    model.CopyFrom(skeleton)
+    del model.graph.node[:]
+    model.graph.node.extend(n for n in skeleton.graph.node if n.domain in ("", "ai.onnx"))
+    model.graph.input.extend(declared[out] for node in custom for out in node.output if out in declared)
+    return model
+
+
+def _lacks_dims(value_type: ValueType) -> bool:
+    shape = value_type.shape
+    return shape is None or (len(shape) >= 4 and None in shape)
+
+
+def _fill_unknown_dims(types: dict[str, ValueType], infos: list[onnx.ValueInfoProto]) -> None:
+    """Replace unknown dims (or an unknown rank) by symbolic inference's, never a known one."""
+    for info in infos:
+        found, known = _type_from_proto(info.type), types.get(info.name)
+        if found is None or found.shape is None or known is None or found.elem_type != known.elem_type:
+            continue
+        if known.shape is None:
+            types[info.name] = found
+        elif len(known.shape) == len(found.shape) and None in known.shape:
+            shape = tuple(f if k is None else k for k, f in zip(known.shape, found.shape))
+            types[info.name] = ValueType(known.elem_type, shape)
 
 
 def _skeleton_for_inference(model: onnx.ModelProto) -> onnx.ModelProto:
