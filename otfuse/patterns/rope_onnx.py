@@ -103,7 +103,8 @@ class RotaryEmbeddingOpRule(Rule):
         if not bnsd:  # [B, S, N*D] viewed as [B, S, N, D]
             x = plain.node("Reshape", [x, plain.ints([0, 0, geometry["heads"], geometry["head_dim"]])])
             y = ctx.unique_name(f"{root.output[0]}/heads")
-            plain.node("Reshape", [y, plain.ints([0, 0, -1])], output=root.output[0])
+            hidden = geometry["heads"] * geometry["head_dim"]  # not -1: an empty B or S stays valid
+            plain.node("Reshape", [y, plain.ints([0, 0, hidden])], output=root.output[0])
         width = geometry["width"]
         fused = ctx.fused_node("RotaryEmbedding", [x, *tables], [y], root, mode=geometry["mode"],
                                rotary_dim=0 if width == geometry["head_dim"] else width)
