@@ -12,6 +12,7 @@
 #include <string>
 
 #include "ascend/norm_call.h"
+#include "common/norm_params.h"
 #include "common/shape_check.h"
 #include "op_registry.h"
 
@@ -20,12 +21,6 @@ namespace {
 
 using Kind = NormKind;
 
-InputTensor RequiredInput(const KernelContext& ctx, size_t index, const char* name) {
-  std::optional<InputTensor> tensor = ctx.Input(index);
-  if (!tensor) throw Error(std::string("input '") + name + "' is required");
-  return *tensor;
-}
-
 template <Kind kKind, bool kAdd, Placement kPlacement>
 class AscendNormKernel {
   using Api = NormApi<kKind, kAdd>;
@@ -33,32 +28,16 @@ class AscendNormKernel {
  public:
   explicit AscendNormKernel(const KernelInfo& info)
       : rt_(&BindRuntime(kPlacement)), op_(BindNormOp<kKind, kAdd>(*rt_)) {
-    const float default_epsilon = kKind == Kind::kRms ? 1e-6f : 1e-5f;
-    epsilon_ = info.FloatAttribute("epsilon").value_or(default_epsilon);
-    if (!(epsilon_ >= 0.0f) || !std::isfinite(epsilon_)) {
-      throw Error("attribute 'epsilon' must be a finite number >= 0, got " + std::to_string(epsilon_));
-    }
+    epsilon_ = ReadNormEpsilon(info, kKind);
     axis_ = info.IntAttribute("axis").value_or(-1);
   }
 
   void Compute(const KernelContext& ctx) const {
-    const char* x_name = kAdd ? "A" : "X";
-    const InputTensor x = RequiredInput(ctx, 0, x_name);
+    const NormInput input = ReadNormInput(ctx, kAdd);
+    const InputTensor& x = input.x;
+    const std::optional<InputTensor>& b = input.b;
+    const char* x_name = input.x_name;
     const ONNXTensorElementDataType t = x.type;
-    if (t != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT && t != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 &&
-        t != ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16) {
-      throw Error(std::string(x_name) + " has element type " + ElementTypeName(t) +
-                  "; expected float32, float16 or bfloat16");
-    }
-    std::optional<InputTensor> b;
-    if constexpr (kAdd) {
-      b = RequiredInput(ctx, 1, "B");
-      if (b->type != t) {
-        throw Error(std::string("B has element type ") + ElementTypeName(b->type) + " but A has " +
-                    ElementTypeName(t));
-      }
-      ExpectShape("B", b->shape, "A.shape", x.shape);
-    }
     const size_t rank = x.shape.size();
     if (rank < 1 || rank > kMaxNormRank) {
       throw Error(std::string(Api::kName) + " takes inputs of rank 1 to 8; " + x_name + " has rank " +
@@ -71,13 +50,13 @@ class AscendNormKernel {
 
     const size_t scale_index = kAdd ? 2 : 1;
     const InputTensor scale = RequiredInput(ctx, scale_index, "scale");
-    CheckWeights("scale", scale, t, row_shape, row_shape_name);
+    CheckNormParameter("scale", scale, t, row_shape_name, row_shape);
     std::optional<InputTensor> bias;
     std::optional<ONNXTensorElementDataType> bias_type;
     if constexpr (kKind == Kind::kLayer) {
       bias = ctx.Input(scale_index + 1);
       if (bias) {
-        CheckWeights("bias", *bias, t, row_shape, row_shape_name);
+        CheckNormParameter("bias", *bias, t, row_shape_name, row_shape);
         bias_type = bias->type;
       }
     }
@@ -107,16 +86,6 @@ class AscendNormKernel {
   }
 
  private:
-  // scale / bias: the input's type or float32 (docs/ops.md), shaped like the normalised axes.
-  static void CheckWeights(const char* name, const InputTensor& weights, ONNXTensorElementDataType x_type,
-                           const Shape& row_shape, const std::string& row_shape_name) {
-    if (weights.type != x_type && weights.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
-      throw Error(std::string(name) + " has element type " + ElementTypeName(weights.type) +
-                  "; expected float32 or " + ElementTypeName(x_type) + " (the input's type)");
-    }
-    ExpectShape(name, weights.shape, row_shape_name, row_shape);
-  }
-
   const CannRuntime* rt_;
   NormOp<kKind, kAdd> op_;
   float epsilon_;
@@ -128,13 +97,7 @@ void AppendNormOp(const char* name, CustomOpList& ops) {
   // Same schema as the CPU kernels (cpu/norm.cc): one OrtCustomOp per element type T.
   for (ONNXTensorElementDataType t : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
                                       ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}) {
-    OpSpec spec{name, ExecutionProviderOf(kPlacement), {}, {}};
-    spec.inputs.push_back({t});
-    if (kAdd) spec.inputs.push_back({t});
-    spec.inputs.push_back({ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED});  // scale
-    if (kKind == Kind::kLayer) spec.inputs.push_back({ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, true});  // bias
-    spec.outputs.push_back({t});
-    if (kAdd) spec.outputs.push_back({t, true});  // S
+    OpSpec spec = NormOpSpec(name, ExecutionProviderOf(kPlacement), t, kKind, kAdd);
     ops.push_back(MakeCustomOp<AscendNormKernel<kKind, kAdd, kPlacement>>(std::move(spec)));
   }
 }

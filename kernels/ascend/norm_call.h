@@ -17,11 +17,12 @@
 #include <string>
 
 #include "ascend/aclnn_call.h"
+#include "common/norm_kind.h"
 #include "common/shape_check.h"
 
 namespace otfuse::ascend {
 
-enum class NormKind { kRms, kLayer };
+using ::otfuse::NormKind;
 
 constexpr size_t kMaxNormRank = 8;  // every one of the four: "Dimension (Shape) 1-8"
 

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "ascend/norm_call.h"
+#include "common/norm_params.h"
 #include "common/shape_check.h"
 #include "op_registry.h"
 
@@ -49,27 +50,6 @@ using AddmmGetWorkspace = aclnnStatus (*)(const aclTensor* self, const aclTensor
                                           aclOpExecutor** executor);
 
 constexpr int8_t kKeepDtype = 0;  // cubeMathType 0: KEEP_DTYPE
-
-bool IsSupportedType(ONNXTensorElementDataType type) {
-  return type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 ||
-         type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
-}
-
-InputTensor RequiredInput(const KernelContext& ctx, size_t index, const std::string& name) {
-  std::optional<InputTensor> tensor = ctx.Input(index);
-  if (!tensor) throw Error("input '" + name + "' is required");
-  return *tensor;
-}
-
-// A scale, a norm bias or a projection bias: T or float32, exactly `shape` (as cpu/norm_linear.cc).
-void CheckParameter(const std::string& name, const InputTensor& tensor, ONNXTensorElementDataType t,
-                    const std::string& shape_name, const Shape& shape) {
-  if (tensor.type != t && tensor.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
-    throw Error(name + " has element type " + ElementTypeName(tensor.type) + "; expected float32 or " +
-                ElementTypeName(t));
-  }
-  ExpectShape(name, tensor.shape, shape_name, shape);
-}
 
 // aclnnMatmul / aclnnAddmm on product lines other than Atlas A2/A3 and Ascend 950 (an unknown SoC
 // is left to CANN).
@@ -97,104 +77,29 @@ class AscendNormLinearKernel {
       : rt_(&BindRuntime(kPlacement)),
         norm_(BindNormOp<kKind, kAdd>(*rt_)),
         matmul_(AclnnOp<MatmulGetWorkspace>::Bind(*rt_, "aclnnMatmul")) {
-    const float default_epsilon = kKind == NormKind::kRms ? 1e-6f : 1e-5f;
-    epsilon_ = info.FloatAttribute("epsilon").value_or(default_epsilon);
-    if (!(epsilon_ >= 0.0f) || !std::isfinite(epsilon_)) {
-      throw Error("attribute 'epsilon' must be a finite number >= 0, got " + std::to_string(epsilon_));
-    }
-    const int64_t axis = info.IntAttribute("axis").value_or(-1);
-    if (axis != -1) throw Error("attribute 'axis' must be -1, got " + std::to_string(axis));
-    widths_ = info.IntsAttribute("out_features").value_or(std::vector<int64_t>{});
-    if (widths_.empty()) throw Error("attribute 'out_features' is required (one width per projection)");
-    for (int64_t n : widths_) {
-      if (n <= 0) throw Error("every entry of 'out_features' must be > 0, got " + std::to_string(n));
-    }
-    const size_t count = widths_.size();
-    transposed_ = ReadFlags(info, "transposed", count);
-    has_bias_ = ReadFlags(info, "has_bias", count);
-    first_weight_ = (kAdd ? 3 : 2) + (kKind == NormKind::kLayer ? 1 : 0);
-    size_t bias_count = 0;
-    for (int64_t flag : has_bias_) bias_count += flag != 0 ? 1 : 0;
-    const size_t expected_inputs = first_weight_ + count + bias_count;
-    if (info.InputCount() != expected_inputs) {
-      throw Error("expected " + std::to_string(expected_inputs) + " inputs (" + std::to_string(first_weight_) +
-                  " norm inputs, " + std::to_string(count) + " weights, " + std::to_string(bias_count) +
-                  " biases), got " + std::to_string(info.InputCount()));
-    }
-    if (bias_count > 0) {
+    params_ = ReadNormLinearParams(info, kKind, kAdd);
+    if (params_.bias_count > 0) {
       addmm_ = AclnnOp<AddmmGetWorkspace>::Bind(*rt_, "aclnnAddmm");
       copy_ = AclnnOp<InplaceCopyGetWorkspace>::Bind(*rt_, "aclnnInplaceCopy");
     }
   }
 
   void Compute(const KernelContext& ctx) const {
-    const char* x_name = kAdd ? "A" : "X";
-    const InputTensor x = RequiredInput(ctx, 0, x_name);
+    const NormInput input = ReadNormInput(ctx, kAdd);
+    const InputTensor& x = input.x;
+    const std::optional<InputTensor>& b = input.b;
+    const char* x_name = input.x_name;
     const ONNXTensorElementDataType t = x.type;
-    if (!IsSupportedType(t)) {
-      throw Error(std::string(x_name) + " has element type " + ElementTypeName(t) +
-                  "; expected float32, float16 or bfloat16");
-    }
-    std::optional<InputTensor> b;
-    if constexpr (kAdd) {
-      b = RequiredInput(ctx, 1, "B");
-      if (b->type != t) {
-        throw Error(std::string("B has element type ") + ElementTypeName(b->type) + " but A has " +
-                    ElementTypeName(t));
-      }
-      ExpectShape("B", b->shape, "A.shape", x.shape);
-    }
-    if (x.shape.empty()) throw Error(std::string(x_name) + " must have rank >= 1");
-    const size_t rank = x.shape.size();
-    const int64_t rows = DimProduct(x.shape, 0, rank - 1);
-    const int64_t d = x.shape.back();
-    DimProduct(x.shape, 0, rank);
-    if (d == 0) {
-      throw Error(std::string(x_name) + " has an empty last dimension; the normalised rows must not be empty");
-    }
-    const Shape row_shape{d};
-    const std::string row_name = std::string(x_name) + ".shape[-1:]";
-
-    const size_t scale_index = kAdd ? 2 : 1;
-    const InputTensor scale = RequiredInput(ctx, scale_index, "scale");
-    CheckParameter("scale", scale, t, row_name, row_shape);
-    std::optional<InputTensor> norm_bias;
+    const auto [rows, d] = ReadNormLinearRows(input);
+    const auto [scale, norm_bias] = ReadNormLinearNormParams(ctx, input, d, kKind, kAdd);
     std::optional<ONNXTensorElementDataType> norm_bias_type;
-    if constexpr (kKind == NormKind::kLayer) {
-      norm_bias = ctx.Input(scale_index + 1);
-      if (norm_bias) {
-        CheckParameter("norm_bias", *norm_bias, t, row_name, row_shape);
-        norm_bias_type = norm_bias->type;
-      }
-    }
+    if (norm_bias) norm_bias_type = norm_bias->type;
 
-    const size_t count = widths_.size();
-    std::vector<InputTensor> weights;
-    for (size_t i = 0; i < count; ++i) {
-      const std::string name = "W" + std::to_string(i + 1);
-      weights.push_back(RequiredInput(ctx, first_weight_ + i, name));
-      if (weights[i].type != t) {
-        throw Error(name + " has element type " + ElementTypeName(weights[i].type) + "; expected " +
-                    ElementTypeName(t) + " (the input's type)");
-      }
-      const Shape expected = transposed_[i] ? Shape{widths_[i], d} : Shape{d, widths_[i]};
-      ExpectShape(name, weights[i].shape, transposed_[i] ? "[out_features, K]" : "[K, out_features]", expected);
-    }
-    std::vector<std::optional<InputTensor>> biases(count);
-    size_t next_bias = first_weight_ + count;
-    for (size_t i = 0; i < count; ++i) {
-      if (!has_bias_[i]) continue;
-      const std::string name = "bias" + std::to_string(i + 1);
-      biases[i] = RequiredInput(ctx, next_bias++, name);
-      CheckParameter(name, *biases[i], t, "[out_features[" + std::to_string(i) + "]]", Shape{widths_[i]});
-    }
-
-    const size_t outputs = ctx.OutputCount();
-    const size_t fixed = count + (kAdd ? 1 : 0);
-    if (outputs != fixed && outputs != fixed + 1) {
-      throw Error("expected " + std::to_string(fixed) + " or " + std::to_string(fixed + 1) + " outputs, got " +
-                  std::to_string(outputs));
-    }
+    const size_t count = params_.count();
+    const std::vector<InputTensor> weights = ReadProjectionWeights(ctx, params_);
+    CheckProjectionWeights(weights, t, d, params_);
+    const std::vector<std::optional<InputTensor>> biases = ReadProjectionBiases(ctx, t, params_);
+    const bool has_normalized = HasNormalizedOutput(ctx.OutputCount(), params_, kAdd);
 
     // What the aclnn operators cannot do, refused before any call.
     CheckNormWeightTypes<kKind, kAdd>(x_name, t, scale.type, norm_bias_type, "norm_bias");
@@ -205,12 +110,12 @@ class AscendNormLinearKernel {
     std::vector<OutputTensor> ys;
     for (size_t i = 0; i < count; ++i) {
       Shape shape = x.shape;
-      shape.back() = widths_[i];
+      shape.back() = params_.widths[i];
       ys.push_back(ctx.Output(i, shape));
       if (!ys.back()) throw Error("output 'Y" + std::to_string(i + 1) + "' is required");
     }
     const OutputTensor sum = kAdd ? ctx.Output(count, x.shape) : OutputTensor{};
-    const OutputTensor normalized = outputs == fixed + 1 ? ctx.Output(fixed, x.shape) : OutputTensor{};
+    const OutputTensor normalized = has_normalized ? ctx.Output(count + (kAdd ? 1 : 0), x.shape) : OutputTensor{};
     if (rows == 0) return;  // nothing to compute (aclnnAddLayerNorm refuses zero dims)
 
     const size_t es = ElementBytes(t);
@@ -232,13 +137,14 @@ class AscendNormLinearKernel {
     tensors.y = yn;
     tensors.sum = sum ? sum.data : nullptr;
     tensors.x_name = x_name;
-    RunNorm<kKind, kAdd>(call, norm_, tensors, static_cast<double>(epsilon_));
+    RunNorm<kKind, kAdd>(call, norm_, tensors, static_cast<double>(params_.epsilon));
 
     for (size_t i = 0; i < count; ++i) {
-      const int64_t n = widths_[i];
+      const int64_t n = params_.widths[i];
       aclTensor* a = call.Tensor(yn, t, a_shape, "Yn");
-      aclTensor* w = transposed_[i] ? call.View(weights[i].data, t, Shape{d, n}, Shape{1, d}, 0, "W (transposed)")
-                                    : call.Tensor(weights[i].data, t, Shape{d, n}, "W");
+      aclTensor* w = params_.transposed[i]
+                         ? call.View(weights[i].data, t, Shape{d, n}, Shape{1, d}, 0, "W (transposed)")
+                         : call.Tensor(weights[i].data, t, Shape{d, n}, "W");
       aclTensor* out = call.Tensor(ys[i].data, t, Shape{rows, n}, "Y");
       if (!biases[i]) {
         call.Run(matmul_, a, w, out, kKeepDtype);
@@ -259,43 +165,20 @@ class AscendNormLinearKernel {
   }
 
  private:
-  static std::vector<int64_t> ReadFlags(const KernelInfo& info, const char* name, size_t count) {
-    std::vector<int64_t> flags = info.IntsAttribute(name).value_or(std::vector<int64_t>(count, 0));
-    if (flags.size() != count) {
-      throw Error(std::string("attribute '") + name + "' has " + std::to_string(flags.size()) +
-                  " entries; expected one per projection (" + std::to_string(count) + ")");
-    }
-    for (int64_t flag : flags) {
-      if (flag != 0 && flag != 1) throw Error(std::string("attribute '") + name + "' entries must be 0 or 1");
-    }
-    return flags;
-  }
-
   const CannRuntime* rt_;
   NormOp<kKind, kAdd> norm_;
   AclnnOp<MatmulGetWorkspace> matmul_;
   AclnnOp<AddmmGetWorkspace> addmm_;        // bound when a projection has a bias
   AclnnOp<InplaceCopyGetWorkspace> copy_;   // likewise (float32 bias of a float16/bfloat16 node)
-  float epsilon_ = 0.0f;
-  std::vector<int64_t> widths_;
-  std::vector<int64_t> transposed_;
-  std::vector<int64_t> has_bias_;
-  size_t first_weight_ = 0;
+  NormLinearParams params_;
 };
 
 template <NormKind kKind, bool kAdd, Placement kPlacement>
 void AppendNormLinearOp(const char* name, CustomOpList& ops) {
-  // Same schema as the CPU kernels (cpu/norm_linear.cc): one OrtCustomOp per T, the weights and
-  // biases as one variadic input of mixed types, the outputs as one variadic output of type T.
+  // Same schema as the CPU kernels (cpu/norm_linear.cc): one OrtCustomOp per T.
   for (ONNXTensorElementDataType t : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
                                       ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}) {
-    OpSpec spec{name, ExecutionProviderOf(kPlacement), {}, {}};
-    spec.inputs.push_back({t});
-    if (kAdd) spec.inputs.push_back({t});
-    spec.inputs.push_back({ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED});  // scale
-    if (kKind == NormKind::kLayer) spec.inputs.push_back({ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, true});  // norm_bias
-    spec.inputs.push_back({ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, false, true});  // W_1..W_n, biases
-    spec.outputs.push_back({t, false, true});  // Y_1..Y_n, [S], [Yn]
+    OpSpec spec = NormLinearOpSpec(name, ExecutionProviderOf(kPlacement), t, kKind, kAdd);
     ops.push_back(MakeCustomOp<AscendNormLinearKernel<kKind, kAdd, kPlacement>>(std::move(spec)));
   }
 }

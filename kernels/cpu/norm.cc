@@ -12,6 +12,7 @@
 
 #include "common/cpu_features.h"
 #include "common/float_types.h"
+#include "common/norm_params.h"
 #include "common/shape_check.h"
 #include "cpu/norm_rows.h"
 #include "op_registry.h"
@@ -29,11 +30,6 @@ const float* WeightsAsFloat(const InputTensor& weights, int64_t count, std::vect
   return storage.data();
 }
 
-bool IsSupportedType(ONNXTensorElementDataType type) {
-  return type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 ||
-         type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
-}
-
 template <typename T>
 NormRowsFn<T> RowsFor(CpuIsa isa) {
 #if defined(OTFUSE_HAVE_AVX2_KERNELS)
@@ -43,41 +39,20 @@ NormRowsFn<T> RowsFor(CpuIsa isa) {
   return &baseline::NormRows<T>;
 }
 
-InputTensor RequiredInput(const KernelContext& ctx, size_t index, const char* name) {
-  std::optional<InputTensor> tensor = ctx.Input(index);
-  if (!tensor) throw Error(std::string("input '") + name + "' is required");
-  return *tensor;
-}
-
 template <NormKind kKind, bool kAdd>
 class NormKernel {
  public:
   explicit NormKernel(const KernelInfo& info) {
-    const float default_epsilon = kKind == NormKind::kRms ? 1e-6f : 1e-5f;
-    epsilon_ = info.FloatAttribute("epsilon").value_or(default_epsilon);
-    if (!(epsilon_ >= 0.0f) || !std::isfinite(epsilon_)) {
-      throw Error("attribute 'epsilon' must be a finite number >= 0, got " + std::to_string(epsilon_));
-    }
+    epsilon_ = ReadNormEpsilon(info, kKind);
     axis_ = info.IntAttribute("axis").value_or(-1);
     isa_ = SelectCpuIsa();
   }
 
   void Compute(const KernelContext& ctx) const {
-    const char* x_name = kAdd ? "A" : "X";
-    const InputTensor x = RequiredInput(ctx, 0, x_name);
-    if (!IsSupportedType(x.type)) {
-      throw Error(std::string(x_name) + " has element type " + ElementTypeName(x.type) +
-                  "; expected float32, float16 or bfloat16");
-    }
-    std::optional<InputTensor> b;
-    if constexpr (kAdd) {
-      b = RequiredInput(ctx, 1, "B");
-      if (b->type != x.type) {
-        throw Error(std::string("B has element type ") + ElementTypeName(b->type) + " but A has " +
-                    ElementTypeName(x.type));
-      }
-      ExpectShape("B", b->shape, "A.shape", x.shape);
-    }
+    const NormInput input = ReadNormInput(ctx, kAdd);
+    const InputTensor& x = input.x;
+    const std::optional<InputTensor>& b = input.b;
+    const char* x_name = input.x_name;
 
     const size_t axis = NormalizeAxis(axis_, x.shape.size());
     const int64_t rows = DimProduct(x.shape, 0, axis);
@@ -88,11 +63,11 @@ class NormKernel {
 
     const size_t scale_index = kAdd ? 2 : 1;
     const InputTensor scale = RequiredInput(ctx, scale_index, "scale");
-    CheckWeights("scale", scale, x.type, row_shape, row_shape_name);
+    CheckNormParameter("scale", scale, x.type, row_shape_name, row_shape);
     std::optional<InputTensor> bias;
     if constexpr (kKind == NormKind::kLayer) {
       bias = ctx.Input(scale_index + 1);
-      if (bias) CheckWeights("bias", *bias, x.type, row_shape, row_shape_name);
+      if (bias) CheckNormParameter("bias", *bias, x.type, row_shape_name, row_shape);
     }
 
     const OutputTensor y = ctx.Output(0, x.shape);
@@ -111,18 +86,6 @@ class NormKernel {
   }
 
  private:
-  static void CheckWeights(const char* name, const InputTensor& weights, ONNXTensorElementDataType x_type,
-                           const Shape& row_shape, const std::string& row_shape_name) {
-    if (weights.type != x_type && weights.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
-      const std::string expected = x_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT
-                                       ? "float32"
-                                       : std::string("float32 or ") + ElementTypeName(x_type) + " (the input's type)";
-      throw Error(std::string(name) + " has element type " + ElementTypeName(weights.type) + "; expected " +
-                  expected);
-    }
-    ExpectShape(name, weights.shape, row_shape_name, row_shape);
-  }
-
   template <typename T>
   void Run(const KernelContext& ctx, const InputTensor& x, const std::optional<InputTensor>& b,
            const InputTensor& scale, const std::optional<InputTensor>& bias, const OutputTensor& y,
@@ -168,17 +131,10 @@ class NormKernel {
 template <NormKind kKind, bool kAdd>
 void AppendNormOp(const char* name, CustomOpList& ops) {
   // One OrtCustomOp per element type T of X (A, B), Y (S): ORT merges them into one schema and
-  // infers each output's type from the kernel whose X type matches. scale and bias are declared
-  // UNDEFINED (any type) because they may be T or float32; the kernel checks them.
+  // infers each output's type from the kernel whose X type matches.
   for (ONNXTensorElementDataType t : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
                                       ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}) {
-    OpSpec spec{name, nullptr, {}, {}};
-    spec.inputs.push_back({t});
-    if (kAdd) spec.inputs.push_back({t});
-    spec.inputs.push_back({ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED});                 // scale
-    if (kKind == NormKind::kLayer) spec.inputs.push_back({ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, true});  // bias
-    spec.outputs.push_back({t});
-    if (kAdd) spec.outputs.push_back({t, true});  // S
+    OpSpec spec = NormOpSpec(name, nullptr, t, kKind, kAdd);
     ops.push_back(MakeCustomOp<NormKernel<kKind, kAdd>>(std::move(spec)));
   }
 }

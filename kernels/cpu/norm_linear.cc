@@ -21,17 +21,13 @@
 #include "common/cpu_features.h"
 #include "common/float_types.h"
 #include "common/gemm.h"
+#include "common/norm_params.h"
 #include "common/shape_check.h"
 #include "cpu/norm_rows.h"
 #include "op_registry.h"
 
 namespace otfuse::cpu {
 namespace {
-
-bool IsSupportedType(ONNXTensorElementDataType type) {
-  return type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 ||
-         type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
-}
 
 PackedType PackedTypeOf(ONNXTensorElementDataType type) {
   if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) return PackedType::kFloat16;
@@ -58,22 +54,6 @@ std::vector<float> AsFloat(const InputTensor& tensor, int64_t count) {
     }
   }
   return values;
-}
-
-InputTensor RequiredInput(const KernelContext& ctx, size_t index, const std::string& name) {
-  std::optional<InputTensor> tensor = ctx.Input(index);
-  if (!tensor) throw Error("input '" + name + "' is required");
-  return *tensor;
-}
-
-// A scale, a norm bias or a projection bias: T or float32, exactly `shape`.
-void CheckParameter(const std::string& name, const InputTensor& tensor, ONNXTensorElementDataType t,
-                    const std::string& shape_name, const Shape& shape) {
-  if (tensor.type != t && tensor.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
-    throw Error(name + " has element type " + ElementTypeName(tensor.type) + "; expected float32 or " +
-                ElementTypeName(t));
-  }
-  ExpectShape(name, tensor.shape, shape_name, shape);
 }
 
 // The packed weights of all projections, and where each projection's panels start.
@@ -119,35 +99,13 @@ template <NormKind kKind, bool kAdd>
 class NormLinearKernel {
  public:
   explicit NormLinearKernel(const KernelInfo& info) {
-    const float default_epsilon = kKind == NormKind::kRms ? 1e-6f : 1e-5f;
-    epsilon_ = info.FloatAttribute("epsilon").value_or(default_epsilon);
-    if (!(epsilon_ >= 0.0f) || !std::isfinite(epsilon_)) {
-      throw Error("attribute 'epsilon' must be a finite number >= 0, got " + std::to_string(epsilon_));
-    }
-    const int64_t axis = info.IntAttribute("axis").value_or(-1);
-    if (axis != -1) throw Error("attribute 'axis' must be -1, got " + std::to_string(axis));
-    widths_ = info.IntsAttribute("out_features").value_or(std::vector<int64_t>{});
-    if (widths_.empty()) throw Error("attribute 'out_features' is required (one width per projection)");
-    for (int64_t n : widths_) {
-      if (n <= 0) throw Error("every entry of 'out_features' must be > 0, got " + std::to_string(n));
-    }
-    const size_t count = widths_.size();
-    transposed_ = ReadFlags(info, "transposed", count);
-    has_bias_ = ReadFlags(info, "has_bias", count);
-    first_weight_ = (kAdd ? 3 : 2) + (kKind == NormKind::kLayer ? 1 : 0);
-    bias_count_ = static_cast<size_t>(std::count(has_bias_.begin(), has_bias_.end(), 1));
-    const size_t expected_inputs = first_weight_ + count + bias_count_;
-    if (info.InputCount() != expected_inputs) {
-      throw Error("expected " + std::to_string(expected_inputs) + " inputs (" + std::to_string(first_weight_) +
-                  " norm inputs, " + std::to_string(count) + " weights, " + std::to_string(bias_count_) +
-                  " biases), got " + std::to_string(info.InputCount()));
-    }
+    params_ = ReadNormLinearParams(info, kKind, kAdd);
     isa_ = SelectCpuIsa();
 
     // Constant weights (the rewriter only fuses those): pack them now, once per session.
     std::vector<InputTensor> weights;
-    for (size_t i = 0; i < count; ++i) {
-      std::optional<InputTensor> w = info.ConstantInput(first_weight_ + i);
+    for (size_t i = 0; i < params_.count(); ++i) {
+      std::optional<InputTensor> w = info.ConstantInput(params_.first_weight + i);
       if (!w) return;
       weights.push_back(*w);
     }
@@ -155,129 +113,65 @@ class NormLinearKernel {
   }
 
   void Compute(const KernelContext& ctx) const {
-    const std::string x_name = kAdd ? "A" : "X";
-    const InputTensor x = RequiredInput(ctx, 0, x_name);
-    if (!IsSupportedType(x.type)) {
-      throw Error(x_name + " has element type " + ElementTypeName(x.type) +
-                  "; expected float32, float16 or bfloat16");
-    }
-    std::optional<InputTensor> b;
-    if constexpr (kAdd) {
-      b = RequiredInput(ctx, 1, "B");
-      if (b->type != x.type) {
-        throw Error(std::string("B has element type ") + ElementTypeName(b->type) + " but A has " +
-                    ElementTypeName(x.type));
-      }
-      ExpectShape("B", b->shape, "A.shape", x.shape);
-    }
-    if (x.shape.empty()) throw Error(x_name + " must have rank >= 1");
-    const size_t rank = x.shape.size();
-    const int64_t rows = DimProduct(x.shape, 0, rank - 1);
-    const int64_t d = x.shape.back();
-    DimProduct(x.shape, 0, rank);
-    if (d == 0) throw Error(x_name + " has an empty last dimension; the normalised rows must not be empty");
-    const Shape row_shape{d};
-    const std::string row_name = x_name + ".shape[-1:]";
-
-    const size_t scale_index = kAdd ? 2 : 1;
-    const InputTensor scale = RequiredInput(ctx, scale_index, "scale");
-    CheckParameter("scale", scale, x.type, row_name, row_shape);
-    std::optional<InputTensor> norm_bias;
-    if constexpr (kKind == NormKind::kLayer) {
-      norm_bias = ctx.Input(scale_index + 1);
-      if (norm_bias) CheckParameter("norm_bias", *norm_bias, x.type, row_name, row_shape);
-    }
+    const NormInput input = ReadNormInput(ctx, kAdd);
+    const InputTensor& x = input.x;
+    const NormLinearRows dims = ReadNormLinearRows(input);
+    const int64_t rows = dims.rows, d = dims.k;
+    const NormLinearNormParams norm = ReadNormLinearNormParams(ctx, input, d, kKind, kAdd);
 
     // Weights: checked against X on every run (cheap), packed only when not done at creation.
-    const size_t count = widths_.size();
-    std::vector<InputTensor> weights;
-    for (size_t i = 0; i < count; ++i) {
-      weights.push_back(RequiredInput(ctx, first_weight_ + i, "W" + std::to_string(i + 1)));
-    }
+    const size_t count = params_.count();
+    const std::vector<InputTensor> weights = ReadProjectionWeights(ctx, params_);
     std::optional<Projections> packed_now;
     if (!packed_) packed_now.emplace(Pack(weights, d));
     const Projections& projections = packed_ ? *packed_ : *packed_now;
-    CheckWeights(weights, x.type, d);
+    CheckProjectionWeights(weights, x.type, d, params_);
 
+    const std::vector<std::optional<InputTensor>> bias_inputs = ReadProjectionBiases(ctx, x.type, params_);
     std::vector<std::vector<float>> bias_storage(count);
     std::vector<const float*> biases(count, nullptr);
-    size_t next_bias = first_weight_ + count;
     for (size_t i = 0; i < count; ++i) {
-      if (!has_bias_[i]) continue;
-      const std::string name = "bias" + std::to_string(i + 1);
-      const InputTensor bias = RequiredInput(ctx, next_bias++, name);
-      CheckParameter(name, bias, x.type, "[out_features[" + std::to_string(i) + "]]", Shape{widths_[i]});
-      bias_storage[i] = AsFloat(bias, widths_[i]);
+      if (!bias_inputs[i]) continue;
+      bias_storage[i] = AsFloat(*bias_inputs[i], params_.widths[i]);
       biases[i] = bias_storage[i].data();
     }
+    const bool has_normalized = HasNormalizedOutput(ctx.OutputCount(), params_, kAdd);
 
-    const size_t outputs = ctx.OutputCount();
-    const size_t fixed = count + (kAdd ? 1 : 0);
-    if (outputs != fixed && outputs != fixed + 1) {
-      throw Error("expected " + std::to_string(fixed) + " or " + std::to_string(fixed + 1) + " outputs, got " +
-                  std::to_string(outputs));
-    }
     std::vector<OutputTensor> ys;
     for (size_t i = 0; i < count; ++i) {
       Shape shape = x.shape;
-      shape.back() = widths_[i];
+      shape.back() = params_.widths[i];
       ys.push_back(ctx.Output(i, shape));
       if (!ys.back()) throw Error("output 'Y" + std::to_string(i + 1) + "' is required");
     }
     const OutputTensor sum = kAdd ? ctx.Output(count, x.shape) : OutputTensor{};
-    const OutputTensor normalized = outputs == fixed + 1 ? ctx.Output(fixed, x.shape) : OutputTensor{};
+    const OutputTensor normalized = has_normalized ? ctx.Output(count + (kAdd ? 1 : 0), x.shape) : OutputTensor{};
     if (rows == 0) return;
 
     switch (x.type) {
       case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT:
-        return Run<float>(ctx, x, b, scale, norm_bias, projections, biases, ys, sum, normalized, rows, d);
+        return Run<float>(ctx, input, norm, projections, biases, ys, sum, normalized, rows, d);
       case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16:
-        return Run<Float16>(ctx, x, b, scale, norm_bias, projections, biases, ys, sum, normalized, rows, d);
+        return Run<Float16>(ctx, input, norm, projections, biases, ys, sum, normalized, rows, d);
       default:
-        return Run<BFloat16>(ctx, x, b, scale, norm_bias, projections, biases, ys, sum, normalized, rows, d);
+        return Run<BFloat16>(ctx, input, norm, projections, biases, ys, sum, normalized, rows, d);
     }
   }
 
  private:
-  static std::vector<int64_t> ReadFlags(const KernelInfo& info, const char* name, size_t count) {
-    std::vector<int64_t> flags = info.IntsAttribute(name).value_or(std::vector<int64_t>(count, 0));
-    if (flags.size() != count) {
-      throw Error(std::string("attribute '") + name + "' has " + std::to_string(flags.size()) +
-                  " entries; expected one per projection (" + std::to_string(count) + ")");
-    }
-    for (int64_t flag : flags) {
-      if (flag != 0 && flag != 1) throw Error(std::string("attribute '") + name + "' entries must be 0 or 1");
-    }
-    return flags;
-  }
-
-  // Checks each weight's type and shape; K is the rows' length (from X at run time, from the
-  // first weight at creation).
-  void CheckWeights(const std::vector<InputTensor>& weights, ONNXTensorElementDataType t, int64_t k) const {
-    for (size_t i = 0; i < weights.size(); ++i) {
-      const std::string name = "W" + std::to_string(i + 1);
-      if (weights[i].type != t) {
-        throw Error(name + " has element type " + ElementTypeName(weights[i].type) + "; expected " +
-                    ElementTypeName(t) + " (the input's type)");
-      }
-      const Shape expected = transposed_[i] ? Shape{widths_[i], k} : Shape{k, widths_[i]};
-      ExpectShape(name, weights[i].shape, transposed_[i] ? "[out_features, K]" : "[K, out_features]", expected);
-    }
-  }
-
   Projections Pack(const std::vector<InputTensor>& weights, std::optional<int64_t> k_from_x) const {
     const InputTensor& first = weights.front();
-    if (!IsSupportedType(first.type)) {
+    if (!IsNormType(first.type)) {
       throw Error("W1 has element type " + std::string(ElementTypeName(first.type)) +
                   "; expected float32, float16 or bfloat16");
     }
     if (first.shape.size() != 2) throw Error("W1 must be a matrix, got shape " + ToString(first.shape));
-    const int64_t k = k_from_x ? *k_from_x : first.shape[transposed_[0] ? 1 : 0];
-    CheckWeights(weights, first.type, k);
+    const int64_t k = k_from_x ? *k_from_x : first.shape[params_.transposed[0] ? 1 : 0];
+    CheckProjectionWeights(weights, first.type, k, params_);
     Projections projections;
     projections.packed = PackedB(k, PackedTypeOf(first.type));
     for (size_t i = 0; i < weights.size(); ++i) {
-      const int64_t panel = projections.packed.Append(weights[i].data, widths_[i], transposed_[i] != 0);
+      const int64_t panel = projections.packed.Append(weights[i].data, params_.widths[i], params_.transposed[i] != 0);
       projections.first_panel.push_back(panel);
       projections.owner.resize(static_cast<size_t>(projections.packed.panels()), static_cast<int32_t>(i));
     }
@@ -285,10 +179,10 @@ class NormLinearKernel {
   }
 
   template <typename T>
-  void Run(const KernelContext& ctx, const InputTensor& x, const std::optional<InputTensor>& b,
-           const InputTensor& scale, const std::optional<InputTensor>& norm_bias, const Projections& projections,
-           const std::vector<const float*>& biases, const std::vector<OutputTensor>& ys, const OutputTensor& sum,
-           const OutputTensor& normalized, int64_t rows, int64_t d) const {
+  void Run(const KernelContext& ctx, const NormInput& input, const NormLinearNormParams& norm,
+           const Projections& projections, const std::vector<const float*>& biases,
+           const std::vector<OutputTensor>& ys, const OutputTensor& sum, const OutputTensor& normalized, int64_t rows,
+           int64_t d) const {
     if (projections.packed.k() != d) {
       throw Error("the packed weights have K = " + std::to_string(projections.packed.k()) + " but " +
                   (kAdd ? "A" : "X") + " has rows of " + std::to_string(d));
@@ -304,12 +198,15 @@ class NormLinearKernel {
       if (!y_storage) throw Error("out of memory for the normalised rows");
       y = y_storage.get();
     }
-    const std::vector<float> scale_f = AsFloat(scale, d);
+    const InputTensor& x = input.x;
+    const std::optional<InputTensor>& b = input.b;
+    const std::optional<InputTensor>& norm_bias = norm.norm_bias;
+    const std::vector<float> scale_f = AsFloat(norm.scale, d);
     const std::vector<float> bias_f = norm_bias ? AsFloat(*norm_bias, d) : std::vector<float>{};
     NormJob<T> job{};
     job.kind = kKind;
     job.d = d;
-    job.epsilon = epsilon_;
+    job.epsilon = params_.epsilon;
     job.x = x.As<T>();
     job.b = b ? b->As<T>() : nullptr;
     job.scale = scale_f.data();
@@ -352,32 +249,20 @@ class NormLinearKernel {
 
     std::vector<T*> outs;
     for (const OutputTensor& out : ys) outs.push_back(out.As<T>());
-    GemmPacked(ctx, rows, a, d, projections.packed, ProjectionSink<T>(projections, widths_, biases, outs));
+    GemmPacked(ctx, rows, a, d, projections.packed, ProjectionSink<T>(projections, params_.widths, biases, outs));
   }
 
-  float epsilon_ = 0.0f;
-  std::vector<int64_t> widths_;
-  std::vector<int64_t> transposed_;
-  std::vector<int64_t> has_bias_;
-  size_t first_weight_ = 0;
-  size_t bias_count_ = 0;
+  NormLinearParams params_;
   CpuIsa isa_ = CpuIsa::kBaseline;
   std::shared_ptr<const Projections> packed_;  // null: weights are not constants, packed per run
 };
 
 template <NormKind kKind, bool kAdd>
 void AppendNormLinearOp(const char* name, CustomOpList& ops) {
-  // One OrtCustomOp per T (X / A, B and every output). The weights and biases are the variadic
-  // tail, typed UNDEFINED (biases may be float32 in a T model); the kernel checks them.
+  // One OrtCustomOp per T (X / A, B and every output).
   for (ONNXTensorElementDataType t : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
                                       ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}) {
-    OpSpec spec{name, nullptr, {}, {}};
-    spec.inputs.push_back({t});
-    if (kAdd) spec.inputs.push_back({t});
-    spec.inputs.push_back({ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED});  // scale
-    if (kKind == NormKind::kLayer) spec.inputs.push_back({ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, true});  // norm_bias
-    spec.inputs.push_back({ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, false, true});  // W_1..W_n, biases
-    spec.outputs.push_back({t, false, true});  // Y_1..Y_n, [S], [Ynorm]
+    OpSpec spec = NormLinearOpSpec(name, nullptr, t, kKind, kAdd);
     ops.push_back(MakeCustomOp<NormLinearKernel<kKind, kAdd>>(std::move(spec)));
   }
 }

@@ -5,10 +5,11 @@
 #include <cstdint>
 
 #include "common/float_types.h"
+#include "common/norm_kind.h"
 
 namespace otfuse::cpu {
 
-enum class NormKind { kRms, kLayer };
+using ::otfuse::NormKind;
 
 // Everything one call needs, with the weights already widened to float32. Plain data only:
 // it crosses between translation units built for different ISAs.
