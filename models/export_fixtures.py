@@ -17,12 +17,15 @@ Besides the Hugging Face models, `rope3d` is a torch module written here (models
 DiT-style attention block over a T x H x W video token grid with multi-axis "3D" RoPE), exported
 by the dynamo exporter and, as `rope3d_torchscript`, by the TorchScript exporter
 (`dynamo=False`), same weights; its sequence is the static grid (24 tokens), only batch is dynamic.
+The `legacy_*` fixtures are models/legacy_attention.py: one eager attention spelled as older code
+writes it (keys permuted by the head split, soft-capping, repeat_kv by `.repeat` = Tile).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -40,6 +43,7 @@ import transformers
 from onnx import numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # models/rope3d.py, also when imported
+import legacy_attention  # noqa: E402
 import rope3d  # noqa: E402
 
 OPSET = 20  # torch.onnx's default for the dynamo exporter; onnxruntime >= 1.17 runs it.
@@ -355,6 +359,8 @@ class ModuleFixture:
     kv_cache: bool = False
     opset: int = OPSET
     notes: list[str] = dataclasses.field(default_factory=list)
+    doc: str = "multi-axis (3D) RoPE attention module"  # the model's doc_string
+    source: str = "models/rope3d.py"
 
 
 _ROPE3D_NOTES = [
@@ -373,6 +379,18 @@ MODULE_FIXTURES: list[ModuleFixture] = [
         notes=[*_ROPE3D_NOTES, "TorchScript exporter (dynamo=False); same module and weights as rope3d, "
                "the same input gives the same output"],
     ),
+    # Eager attention as older / hand-written code spells it (models/legacy_attention.py).
+    *(ModuleFixture(name, "legacy_attention", functools.partial(legacy_attention.LegacyAttention, **kwargs),
+                    notes=[note], doc="eager attention module", source="models/legacy_attention.py")
+      for name, kwargs, note in [
+          ("legacy_kt_softcap", dict(kt="permute", softcap=2.0),
+           "keys transposed by the head split (key.view(B, S, N, D).permute(0, 2, 3, 1), older GPT-2), "
+           "scores soft-capped as tanh(scores * (1 / 2)) * 2; 4 heads, no mask"),
+          ("legacy_tile_gqa", dict(kv_heads=2),
+           "2 kv heads repeated by k[:, :, None].repeat(1, 1, 2, 1, 1).reshape(B, 4, S, D) (Tile); no mask"),
+          ("legacy_tile_mqa", dict(kv_heads=1, repeat="tile_heads"),
+           "1 kv head repeated by k.repeat(1, 4, 1, 1) (a bare Tile of the head axis); no mask"),
+      ]),
 ]
 
 ALL_FIXTURES: list[Fixture | ModuleFixture] = [*FIXTURES, *MODULE_FIXTURES]
@@ -749,8 +767,8 @@ def export_module_fixture(fx: ModuleFixture, out_dir: Path) -> dict[str, Any]:
             raise ValueError(f"{fx.name}: unknown exporter {fx.exporter!r}")
     strip_metadata(proto)
     proto.doc_string = (
-        f"otfuse fixture {fx.name}: multi-axis (3D) RoPE attention module, random weights, "
-        f"{fx.exporter} exporter (models/export_fixtures.py, models/rope3d.py)"
+        f"otfuse fixture {fx.name}: {fx.doc}, random weights, "
+        f"{fx.exporter} exporter (models/export_fixtures.py, {fx.source})"
     )
     onnx.checker.check_model(proto, full_check=True)
     data = proto.SerializeToString()
@@ -790,15 +808,17 @@ def module_rotary_details(module: torch.nn.Module) -> dict[str, Any]:
 def module_manifest_entry(fx: ModuleFixture, proto, module, path: Path, data: bytes) -> dict[str, Any]:
     import onnxscript
 
-    # One attention with RoPE on q and on k, no norms (derived from the module, not the graph).
+    # One attention (with RoPE on q and on k where the module has sections), no norms (derived
+    # from the module, not the graph).
+    rotary = module_rotary_details(module) if hasattr(module, "sections") else None
     expected = {
         "rmsnorm": 0,
         "layernorm": 0,
         "hidden_norms": 0,
         "per_head_norms": 0,
         "attention": 1,
-        "rotary_sites": 1,
-        "rotary_applications": 2,
+        "rotary_sites": 1 if rotary else 0,
+        "rotary_applications": 2 if rotary else 0,
         "alibi_sites": 0,
     }
     if any(is_norm_module(m) for m in module.modules()):
@@ -828,7 +848,7 @@ def module_manifest_entry(fx: ModuleFixture, proto, module, path: Path, data: by
         },
         "opset": opset.get("ai.onnx"),
         "opset_imports": opset,
-        "attn_implementation": "sdpa",  # F.scaled_dot_product_attention
+        "attn_implementation": getattr(module, "attn_implementation", "sdpa"),  # rope3d: F.scaled_dot_product_attention
         "seed": fixture_seed(fx.weights_of or fx.name),
         "size_bytes": len(data),
         "sha256": hashlib.sha256(data).hexdigest(),
@@ -838,7 +858,7 @@ def module_manifest_entry(fx: ModuleFixture, proto, module, path: Path, data: by
             "hidden_size": hidden,
             "num_layers": 1,
             "num_heads": module.heads,
-            "num_kv_heads": module.heads,
+            "num_kv_heads": getattr(module, "kv_heads", module.heads),
             "head_dim": module.head_dim,
             "intermediate_size": None,
             "vocab_size": None,
@@ -846,8 +866,8 @@ def module_manifest_entry(fx: ModuleFixture, proto, module, path: Path, data: by
             "norm": None,
             "norm_classes": [],
             "norm_eps": None,
-            "position_encoding": "rope",
-            "rotary": module_rotary_details(module),
+            "position_encoding": "rope" if rotary else None,
+            "rotary": rotary,
             "sliding_window": None,
             "tie_word_embeddings": False,
         },

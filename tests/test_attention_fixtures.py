@@ -16,7 +16,8 @@ SITES = sorted(n for n, e in ENTRIES.items() if e["expected"].get("attention") a
 
 
 def _dims(name, **extra):
-    dims = {"batch": 2} if name.startswith("rope3d") else {"batch": 2, "seq": 7}
+    modules = ENTRIES[name]["config"]["vocab_size"] is None  # models/rope3d.py, legacy_attention.py: static seq
+    dims = {"batch": 2} if modules else {"batch": 2, "seq": 7}
     if ENTRIES[name]["kv_cache"]:
         dims["past_seq"] = 3
     return {**dims, **extra}
@@ -86,3 +87,25 @@ def test_gemma2_soft_capping_and_masks_are_attributes(tmp_path):
         next(a for a in node.attribute if a.name == "softcap").f = 0.0
     onnx.save(fused, tmp_path / "uncapped.onnx")
     assert not otfuse.diff(fixture_path("gemma2"), tmp_path / "uncapped.onnx", dims=_dims("gemma2")).ok
+
+
+@pytest.mark.parametrize("name, layout, kv_heads, softcap", [
+    ("legacy_kt_softcap", "BSND", 4, 2.0),  # key.permute(0,2,3,1): q, k, v read before their transposes
+    ("legacy_tile_gqa", "BNSD", 2, 0.0),  # Unsqueeze -> Expand(ones) -> Tile -> Reshape absorbed
+    ("legacy_tile_mqa", "BNSD", 1, 0.0),  # Expand(ones) -> Tile of the one kv head absorbed
+])
+def test_legacy_spellings_fuse_into_one_attention(tmp_path, name, layout, kv_heads, softcap):
+    out = tmp_path / f"{name}_fused.onnx"
+    otfuse.fuse(fixture_path(name), out)
+    fused = onnx.load(out)
+    ops = [n.op_type for n in fused.graph.node]
+    assert "Tile" not in ops and "Expand" not in ops and "Tanh" not in ops
+    (node,) = [n for n in fused.graph.node if n.op_type == "Attention"]
+    a = {x.name: onnx.helper.get_attribute_value(x) for x in node.attribute}
+    assert (a["layout"].decode(), a["kv_num_heads"], a.get("softcap", 0.0)) == (layout, kv_heads, softcap)
+    if layout == "BSND":
+        assert ops.count("Transpose") == 0
+    if softcap:  # the cap bends these scores: a fusion without it would not pass the diff
+        next(x for x in node.attribute if x.name == "softcap").f = 0.0
+        onnx.save(fused, tmp_path / "uncapped.onnx")
+        assert not otfuse.diff(fixture_path(name), tmp_path / "uncapped.onnx", dims={"batch": 2}).ok

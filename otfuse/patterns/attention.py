@@ -45,9 +45,20 @@ def _repeat_kv(x, tag: str):
     unsqueezed = Either(op.Unsqueeze(x, Const(f"{tag}_unsq_axes"), _bind=f"{tag}_unsq"),
                         op.Unsqueeze(x, _bind=f"{tag}_unsq"))
     expanded = Either(op.Expand(unsqueezed, Var(f"{tag}_expand_shape"), _bind=f"{tag}_expand"),
-                      op.Tile(unsqueezed, Const(f"{tag}_repeats"), _bind=f"{tag}_expand"))
+                      op.Tile(_unexpanded(unsqueezed, tag), Const(f"{tag}_repeats"), _bind=f"{tag}_expand"))
     return Either(op.Reshape(expanded, Var(f"{tag}_merge_shape"), _bind=f"{tag}_merge"),
-                  op.Tile(x, Const(f"{tag}_head_repeats"), _bind=f"{tag}_tile_heads"), x)
+                  op.Tile(_unexpanded(x, tag), Const(f"{tag}_head_repeats"), _bind=f"{tag}_tile_heads"), x)
+
+
+def _all_ones(value: np.ndarray) -> str | None:
+    return None if value.size and np.all(value == 1) else f"expands to {value.tolist()}, not all ones"
+
+
+def _unexpanded(x, tag: str):
+    """x, or x through the no-op ``Expand(x, [1, ...])`` the dynamo exporter writes before the
+    ``Tile`` of ``tensor.repeat(...)`` (the Tile's output shape is checked, so a longer ones
+    vector that would add axes is refused there)."""
+    return Either(op.Expand(x, Const(f"{tag}_ones", where=_all_ones)), x)
 
 
 def _with_cache(tag: str):
@@ -224,7 +235,8 @@ class AttentionRule(Rule):
             # Tile(x, [1, r, 1, 1]) lays the heads out as [x, x, ...]: query head h reads kv head
             # h % Nkv, which is HF's h // (N / Nkv) only when there is one kv head.
             repeats = [int(r) for r in graph.constant_value(match.value(f"{tag}_head_repeats")).reshape(-1)]
-            if kv_heads != 1 or repeats != [1, heads, 1, 1]:
+            tiled = _dims(graph, match.node(f"{tag}_tile_heads").output[0], 4, "the tiled kv heads")
+            if kv_heads != 1 or repeats != [1, heads, 1, 1] or tiled[1] != heads:
                 raise _Refuse(f"Tile {match.node(f'{tag}_tile_heads').name!r} repeats {kv_heads} kv heads by "
                               f"{repeats}: query head h would read kv head h % {kv_heads}, not h // {heads // kv_heads}")
             return
