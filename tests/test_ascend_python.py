@@ -255,3 +255,11 @@ def test_verify_ops_needs_fused_nodes(monkeypatch):
     result = CliRunner().invoke(cli, ["verify-ops", "--device", "npu", str(fixture_path("llama"))])
     assert result.exit_code == 2
     assert "no fused norm, norm + linear, rotary or attention nodes to verify" in result.stderr
+
+
+def test_verify_ops_npu_runner_refuses_softcap_as_the_kernel_does():
+    """The Ascend kernel refuses softcap > 0 (FIA has none); the torch_npu runner must report the
+    same refusal, not a mismatch from ignoring the cap (checked before torch is touched)."""
+    q = np.zeros((1, 1, 2, 4), np.float32)
+    with pytest.raises(ValueError, match="soft-capping"):
+        verify._attention_on_npu(None, None, q, q, q, None, None, None, None, {"num_heads": 1, "softcap": 5.0})

@@ -337,6 +337,8 @@ def _attention_on_npu(torch, torch_npu, q, k, v, bias, key_mask, past_k, past_v,
     layout = attrs.get("layout", "BNSD")
     out_layout = attrs.get("output_layout", layout)
     causal, window = int(attrs.get("causal", 0)), int(attrs.get("window", 0))
+    if float(attrs.get("softcap", 0.0)) > 0.0:  # as the Ascend kernel: FIA cannot soft-cap
+        raise ValueError("aclnnFusedInferAttentionScoreV3 has no logit soft-capping (softcap > 0)")
     dtype = q.dtype
     rank3 = q.dim() == 3
 
