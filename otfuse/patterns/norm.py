@@ -113,7 +113,17 @@ class _NormRule(Rule):
             reason = common.check_row_parameter(graph, match.value("gamma_offset"), x, axis, "scale")
             if reason:
                 return reason
+        if self._cast_sum_readers(graph, match) and graph.elem_type(x) != FLOAT:
+            return "the float32 copy of the residual sum is also used elsewhere"
         return None
+
+    def _cast_sum_readers(self, graph, match: Match) -> list:
+        """Readers outside the match of the residual sum's Cast to float32 (TorchScript: the next
+        residual Add reads it); when the sum is already float32 that Cast is the sum itself."""
+        if not self.residual or not match.has("cast_in"):
+            return []
+        inside = {id(node) for node in match.covered}
+        return [user for user in graph.uses(match.node("cast_in").output[0]) if id(user) not in inside]
 
     def root_value(self, match: Match) -> str:
         return match.covered[0].output[0]
@@ -167,7 +177,12 @@ class _NormRule(Rule):
             outputs.append(x)
         node = ctx.fused_node(self.fused_op, inputs, outputs, root,
                               epsilon=self.epsilon(graph, match), axis=axis)
-        return Replacement([node], initializers)
+        nodes = [node]
+        if self._cast_sum_readers(graph, match):  # the identity Cast's readers now read the sum
+            cast = match.node("cast_in")
+            nodes.append(onnx.helper.make_node("Identity", [x], [cast.output[0]],
+                                               name=ctx.unique_name(f"{cast.name or cast.output[0]}/sum")))
+        return Replacement(nodes, initializers)
 
 
 class RMSNormRule(_NormRule):
@@ -180,7 +195,7 @@ class AddRMSNormRule(_NormRule):
     name = "AddRMSNorm"
     fused_op = "AddRMSNorm"
     residual = True
-    exports = ("residual",)
+    exports = ("residual", "cast_in")  # cast_in: only an identity Cast's (check)
     pattern = _scaled(_rms_normalized(_residual_add()), with_bias=False)
 
 
@@ -195,7 +210,7 @@ class AddLayerNormRule(_NormRule):
     name = "AddLayerNorm"
     fused_op = "AddLayerNorm"
     residual = True
-    exports = ("residual",)
+    exports = ("residual", "cast_in")  # cast_in: only an identity Cast's (check)
     pattern = Either(_scaled(_layer_normalized(_residual_add()), with_bias=True),
                      _scaled(_layer_normalized(_residual_add()), with_bias=False))
 
