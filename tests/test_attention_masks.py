@@ -239,6 +239,12 @@ def _band_as_difference(node, const, idx):
     return node("Or", [future, too_far])
 
 
+def _keys_up_to_a_clamp(node, const, idx):
+    """j > min(i, 20): causal until the 21st query, which then sees only 21 keys."""
+    q, kv = node("Unsqueeze", [idx, const([1])]), node("Unsqueeze", [idx, const([0])])
+    return node("Greater", [kv, node("Min", [q, const(20)])])
+
+
 def _claimed(tmp_path, build, name):
     out = _fuse_and_diff(tmp_path, _model_with_mask(build), name)
     attrs, (bias, padding) = _attention_attrs(out)
@@ -262,6 +268,7 @@ def test_other_causal_spellings_are_claimed(tmp_path, name, build):
     ("chain_other_fill", _masked_where_mask(_future_keys, fill_inner=np.float32(-1e9))),
     # Seen only past 20 keys: the check runs at 20 + 3 and 2 * 20 + 1 keys too, so this is no "causal".
     ("band_as_difference", _masked_where_mask(_band_as_difference)),
+    ("clamped_query", _masked_where_mask(_keys_up_to_a_clamp)),  # likewise: checked at 23 and 41 keys
 ])
 def test_masks_that_are_not_what_they_seem_stay_a_bias(tmp_path, name, build):
     causal, window, bias, padding = _claimed(tmp_path, build, name)
@@ -280,3 +287,17 @@ def test_padding_read_as_equal_to_one_is_not_claimed(tmp_path):
     out = _fuse_and_diff(tmp_path, _mutated("llama", equal_one), "equal_one")
     attrs, (bias, padding) = _attention_attrs(out)
     assert attrs.get("causal", 0) == 0 and bias and not padding
+
+
+def test_a_window_too_long_to_check_is_not_claimed():
+    """A window (or any offset) over 8192 would need an [B, 1, S, S] run too large to make here."""
+    model = _mutated("mistral", lambda m: None)
+    sub = next(n for n in model.graph.node if n.op_type == "Sub" and
+               any(i.name == n.input[1] for i in model.graph.initializer))
+    init = next(i for i in model.graph.initializer if i.name == sub.input[1])
+    init.CopyFrom(numpy_helper.from_array(np.asarray(10000, dtype=numpy_helper.to_array(init).dtype), init.name))
+    graph = GraphIndex(model)
+    where = next(n for n in model.graph.node if n.op_type == "Where" and graph.scalar_value(n.input[2]) is not None
+                 and graph.scalar_value(n.input[2]) < -1e4)
+    reason = classify_mask(graph, where.output[0], {})
+    assert isinstance(reason, str) and "10000" in reason and "8192" in reason

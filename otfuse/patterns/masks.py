@@ -38,9 +38,13 @@ from otfuse.rewriter.pattern import attr
 BOOL = onnx.TensorProto.BOOL
 # A "minimum" at least this negative masks a key for good in float32 and float16 alike.
 _MASKED_BELOW = -1e4
-# Offsets up to this size are probed by running at a longer sequence; larger ones are not
-# probed (the sequence would not fit in memory here), so a claim must not depend on them.
+# Offsets (and windows) up to this size are probed by running at a longer sequence. A larger one
+# cannot be (the [B, 1, S, S] mask would not fit in memory), so no claim is made with it in the
+# condition, except sentinels from INT32_MAX up ("no limit": Slice ends, clamps).
 _LARGEST_PROBED_OFFSET = 8192
+_SENTINEL = 2**31 - 1
+# Ops whose constant operand can shift or bound an index by that much.
+_OFFSETTING = {"Add", "Sub", "Mul", "Div", "Mod", "Min", "Max", "Clip", "Trilu"}
 _COMPARISONS = {"Less", "LessOrEqual", "Greater", "GreaterOrEqual"}
 _SHAPE_READERS = {"Shape", "Size"}
 # Ops that move a mask's entries into another shape without changing which keys it masks (which
@@ -229,9 +233,9 @@ def _triangular_constant(graph: GraphIndex, value: str) -> bool:
 
 
 def _offset_constants(graph: GraphIndex, value: str) -> set[int]:
-    """Scalar constants added to, subtracted from or compared with anything in the condition's
-    computation (shape reads excluded): a band or shift of that size shows only at sequences
-    longer than it, so the check runs there too."""
+    """Scalar constants combined with or compared to anything in the condition's computation
+    (shape reads excluded): a band, shift or bound of that size shows only at sequences longer
+    than it, so the check runs there too."""
     found, seen, stack = set(), set(), [value]
     while stack:
         name = stack.pop()
@@ -239,7 +243,7 @@ def _offset_constants(graph: GraphIndex, value: str) -> set[int]:
         if name in seen or node is None or node.op_type in _SHAPE_READERS:
             continue
         seen.add(name)
-        if node.op_type in _COMPARISONS | {"Add", "Sub", "Trilu"}:
+        if node.op_type in _COMPARISONS | _OFFSETTING:
             for operand in node.input[1:] if node.op_type == "Trilu" else node.input:
                 c = graph.scalar_value(operand) if operand else None
                 if c is not None and np.isfinite(c):
@@ -274,6 +278,10 @@ def _claim(graph: GraphIndex, output: str, conditions: list[tuple[str, bool]], e
     offsets = set()
     for condition, _ in conditions:
         offsets |= _offset_constants(graph, condition)
+    unprobed = sorted(c for c in offsets | {window} if _LARGEST_PROBED_OFFSET < c < _SENTINEL)
+    if unprobed:
+        raise _NoClaim(f"the mask uses {unprobed[0]}, longer than the sequences otfuse runs it at "
+                       f"({_LARGEST_PROBED_OFFSET})")
     _verify_by_running(graph, output, claim, visible_of, offsets)
     return claim
 
@@ -336,9 +344,7 @@ def _subgraph(graph: GraphIndex, output: str) -> onnx.ModelProto:
 
 def _sequence_lengths(claim: MaskClaim, offsets: set[int]) -> list[int]:
     seqs = {1, 5, 12}
-    if claim.window:
-        seqs |= {claim.window + 3, 2 * claim.window + 1} if claim.window <= 1024 else {claim.window + 3}
-    for offset in offsets:
+    for offset in offsets | {claim.window}:
         if offset + 3 > 12 and offset <= _LARGEST_PROBED_OFFSET:
             seqs |= {offset + 3, 2 * offset + 1} if offset <= 1024 else {offset + 3}
     return sorted(seqs)
