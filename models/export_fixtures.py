@@ -89,6 +89,7 @@ class Fixture:
     opset: int = OPSET
     exporter: str = "dynamo"  # "dynamo" or "torchscript" (torch.onnx.export(dynamo=False))
     weights_of: str | None = None  # build with this fixture's seed (same model, other exporter)
+    attn_implementation: str | None = None  # "sdpa" or "eager" only; None: ATTN_IMPLEMENTATIONS in order
     notes: list[str] = dataclasses.field(default_factory=list)
 
 
@@ -323,6 +324,19 @@ FIXTURES: list[Fixture] = [
         notes=["built with from_config(dtype=float16): weights fp16, rotary inv_freq stays float32"],
     ),
     Fixture(
+        "llama_fp16_eager", "llama", llama_config, dtype=torch.float16, weights_of="llama_fp16",
+        attn_implementation="eager",
+        notes=["same model and weights as llama_fp16, eager attention: softmax(scores + mask, dtype=float32)"
+               ".to(float16); torchlib writes Softmax(float16) -> Cast(float) -> Cast(float16) and the "
+               "exporter's optimizer drops that no-op Cast pair: a float16 Softmax is left"],
+    ),
+    Fixture(
+        "llama_fp16_eager_torchscript", "llama", llama_config, dtype=torch.float16, weights_of="llama_fp16",
+        attn_implementation="eager", exporter="torchscript",
+        notes=["same model and weights as llama_fp16, eager attention, TorchScript exporter (dynamo=False): "
+               "softmax(..., dtype=float32).to(float16) stays Softmax(float16) -> Cast(float) -> Cast(float16)"],
+    ),
+    Fixture(
         "llama_kv", "llama", llama_config, kv_cache=True,
         notes=["decoder step: flat past_key_values.{i}.{key,value} in, present.{i}.{key,value} out "
                "(wrapped in a DynamicCache); attention_mask covers past + new tokens"],
@@ -391,6 +405,13 @@ MODULE_FIXTURES: list[ModuleFixture] = [
           ("legacy_tile_mqa", dict(kv_heads=1, repeat="tile_heads"),
            "1 kv head repeated by k.repeat(1, 4, 1, 1) (a bare Tile of the head axis); no mask"),
       ]),
+    ModuleFixture(
+        "legacy_fp16_upcast", "legacy_attention",
+        functools.partial(legacy_attention.LegacyAttention, kv_heads=2, upcast=True), dtype=torch.float16,
+        notes=["float16 module, softmax(scores.float(), dim=-1).type_as(q) as Meta's reference LLaMA: "
+               "Cast(float) -> Softmax -> Cast(float16); 2 kv heads (Tile); no mask"],
+        doc="eager attention module", source="models/legacy_attention.py",
+    ),
 ]
 
 ALL_FIXTURES: list[Fixture | ModuleFixture] = [*FIXTURES, *MODULE_FIXTURES]
@@ -555,7 +576,7 @@ def export_fixture(fx: Fixture | ModuleFixture, out_dir: Path) -> dict[str, Any]
     if isinstance(fx, ModuleFixture):
         return export_module_fixture(fx, out_dir)
     errors = []
-    for attn_impl in ATTN_IMPLEMENTATIONS:
+    for attn_impl in [fx.attn_implementation] if fx.attn_implementation else ATTN_IMPLEMENTATIONS:
         try:
             entry = export_with_attention(fx, out_dir, attn_impl)
         except Exception as exc:

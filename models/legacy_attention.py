@@ -1,6 +1,6 @@
 """Self-attention blocks written the way older / hand-written eager code writes them (the otfuse
-fixtures `legacy_kt_softcap`, `legacy_tile_gqa`, `legacy_tile_mqa`; see models/export_fixtures.py
-and models/README.md):
+fixtures `legacy_kt_softcap`, `legacy_tile_gqa`, `legacy_tile_mqa`, `legacy_fp16_upcast`; see
+models/export_fixtures.py and models/README.md):
 
 - ``kt="permute"``: the keys are transposed straight from the head split,
   ``key.view(B, S, N, D).permute(0, 2, 3, 1)`` (older GPT-2 ``_split_heads(key, k=True)``), and
@@ -8,6 +8,8 @@ and models/README.md):
 - ``repeat="tile"``: grouped kv heads repeated by ``k[:, :, None].repeat(1, 1, rep, 1, 1)
   .reshape(B, N, S, D)`` (HF's grouping: query head h reads kv head h // rep).
 - ``repeat="tile_heads"``: a single kv head repeated by ``k.repeat(1, N, 1, 1)`` (MQA).
+- ``upcast=True``: the softmax in float32 as Meta's reference LLaMA writes it,
+  ``softmax(scores.float(), dim=-1).type_as(q)`` (for a float16 / bfloat16 module).
 
 No mask, no RoPE, no norm: one non-causal attention over a static sequence.
 """
@@ -29,12 +31,14 @@ class LegacyAttention(nn.Module):
     attn_implementation = "eager"  # matmul / softmax / matmul written out
 
     def __init__(self, kv_heads: int = HEADS, kt: str = "transpose", repeat: str = "tile",
-                 softcap: float | None = None, hidden: int = HIDDEN, heads: int = HEADS, seq: int = SEQ):
+                 softcap: float | None = None, upcast: bool = False,
+                 hidden: int = HIDDEN, heads: int = HEADS, seq: int = SEQ):
         super().__init__()
         if kt == "permute" and kv_heads != heads:
             raise ValueError("keys permuted from the head split: no kv head repeat")
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, hidden // heads
         self.kt, self.repeat, self.softcap, self.seq = kt, repeat, softcap, seq
+        self.upcast = upcast
         self.to_q = nn.Linear(hidden, hidden)
         self.to_k = nn.Linear(hidden, kv_heads * self.head_dim)
         self.to_v = nn.Linear(hidden, kv_heads * self.head_dim)
@@ -69,6 +73,9 @@ class LegacyAttention(nn.Module):
         scores = torch.matmul(q, kt) / (d ** 0.5)
         if self.softcap is not None:
             scores = torch.tanh(scores * (1.0 / self.softcap)) * self.softcap
-        probs = torch.softmax(scores, dim=-1)
+        if self.upcast:
+            probs = torch.softmax(scores.float(), dim=-1).type_as(q)
+        else:
+            probs = torch.softmax(scores, dim=-1)
         out = torch.matmul(probs, v).permute(0, 2, 1, 3).reshape(b, s, self.heads * d)
         return self.to_out(out)

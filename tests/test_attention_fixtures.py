@@ -109,3 +109,47 @@ def test_legacy_spellings_fuse_into_one_attention(tmp_path, name, layout, kv_hea
         next(x for x in node.attribute if x.name == "softcap").f = 0.0
         onnx.save(fused, tmp_path / "uncapped.onnx")
         assert not otfuse.diff(fixture_path(name), tmp_path / "uncapped.onnx", dims={"batch": 2}).ok
+
+
+@pytest.mark.parametrize("name", ["llama_fp16", "llama_fp16_eager", "llama_fp16_eager_torchscript"])
+def test_fp16_left_padding_matches_at_every_real_token(tmp_path, name):
+    """float16 with left padding: the real tokens match. The padded queries (every key masked by
+    finfo(float16).min) are left out: ONNX Runtime's CPU runs the fp16 Add -> Softmax in float32
+    without rounding between (measured, graph optimisations off), so it gives softmax(s - 65504) =
+    softmax(s) there, where torch, the ONNX spec and the fused op (empty_rows uniform) give the
+    uniform row (s + -65504 rounds to -65504 in float16)."""
+    import numpy as np
+
+    from otfuse.session import InferenceSession, baseline_session, run
+
+    out = tmp_path / f"{name}_fused.onnx"
+    otfuse.fuse(fixture_path(name), out)
+    batch, seq, pad = 2, 9, 3
+    feeds = {
+        "input_ids": np.random.default_rng(0).integers(0, 200, (batch, seq)).astype(np.int64),
+        "attention_mask": np.array([[0] * pad + [1] * (seq - pad), [1] * seq], dtype=np.int64),
+        "position_ids": np.broadcast_to(np.arange(seq), (batch, seq)).astype(np.int64).copy(),
+    }
+    want = run(baseline_session(str(fixture_path(name))), feeds)["logits"].astype(np.float32)
+    got = run(InferenceSession(str(out)), feeds)["logits"].astype(np.float32)
+    want[0, :pad] = got[0, :pad] = 0.0
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)  # docs/ops.md: the float16 tolerance
+
+
+@pytest.mark.parametrize("name, casts_dropped", [
+    ("llama_fp16_eager", 0),  # the exporter's optimizer already dropped Softmax -> Cast(float) -> Cast(fp16)
+    ("llama_fp16_eager_torchscript", 4),  # Softmax(fp16) -> Cast(float) -> Cast(fp16) per layer
+    ("legacy_fp16_upcast", 2),  # Cast(float) -> Softmax -> Cast(fp16): scores.float().softmax().type_as(q)
+])
+def test_softmax_in_float32_between_casts_is_fused(tmp_path, name, casts_dropped):
+    out = tmp_path / f"{name}_fused.onnx"
+    otfuse.fuse(fixture_path(name), out)
+    nodes = onnx.load(fixture_path(name)).graph.node
+    around = {i for n in nodes if n.op_type == "Softmax" for i in (*n.input, *n.output)}
+    casts = {n.name for n in nodes if n.op_type == "Cast" and ({*n.input, *n.output} & around)}
+    casts |= {n.name for n in nodes if n.op_type == "Cast" and any(  # the second Cast of Cast -> Cast
+        c.name in casts and c.output[0] in n.input for c in nodes)}
+    assert len(casts) == casts_dropped
+    after = onnx.load(out).graph.node
+    assert not [n for n in after if n.op_type == "Softmax" or n.name in casts]
+

@@ -11,6 +11,7 @@ from fusing import assert_same_outputs, attrs, fuse_model, fused_nodes
 from graphs import attention_model, keys_transposed_model
 
 
+
 def fuse_attention(tmp_path, model):
     return fuse_model(tmp_path, model, only=["attention"])
 
@@ -216,3 +217,132 @@ def test_keys_given_transposed_with_other_shapes_are_not_fused(tmp_path, kwargs,
     fused, report = fuse_attention(tmp_path, keys_transposed_model(**kwargs))
     assert fused is None
     assert any(reason in miss["reason"] for miss in report.near_misses), report.near_misses
+
+
+# -- the softmax in float32 between Casts (HF eager fp16/bf16, Meta's scores.float()) ---------------
+F32, F16, BF16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16
+
+
+def softmax_with_casts(model, before=(F32,), after=(F16,), mask_in_float=False, infer=True):
+    """``model`` with Casts to the ``before`` types in front of its Softmax and to the ``after``
+    types behind it; ``mask_in_float``: the first Cast sits between the scores and the mask Add
+    (the mask input becomes float32). ``infer=False``: the caller fixes up types, then infers."""
+    nodes = list(model.graph.node)
+    softmax = next(n for n in nodes if n.op_type == "Softmax")
+    head = next(n for n in nodes if n.output[0] == softmax.input[0]) if mask_in_float else softmax
+    at = nodes.index(head)
+    if mask_in_float:  # Add(scores, mask) -> Add(Cast(scores), mask)
+        slot = [i for i, name in enumerate(head.input) if name != "mask"][0]
+        for i in model.graph.input:
+            if i.name == "mask":
+                i.type.tensor_type.elem_type = F32
+    else:
+        slot = 0
+    chain = []
+    for i, to in enumerate(before):
+        chain.append(onnx.helper.make_node("Cast", [head.input[slot]], [f"wide_{i}"], name=f"wide_{i}", to=to))
+        head.input[slot] = f"wide_{i}"
+    tail, probs = [], softmax.output[0]
+    softmax.output[0] = previous = "probs_0"
+    for i, to in enumerate(after):
+        out = probs if i == len(after) - 1 else f"probs_{i + 1}"
+        tail.append(onnx.helper.make_node("Cast", [previous], [out], name=f"narrow_{i}", to=to))
+        previous = out
+    nodes[at:at] = chain
+    nodes[nodes.index(softmax) + 1:nodes.index(softmax) + 1] = tail
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    del model.graph.value_info[:]
+    return onnx.shape_inference.infer_shapes(model, strict_mode=True) if infer else model
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(),
+    dict(mask_in_float=True),
+    dict(before=(), after=(F32, F16)),
+    dict(nan_guard=False, mask=False),
+], ids=["cast_softmax_cast", "mask_added_in_float", "softmax_cast_cast", "no_mask_no_guard"])
+def test_softmax_in_float32_between_casts_is_fused(tmp_path, kwargs):
+    casts = {k: kwargs.pop(k) for k in ("before", "after", "mask_in_float") if k in kwargs}
+    model = softmax_with_casts(attention_model(dtype=np.float16, **kwargs), **casts)
+    fused, report = fuse_attention(tmp_path, model)
+    assert report.fusions == {"Attention": 1}, report.near_misses
+    assert [n.op_type for n in fused.graph.node] == ["Attention"], "the Casts must go"
+    assert attrs(fused_nodes(fused)[0])["kv_num_heads"] == 2
+    assert_same_outputs(tmp_path)
+
+
+@pytest.mark.parametrize("to, reason", [
+    (BF16, "gives BFLOAT16, not q's FLOAT16"),  # the probabilities rounded to bf16: the op would not
+    (F32, "gives FLOAT, not q's FLOAT16"),  # kept float32: the op would round them to float16
+], ids=["bf16", "float32"])
+def test_probabilities_cast_to_another_type_than_qs_are_not_fused(tmp_path, to, reason):
+    # Cast(float) -> Softmax -> Cast(to), and the values cast to `to` for the product (a valid graph).
+    model = attention_model(dtype=np.float16, out_transpose=False, nan_guard=False)
+    model = softmax_with_casts(model, (F32,), (to,), infer=False)
+    narrowed = next(n for n in model.graph.node if n.name == "narrow_0").output[0]
+    matmul = next(n for n in model.graph.node if n.op_type == "MatMul" and n.input[0] == narrowed)
+    cast = onnx.helper.make_node("Cast", [matmul.input[1]], ["v_cast"], name="v_cast", to=to)
+    matmul.input[1] = "v_cast"
+    model.graph.node.insert(list(model.graph.node).index(matmul), cast)
+    model.graph.output[0].type.tensor_type.elem_type = to
+    del model.graph.value_info[:]
+    model = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    fused, report = fuse_attention(tmp_path, model)
+    assert fused is None
+    assert any(reason in miss["reason"] for miss in report.near_misses), report.near_misses
+
+
+@pytest.mark.parametrize("before, after", [((F16,), (F32,)), ((), (F16, F32))], ids=["scores", "probabilities"])
+def test_float32_attention_rounded_through_float16_is_not_fused(tmp_path, before, after):
+    # A float32 graph that narrows the scores (or the probabilities) to float16 rounds where the
+    # op, float32 throughout, would not.
+    fused, report = fuse_attention(tmp_path, softmax_with_casts(attention_model(), before, after))
+    assert fused is None
+    assert any("not q's FLOAT to FLOAT" in miss["reason"] or "takes FLOAT to FLOAT16" in miss["reason"]
+               for miss in report.near_misses), report.near_misses
+
+
+def test_softmax_between_casts_over_another_axis_is_not_fused(tmp_path):
+    fused, report = fuse_attention(tmp_path, softmax_with_casts(attention_model(dtype=np.float16, softmax_axis=2)))
+    assert fused is None
+    assert any("Softmax runs over axis 2" in miss["reason"] for miss in report.near_misses)
+
+
+def test_float32_probabilities_used_elsewhere_block_the_fusion(tmp_path):
+    model = softmax_with_casts(attention_model(dtype=np.float16))
+    model.graph.node.append(onnx.helper.make_node("Identity", ["probs_0"], ["probs_out"]))
+    model.graph.output.append(onnx.helper.make_tensor_value_info("probs_out", F32, None))
+    fused, report = fuse_attention(tmp_path, model)
+    assert fused is None
+    assert any("also used by" in miss["reason"] or "graph output" in miss["reason"]
+               for miss in report.near_misses), report.near_misses
+
+
+def assert_bf16_outputs_match(tmp_path, feeds_shapes, seed=0, **given):
+    """ORT has no CPU bfloat16 MatMul: the original runs in onnx's reference evaluator (bfloat16
+    rounding at every node, as the graph says), the fused model in ORT with our library. Inputs:
+    random bfloat16 of ``feeds_shapes``, and the ``given`` arrays."""
+    import ml_dtypes
+    from onnx.reference import ReferenceEvaluator
+
+    from otfuse.session import InferenceSession, run
+
+    rng = np.random.default_rng(seed)
+    feeds = {name: rng.standard_normal(shape).astype(ml_dtypes.bfloat16) for name, shape in feeds_shapes.items()}
+    feeds.update(given)
+    want = ReferenceEvaluator(str(tmp_path / "m.onnx")).run(None, feeds)[0].astype(np.float32)
+    got = run(InferenceSession(str(tmp_path / "m_fused.onnx")), feeds)["y"].astype(np.float32)
+    np.testing.assert_allclose(got, want, rtol=5e-2, atol=5e-2)  # docs/ops.md: the bfloat16 tolerance
+
+
+@pytest.mark.parametrize("casts", [dict(), dict(before=(), after=(F32, BF16))],
+                         ids=["cast_softmax_cast", "softmax_cast_cast"])
+def test_bf16_softmax_in_float32_between_casts_is_fused(tmp_path, casts):
+    import ml_dtypes
+
+    model = softmax_with_casts(attention_model(dtype=ml_dtypes.bfloat16), **{"after": (BF16,), **casts})
+    fused, report = fuse_attention(tmp_path, model)
+    assert [n.op_type for n in fused.graph.node] == ["Attention"], report.near_misses
+    assert_bf16_outputs_match(tmp_path, {"q": (2, 4, 5, 8), "k": (2, 2, 5, 8), "v": (2, 2, 5, 8), "mask": (2, 1, 5, 5)})
+

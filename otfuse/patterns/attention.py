@@ -13,7 +13,9 @@ bare ``Tile`` of a single kv head (MQA); Kᵀ is a Transpose of the last two axe
 exporter's ``Reshape -> Transpose -> Reshape``, or keys the graph holds transposed (the permute of
 [B, S, Nkv, D], a graph input, a cache kept transposed). softcap is Gemma2's ``c * tanh(s / c)``.
 The additive mask is passed through as ``attn_bias``: whatever the graph computed (causal,
-sliding window, padding, ALiBi), the fused node adds exactly it, so the fusion is exact.
+sliding window, padding, ALiBi), the fused node adds exactly it, so the fusion is exact. The
+Softmax may run in float32 between Casts (HF eager fp16/bf16: ``Cast(float) -> Softmax ->
+Cast(T)``, or ``Softmax -> Cast(float) -> Cast(T)``), as the op does.
 """
 
 from __future__ import annotations
@@ -83,13 +85,27 @@ def _soft_capped(scores):
     return Either(op.Mul(op.Tanh(inner, _bind="softcap_tanh"), Const("softcap_mul")), scores)
 
 
+def _probabilities(scores):
+    """Softmax(-1) of the masked scores, in T, or in float32 between Casts (HF eager's
+    ``softmax(s, dtype=float32).to(q.dtype)``, Meta's ``softmax(s.float()).type_as(q)``):
+    ``Cast(float) -> Softmax -> Cast(T)`` with the mask Add before or after the widening Cast, or
+    as the exporters write it, ``Softmax -> Cast(float) -> Cast(T)``. The Casts' types are checked
+    by the rule."""
+    masked = Either(op.Add(scores, Var("mask")), scores)
+    plain = op.Softmax(masked, _bind="softmax")
+    widened = Either(op.Cast(masked, _bind="softmax_widen"),
+                     op.Add(op.Cast(scores, _bind="softmax_widen"), Var("mask")))
+    in_float = op.Cast(op.Softmax(widened, _bind="softmax"), _bind="softmax_narrow")
+    round_trip = op.Cast(op.Cast(plain, _bind="softmax_widen"), _bind="softmax_narrow")
+    return Either(in_float, round_trip, plain)
+
+
 def _attention(q, k, v=None, keys_t=None):
     """The chain; ``keys_t`` replaces Kᵀ (= the transpose of repeat_kv(k)) when the keys come
     already transposed."""
     keys_t = keys_t if keys_t is not None else _transposed(_repeat_kv(k, "k"))
     scores = op.MatMul(_scaled(q, "q"), _scaled(keys_t, "kt"), _bind="qk")
-    scores = _soft_capped(_scaled(scores, "scores"))
-    probs = op.Softmax(Either(op.Add(scores, Var("mask")), scores), _bind="softmax")
+    probs = _probabilities(_soft_capped(_scaled(scores, "scores")))
     guarded = Either(op.Where(op.IsNaN(probs), Const("nan_fill"), probs, _bind="nan_guard"), probs)
     out = op.MatMul(guarded, _repeat_kv(v if v is not None else _with_cache("v"), "v"), _bind="pv")
     return Either(op.Transpose(out, perm=[0, 2, 1, 3], _bind="out_transpose"), out)
@@ -195,6 +211,7 @@ class AttentionRule(Rule):
             raise _Refuse(f"q/k/v shapes do not line up: q {graph.shape(q)}, k {graph.shape(k_all)}, "
                           f"v {graph.shape(v_all)}")
         elem = graph.elem_type(q)
+        self._check_softmax_casts(graph, match, elem)
         if elem not in common.FLOAT_TYPES or graph.elem_type(k_all) != elem or graph.elem_type(v_all) != elem:
             raise _Refuse("q, k and v must share one float type")
         for tag, source in (("k", k_all), ("v", v_all)):
@@ -278,6 +295,20 @@ class AttentionRule(Rule):
         axis = attr(node, "axis", -1 if opset >= 13 else 1)
         if axis not in (-1, 3):
             raise _Refuse(f"Softmax runs over axis {axis}, not the keys")
+
+    def _check_softmax_casts(self, graph, match, elem) -> None:
+        """Casts around the Softmax drop exactly only as T -> float32 -> T: the op's softmax is
+        float32 and it rounds once, at the end (a narrowing Cast would round where it does not)."""
+        if not match.has("softmax_narrow"):
+            return
+        widen, narrow = match.node("softmax_widen"), match.node("softmax_narrow")
+        name = onnx.TensorProto.DataType.Name
+        source, wide, back = graph.elem_type(widen.input[0]), attr(widen, "to"), attr(narrow, "to")
+        if source != elem or wide != onnx.TensorProto.FLOAT:
+            raise _Refuse(f"Cast {widen.name!r} around the Softmax takes {name(source)} to "
+                          f"{name(wide or 0)}, not q's {name(elem)} to FLOAT")
+        if back != elem:
+            raise _Refuse(f"Cast {narrow.name!r} after the Softmax gives {name(back or 0)}, not q's {name(elem)}")
 
     def _check_mask(self, graph, mask, target) -> None:
         shape = graph.shape(mask)
