@@ -404,6 +404,9 @@ MODULE_FIXTURES: list[ModuleFixture] = [
            "2 kv heads repeated by k[:, :, None].repeat(1, 1, 2, 1, 1).reshape(B, 4, S, D) (Tile); no mask"),
           ("legacy_tile_mqa", dict(kv_heads=1, repeat="tile_heads"),
            "1 kv head repeated by k.repeat(1, 4, 1, 1) (a bare Tile of the head axis); no mask"),
+          ("legacy_where_causal", dict(kv_heads=2, mask="where"),
+           "causal as GPT-2 before transformers 4.4x: torch.where(tril_buffer[:, :, :S, :S], scores, "
+           "finfo(float32).min); 2 kv heads (Tile)"),
       ]),
     ModuleFixture(
         "legacy_fp16_upcast", "legacy_attention",

@@ -1,6 +1,6 @@
 """Self-attention blocks written the way older / hand-written eager code writes them (the otfuse
-fixtures `legacy_kt_softcap`, `legacy_tile_gqa`, `legacy_tile_mqa`, `legacy_fp16_upcast`; see
-models/export_fixtures.py and models/README.md):
+fixtures `legacy_kt_softcap`, `legacy_tile_gqa`, `legacy_tile_mqa`, `legacy_fp16_upcast`,
+`legacy_where_causal`; see models/export_fixtures.py and models/README.md):
 
 - ``kt="permute"``: the keys are transposed straight from the head split,
   ``key.view(B, S, N, D).permute(0, 2, 3, 1)`` (older GPT-2 ``_split_heads(key, k=True)``), and
@@ -10,8 +10,10 @@ models/export_fixtures.py and models/README.md):
 - ``repeat="tile_heads"``: a single kv head repeated by ``k.repeat(1, N, 1, 1)`` (MQA).
 - ``upcast=True``: the softmax in float32 as Meta's reference LLaMA writes it,
   ``softmax(scores.float(), dim=-1).type_as(q)`` (for a float16 / bfloat16 module).
+- ``mask="where"``: causal, as GPT-2 wrote it before transformers 4.4x: a ``tril`` bool buffer
+  sliced to the sequence, ``torch.where(causal, scores, torch.finfo(scores.dtype).min)``.
 
-No mask, no RoPE, no norm: one non-causal attention over a static sequence.
+No RoPE, no norm: one attention (non-causal unless ``mask="where"``) over a static sequence.
 """
 
 from __future__ import annotations
@@ -31,14 +33,20 @@ class LegacyAttention(nn.Module):
     attn_implementation = "eager"  # matmul / softmax / matmul written out
 
     def __init__(self, kv_heads: int = HEADS, kt: str = "transpose", repeat: str = "tile",
-                 softcap: float | None = None, upcast: bool = False,
+                 softcap: float | None = None, upcast: bool = False, mask: str | None = None,
                  hidden: int = HIDDEN, heads: int = HEADS, seq: int = SEQ):
         super().__init__()
         if kt == "permute" and kv_heads != heads:
             raise ValueError("keys permuted from the head split: no kv head repeat")
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, hidden // heads
         self.kt, self.repeat, self.softcap, self.seq = kt, repeat, softcap, seq
-        self.upcast = upcast
+        self.upcast, self.mask = upcast, mask
+        if mask == "where":  # GPT-2's causal buffer (bool, [1, 1, max_positions, max_positions])
+            positions = 4 * seq
+            causal = torch.tril(torch.ones(positions, positions, dtype=torch.bool))
+            self.register_buffer("bias", causal.view(1, 1, positions, positions), persistent=False)
+        elif mask is not None:
+            raise ValueError(f"unknown mask {mask!r}")
         self.to_q = nn.Linear(hidden, hidden)
         self.to_k = nn.Linear(hidden, kv_heads * self.head_dim)
         self.to_v = nn.Linear(hidden, kv_heads * self.head_dim)
@@ -73,6 +81,10 @@ class LegacyAttention(nn.Module):
         scores = torch.matmul(q, kt) / (d ** 0.5)
         if self.softcap is not None:
             scores = torch.tanh(scores * (1.0 / self.softcap)) * self.softcap
+        if self.mask == "where":
+            causal = self.bias[:, :, :s, :s]  # key_length - query_length = 0: no cache here
+            fill = torch.full([], torch.finfo(scores.dtype).min, dtype=scores.dtype, device=scores.device)
+            scores = torch.where(causal, scores, fill)
         if self.upcast:
             probs = torch.softmax(scores.float(), dim=-1).type_as(q)
         else:

@@ -153,3 +153,21 @@ def test_softmax_in_float32_between_casts_is_fused(tmp_path, name, casts_dropped
     after = onnx.load(out).graph.node
     assert not [n for n in after if n.op_type == "Softmax" or n.name in casts]
 
+
+def test_where_filled_scores_become_a_bias_that_the_diff_checks(tmp_path):
+    """legacy_where_causal: torch.where(tril[:S, :S], scores, finfo.min) (the condition a constant
+    after export) -> attn_bias = Where(cond, 0, finfo.min) in float32; the same bias with its
+    branches swapped fails the diff."""
+    import numpy as np
+
+    out = tmp_path / "legacy_where_causal_fused.onnx"
+    otfuse.fuse(fixture_path("legacy_where_causal"), out)
+    fused = onnx.load(out)
+    (node,) = [n for n in fused.graph.node if n.op_type == "Attention"]
+    where = next(n for n in fused.graph.node if n.output[0] == node.input[3])
+    assert where.op_type == "Where"
+    fill = next(t for t in fused.graph.initializer if t.name == where.input[2])
+    assert onnx.numpy_helper.to_array(fill) == np.finfo(np.float32).min
+    where.input[1], where.input[2] = where.input[2], where.input[1]
+    onnx.save(fused, tmp_path / "swapped.onnx")
+    assert not otfuse.diff(fixture_path("legacy_where_causal"), tmp_path / "swapped.onnx", dims={"batch": 2}).ok

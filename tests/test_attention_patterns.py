@@ -10,6 +10,7 @@ from onnx import numpy_helper
 from fusing import assert_same_outputs, attrs, fuse_model, fused_nodes
 from graphs import attention_model, keys_transposed_model
 
+import otfuse
 
 
 def fuse_attention(tmp_path, model):
@@ -331,7 +332,8 @@ def assert_bf16_outputs_match(tmp_path, feeds_shapes, seed=0, **given):
     rng = np.random.default_rng(seed)
     feeds = {name: rng.standard_normal(shape).astype(ml_dtypes.bfloat16) for name, shape in feeds_shapes.items()}
     feeds.update(given)
-    want = ReferenceEvaluator(str(tmp_path / "m.onnx")).run(None, feeds)[0].astype(np.float32)
+    with np.errstate(over="ignore"):  # finfo.min + finfo.min is -inf, in the graph as here
+        want = ReferenceEvaluator(str(tmp_path / "m.onnx")).run(None, feeds)[0].astype(np.float32)
     got = run(InferenceSession(str(tmp_path / "m_fused.onnx")), feeds)["y"].astype(np.float32)
     np.testing.assert_allclose(got, want, rtol=5e-2, atol=5e-2)  # docs/ops.md: the bfloat16 tolerance
 
@@ -346,3 +348,174 @@ def test_bf16_softmax_in_float32_between_casts_is_fused(tmp_path, casts):
     assert [n.op_type for n in fused.graph.node] == ["Attention"], report.near_misses
     assert_bf16_outputs_match(tmp_path, {"q": (2, 4, 5, 8), "k": (2, 2, 5, 8), "v": (2, 2, 5, 8), "mask": (2, 1, 5, 5)})
 
+
+# -- a boolean mask written Where(cond, scores, fill) (older eager code, GPT-2 before 4.4x) -----------
+def scores_filled(model, fill, cond="input", swapped=False):
+    """``model`` (attention_model) with ``Where(cond, s, fill)`` on the scores in front of the mask
+    Add (or of the Softmax): ``cond`` a bool graph input "visible" [batch, 1, seq, seq] (True =
+    attend; with ``swapped``, "masked" and ``Where(masked, fill, s)``), or "causal" (j <= i from a
+    Range over q's sequence length); ``fill`` a number (of the scores' type) or "input"."""
+    nodes = list(model.graph.node)
+    softmax = next(n for n in nodes if n.op_type == "Softmax")
+    producer = next(n for n in nodes if n.output[0] == softmax.input[0])
+    reader, slot = (producer, 0) if producer.op_type == "Add" else (softmax, 0)
+    elem = model.graph.input[0].type.tensor_type.elem_type
+    added, inits = [], []
+    if cond == "causal":
+        inits += [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+                  (("i2", 2), ("zero_i", 0), ("one_i", 1), ("kv_axes", [0, 1, 2]), ("q_axes", [0, 1, 3]))]
+        added += [onnx.helper.make_node("Shape", ["q"], ["q_shape"]),
+                  onnx.helper.make_node("Gather", ["q_shape", "i2"], ["q_len"], axis=0),
+                  onnx.helper.make_node("Range", ["zero_i", "q_len", "one_i"], ["idx"]),
+                  onnx.helper.make_node("Unsqueeze", ["idx", "kv_axes"], ["kv_idx"]),  # [1, 1, 1, S]
+                  onnx.helper.make_node("Unsqueeze", ["idx", "q_axes"], ["q_idx"]),  # [1, 1, S, 1]
+                  onnx.helper.make_node("LessOrEqual", ["kv_idx", "q_idx"], ["cond"])]
+        cond_name = "cond"
+    else:
+        cond_name = "masked" if swapped else "visible"
+        model.graph.input.append(onnx.helper.make_tensor_value_info(cond_name, onnx.TensorProto.BOOL,
+                                                                    ["batch", 1, "seq", "seq"]))
+    if fill == "input":
+        model.graph.input.append(onnx.helper.make_tensor_value_info("fill", elem, []))
+    else:
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
+        inits.append(numpy_helper.from_array(np.array(fill, dtype=np.float32).astype(dtype), "fill"))
+    scores = reader.input[slot] if reader is softmax else next(i for i in producer.input if i != "mask")
+    branches = ["fill", scores] if swapped else [scores, "fill"]
+    added.append(onnx.helper.make_node("Where", [cond_name, *branches], ["filled"], name="fill_where"))
+    reader.input[list(reader.input).index(scores)] = "filled"
+    at = nodes.index(reader)
+    nodes[at:at] = added
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    model.graph.initializer.extend(inits)
+    del model.graph.value_info[:]
+    return onnx.shape_inference.infer_shapes(model, strict_mode=True)
+
+
+def visibility(batch=2, seq=5, fully_masked_row=True, seed=0):
+    """A random bool [batch, 1, seq, seq] (True = attend) with the diagonal visible, and one query
+    row that sees no key (a padded position)."""
+    rng = np.random.default_rng(seed)
+    visible = (rng.random((batch, 1, seq, seq)) < 0.6) | np.eye(seq, dtype=bool)
+    if fully_masked_row:
+        visible[0, 0, 1, :] = False
+    return visible
+
+
+def feeds_with(model, **given):
+    from otfuse.feeds import make_feeds
+
+    return {**make_feeds(model, dims={"batch": 2, "seq": 5}, seed=0), **given}
+
+
+@pytest.mark.parametrize("fill", [float(np.finfo(np.float32).min), -1e30], ids=["finfo_min", "minus_1e30"])
+@pytest.mark.parametrize("mask", [False, True], ids=["alone", "then_added_mask"])
+def test_where_fill_on_the_scores_becomes_a_bias(tmp_path, fill, mask):
+    model = scores_filled(attention_model(mask=mask, nan_guard=False), fill)
+    fused, report = fuse_attention(tmp_path, model)
+    assert report.fusions == {"Attention": 1}, report.near_misses
+    node = fused_nodes(fused)[0]
+    bias = next(n for n in fused.graph.node if n.output[0] == node.input[3])
+    assert bias.op_type == ("Add" if mask else "Where")
+    feeds = {"visible": visibility()}
+    if mask:  # an additive padding mask too: row 2 of batch 1 masked everywhere by it
+        padding = np.zeros((2, 1, 5, 5), np.float32)
+        padding[1, 0, 2, :] = np.finfo(np.float32).min
+        feeds["mask"] = padding
+    result = otfuse.diff(tmp_path / "m.onnx", tmp_path / "m_fused.onnx", inputs=feeds_with(model, **feeds))
+    assert result.ok, [row.to_dict() for row in result.outputs]
+
+
+def test_where_fill_with_branches_swapped_reads_true_as_masked(tmp_path):
+    # Where(masked, fill, s): the bias must be Where(masked, fill, 0); the same bias with the
+    # branches the other way round (True = attend) fails the diff.
+    model = scores_filled(attention_model(nan_guard=False, mask=False), float(np.finfo(np.float32).min), swapped=True)
+    fused, report = fuse_attention(tmp_path, model)
+    assert report.fusions == {"Attention": 1}, report.near_misses
+    feeds = feeds_with(model, masked=~visibility())
+    assert otfuse.diff(tmp_path / "m.onnx", tmp_path / "m_fused.onnx", inputs=feeds).ok
+    where = next(n for n in fused.graph.node if n.op_type == "Where")
+    where.input[1], where.input[2] = where.input[2], where.input[1]
+    onnx.save(fused, tmp_path / "unswapped.onnx")
+    assert not otfuse.diff(tmp_path / "m.onnx", tmp_path / "unswapped.onnx", inputs=feeds).ok
+
+
+def test_where_fill_of_a_causal_condition_becomes_causal(tmp_path):
+    # The condition (j <= i from a Range) is proven causal by masks.py: no bias, the masked keys'
+    # fill (finfo.min) becomes the op's causal mask (their probabilities are exactly 0 either way).
+    model = scores_filled(attention_model(nan_guard=False, mask=False), float(np.finfo(np.float32).min), cond="causal")
+    fused, report = fuse_attention(tmp_path, model)
+    assert [n.op_type for n in fused.graph.node] == ["Attention"], report.near_misses
+    a = attrs(fused_nodes(fused)[0])
+    assert (a["causal"], a["window"], a["empty_rows"]) == (1, 0, b"uniform")
+    assert len(fused_nodes(fused)[0].input) == 3
+    for seq in (1, 5, 9):
+        assert_same_outputs(tmp_path, dims={"batch": 2, "seq": seq})
+
+
+def test_minus_inf_fill_is_fused_only_behind_the_nan_guard(tmp_path):
+    # -inf: a row with every key masked is NaN in the graph's Softmax. Behind HF's IsNaN guard it
+    # is 0, which is what the op gives; without the guard fusing would turn NaN into 0.
+    fused, report = fuse_attention(tmp_path, scores_filled(attention_model(nan_guard=False, mask=False), -np.inf))
+    assert fused is None
+    assert any("-inf without the IsNaN guard" in miss["reason"] for miss in report.near_misses), report.near_misses
+    model = scores_filled(attention_model(mask=False), -np.inf)
+    fused, report = fuse_attention(tmp_path, model)
+    assert report.fusions == {"Attention": 1}, report.near_misses
+    result = otfuse.diff(tmp_path / "m.onnx", tmp_path / "m_fused.onnx", inputs=feeds_with(model, visible=visibility()))
+    assert result.ok, [row.to_dict() for row in result.outputs]
+
+
+@pytest.mark.parametrize("fill, dtype", [(-1e4, np.float32), (-1e9, np.float32),
+                                         (float(np.finfo(np.float16).min), np.float16)],
+                         ids=["minus_1e4", "minus_1e9", "fp16_finfo_min"])
+def test_where_fill_too_small_to_absorb_the_scores_is_not_fused(tmp_path, fill, dtype):
+    model = scores_filled(attention_model(nan_guard=False, mask=False, dtype=dtype), fill)
+    fused, report = fuse_attention(tmp_path, model)
+    assert fused is None
+    assert any("is not -inf or <= -1e+30" in miss["reason"] for miss in report.near_misses), report.near_misses
+
+
+def test_a_small_fill_as_a_bias_would_change_a_fully_masked_row(tmp_path):
+    # Why -1e4 is refused: the op would compute softmax(s - 1e4) = softmax(s) for a row that sees
+    # no key, where the graph's Where makes it uniform. Build that fusion by hand: the diff fails.
+    model = scores_filled(attention_model(nan_guard=False, mask=False, out_transpose=False), -1e4)
+    onnx.save(model, tmp_path / "m.onnx")
+    nodes = [onnx.helper.make_node("Where", ["visible", "zero", "fill"], ["bias"]),
+             onnx.helper.make_node("Attention", ["q", "k", "v", "bias"], ["y"], domain="otfuse", num_heads=4,
+                                   kv_num_heads=2)]
+    inits = [numpy_helper.from_array(np.float32(0), "zero"), numpy_helper.from_array(np.float32(-1e4), "fill")]
+    graph = onnx.helper.make_graph(nodes, "g", model.graph.input, model.graph.output, inits)
+    hand = onnx.helper.make_model(graph, opset_imports=[*model.opset_import, onnx.helper.make_opsetid("otfuse", 1)])
+    hand.ir_version = model.ir_version
+    onnx.save(hand, tmp_path / "hand.onnx")
+    partial = feeds_with(model, visible=visibility(fully_masked_row=False))
+    assert otfuse.diff(tmp_path / "m.onnx", tmp_path / "hand.onnx", inputs=partial).ok  # exp(-1e4) is 0
+    full = feeds_with(model, visible=visibility(fully_masked_row=True))
+    assert not otfuse.diff(tmp_path / "m.onnx", tmp_path / "hand.onnx", inputs=full).ok
+
+
+def test_where_fill_that_is_not_a_constant_is_not_fused(tmp_path):
+    fused, report = fuse_attention(tmp_path, scores_filled(attention_model(nan_guard=False, mask=False), "input"))
+    assert fused is None
+    assert any("'fill' is not a constant" in miss["reason"] for miss in report.near_misses), report.near_misses
+
+
+@pytest.mark.parametrize("mask_in_float", [False, True], ids=["mask_added_in_bf16", "mask_added_in_float"])
+def test_bf16_where_fill_and_softmax_in_float32_are_fused(tmp_path, mask_in_float):
+    # bfloat16's finfo.min (-3.39e38) absorbs the scores as float32's does; Casts around the Softmax
+    # (the float32 mask added after the widening Cast: the bias is Where(cond, 0, fill) + mask in float32).
+    import ml_dtypes
+
+    model = attention_model(dtype=ml_dtypes.bfloat16, nan_guard=False)
+    model = scores_filled(model, float(ml_dtypes.finfo(ml_dtypes.bfloat16).min))
+    model = softmax_with_casts(model, after=(BF16,), mask_in_float=mask_in_float)
+    fused, report = fuse_attention(tmp_path, model)
+    assert report.fusions == {"Attention": 1}, report.near_misses
+    assert "Softmax" not in [n.op_type for n in fused.graph.node]
+    mask = np.random.default_rng(1).standard_normal((2, 1, 5, 5))
+    mask[1, 0, 2, :] = float(ml_dtypes.finfo(ml_dtypes.bfloat16).min)  # a row masked by the added mask too
+    mask = mask.astype(np.float32 if mask_in_float else ml_dtypes.bfloat16)
+    assert_bf16_outputs_match(tmp_path, {"q": (2, 4, 5, 8), "k": (2, 2, 5, 8), "v": (2, 2, 5, 8)},
+                              visible=visibility(), mask=mask)

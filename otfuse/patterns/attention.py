@@ -5,8 +5,8 @@ The chain as exporters write it (Hugging Face SDPA through the dynamo or TorchSc
 
     q [B,N,S,D] -> [Mul scale] ------------------------------\\
     k [B,Nkv,S,D] -> [Concat(past, k)] -> [repeat_kv] -> Kᵀ -> [Mul scale] -> MatMul -> [Mul|Div scale]
-        -> [softcap] -> [Add mask] -> Softmax(-1) -> [Where(IsNaN(p), 0, p)] -> MatMul(·, repeat_kv(v))
-        -> [Transpose]
+        -> [softcap] -> [Where(cond, s, fill)] -> [Add mask] -> Softmax(-1) -> [Where(IsNaN(p), 0, p)]
+        -> MatMul(·, repeat_kv(v)) -> [Transpose]
 
 repeat_kv is ``Unsqueeze(2) -> Expand|Tile -> Reshape`` (read as an index map, no copy), or a
 bare ``Tile`` of a single kv head (MQA); Kᵀ is a Transpose of the last two axes, or the dynamo
@@ -15,7 +15,9 @@ exporter's ``Reshape -> Transpose -> Reshape``, or keys the graph holds transpos
 The additive mask is passed through as ``attn_bias``: whatever the graph computed (causal,
 sliding window, padding, ALiBi), the fused node adds exactly it, so the fusion is exact. The
 Softmax may run in float32 between Casts (HF eager fp16/bf16: ``Cast(float) -> Softmax ->
-Cast(T)``, or ``Softmax -> Cast(float) -> Cast(T)``), as the op does.
+Cast(T)``, or ``Softmax -> Cast(float) -> Cast(T)``), as the op does. Older eager code's
+``Where(cond, s, fill)`` is fused when the fill masks for good (-inf behind the NaN guard, or
+<= -1e30), as ``Where(cond, 0, fill)`` added or as the causal/window/padding masks.py proves.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import onnx
 
 from otfuse import OP_DOMAIN
 from otfuse.patterns import common
-from otfuse.patterns.masks import classify_mask
+from otfuse.patterns.masks import classify_bool_mask, classify_mask
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.passes import RulePass
 from otfuse.rewriter.pattern import ANY, Const, Either, Match, Var, attr, op
@@ -85,16 +87,24 @@ def _soft_capped(scores):
     return Either(op.Mul(op.Tanh(inner, _bind="softcap_tanh"), Const("softcap_mul")), scores)
 
 
+def _filled(scores):
+    """Older eager code's boolean mask: ``Where(cond, s, fill)`` (cond True = attend), or with the
+    branches swapped ``Where(cond, fill, s)`` (cond True = masked); the fill is checked by the rule."""
+    return Either(op.Where(Var("fill_cond"), scores, Const("fill"), _bind="fill_where"),
+                  op.Where(Var("fill_cond"), Const("fill"), scores, _bind="fill_where"), scores)
+
+
 def _probabilities(scores):
     """Softmax(-1) of the masked scores, in T, or in float32 between Casts (HF eager's
     ``softmax(s, dtype=float32).to(q.dtype)``, Meta's ``softmax(s.float()).type_as(q)``):
     ``Cast(float) -> Softmax -> Cast(T)`` with the mask Add before or after the widening Cast, or
     as the exporters write it, ``Softmax -> Cast(float) -> Cast(T)``. The Casts' types are checked
     by the rule."""
-    masked = Either(op.Add(scores, Var("mask")), scores)
+    filled = _filled(scores)
+    masked = Either(op.Add(filled, Var("mask")), filled)
     plain = op.Softmax(masked, _bind="softmax")
     widened = Either(op.Cast(masked, _bind="softmax_widen"),
-                     op.Add(op.Cast(scores, _bind="softmax_widen"), Var("mask")))
+                     op.Add(op.Cast(filled, _bind="softmax_widen"), Var("mask")))
     in_float = op.Cast(op.Softmax(widened, _bind="softmax"), _bind="softmax_narrow")
     round_trip = op.Cast(op.Cast(plain, _bind="softmax_widen"), _bind="softmax_narrow")
     return Either(in_float, round_trip, plain)
@@ -140,6 +150,41 @@ def _scalar(graph: GraphIndex, match: Match, name: str) -> float:
     value = graph.scalar_value(match.value(name))
     if value is None or not math.isfinite(value) or value == 0:
         raise _Refuse(f"scale constant '{name}' is not one finite non-zero number")
+    return value
+
+
+def _check_broadcast(graph: GraphIndex, value: str, target: tuple, what: str) -> None:
+    shape = graph.shape(value)
+    if shape is None or len(shape) > 4:
+        raise _Refuse(f"{what} has an unknown or too large rank")
+    for dim, want in zip(reversed(shape), reversed(target)):
+        # The kernel checks broadcasting at run time; refuse only what provably widens scores.
+        if dim != 1 and not _may_equal(dim, want):
+            raise _Refuse(f"{what} has shape {list(shape)}, which does not broadcast to {list(target)}")
+
+
+# A Where fill at most this (or -inf) is what adding it gives too: s + fill rounds to fill in
+# float32 for every |s| < ulp(fill) / 2 (3.8e22 at -1e30, 1e31 at finfo(float32).min).
+_FILL_ABSORBS_SCORES = -1e30
+
+
+def _fill(graph: GraphIndex, match: Match) -> float:
+    """The fill of ``Where(cond, s, fill)``, when replacing the masked scores by it equals adding
+    it (the op adds an ``attn_bias`` or masks with -inf): one number, -inf (with the graph's
+    IsNaN guard: a row with every key masked is NaN without it, 0 in the op) or <= -1e30. A
+    smaller fill (-1e4, float16's -65504) keeps s in s + fill: a fully masked row would be
+    softmax(s) in the op, uniform in the graph."""
+    fill = match.value("fill")
+    value = graph.scalar_value(fill)
+    if value is None or len(graph.constant_shape(fill) or ()) > 4:
+        raise _Refuse(f"the Where fill {fill!r} is not one number")
+    if value == -math.inf:
+        if not match.has("nan_guard"):
+            raise _Refuse("the Where fill is -inf without the IsNaN guard: a row with every key masked is NaN "
+                          "in the graph, 0 in the op")
+    elif not value <= _FILL_ABSORBS_SCORES:
+        raise _Refuse(f"the Where fill {value:g} is not -inf or <= {_FILL_ABSORBS_SCORES:g}: adding it keeps the "
+                      f"scores (a fully masked row would be softmax(s), not uniform)")
     return value
 
 
@@ -227,6 +272,9 @@ class AttentionRule(Rule):
         self._check_softmax(graph, match)
         if match.has("mask"):
             self._check_mask(graph, match.value("mask"), (batch, heads, q_len, kv_len))
+        if match.has("fill_where"):
+            _check_broadcast(graph, match.value("fill_cond"), (batch, heads, q_len, kv_len), "the Where condition")
+            _fill(graph, match)
         if match.has("nan_guard"):
             fill = graph.scalar_value(match.value("nan_fill"))
             if fill != 0.0:
@@ -311,13 +359,7 @@ class AttentionRule(Rule):
             raise _Refuse(f"Cast {narrow.name!r} after the Softmax gives {name(back or 0)}, not q's {name(elem)}")
 
     def _check_mask(self, graph, mask, target) -> None:
-        shape = graph.shape(mask)
-        if shape is None or len(shape) > 4:
-            raise _Refuse(f"the mask {mask!r} has an unknown or too large rank")
-        for dim, want in zip(reversed(shape), reversed(target)):
-            # The kernel checks broadcasting at run time; refuse only what provably widens scores.
-            if dim != 1 and not _may_equal(dim, want):
-                raise _Refuse(f"the mask shape {list(shape)} does not broadcast to {list(target)}")
+        _check_broadcast(graph, mask, target, f"the mask {mask!r}")
         if graph.elem_type(mask) not in common.FLOAT_TYPES:
             raise _Refuse(f"the mask {mask!r} is not a float tensor")
 
@@ -337,9 +379,13 @@ class AttentionRule(Rule):
     def extra_attributes(self, graph: GraphIndex, match: Match) -> dict:
         return {}
 
-    def mask_inputs(self, ctx: RewriteContext, match: Match, attributes: dict) -> tuple[str, str]:
+    def mask_inputs(self, ctx: RewriteContext, match: Match, attributes: dict,
+                    bias: _BiasBuilder | None = None) -> tuple[str, str]:
         """(attn_bias, key_padding_mask): the graph's mask as causal/window/padding when
-        masks.py can prove what it computes (attributes updated), else as an additive bias."""
+        masks.py can prove what it computes (attributes updated), else as an additive bias. A
+        Where fill goes through ``bias`` (the rules whose pattern has one pass it)."""
+        if match.has("fill_where"):
+            return self._filled_mask_inputs(ctx, match, attributes, bias)
         if not match.has("mask"):
             return "", ""
         claim = classify_mask(ctx.graph, match.value("mask"), ctx.memo)
@@ -348,11 +394,38 @@ class AttentionRule(Rule):
         attributes.update(causal=int(claim.causal), window=claim.window, empty_rows=claim.empty_rows)
         return "", claim.key_padding or ""
 
+    def _filled_mask_inputs(self, ctx: RewriteContext, match: Match, attributes: dict,
+                            bias: _BiasBuilder) -> tuple[str, str]:
+        """``Where(cond, s, fill)``: with no other mask, a condition masks.py proves causal /
+        window / padding becomes those attributes (the fill masks for good, see ``_fill``: a row
+        with every key masked is uniform for a finite fill, 0 for -inf behind the NaN guard).
+        Otherwise the bias ``Where(cond, 0, fill)`` (``Where(cond, fill, 0)`` for swapped
+        branches) is built in front of the node, plus the added mask (``s + (fill + m)`` is
+        ``fill + m`` as ``_fill`` argues, ``s + (0 + m)`` is ``s + m``). In float32 (exact for
+        every T; ORT's CPU has no bfloat16 Where)."""
+        graph, cond, fill = ctx.graph, match.value("fill_cond"), match.value("fill")
+        swapped = match.node("fill_where").input[1] == fill
+        if not swapped and not match.has("mask"):
+            claim = classify_bool_mask(graph, cond, ctx.memo)
+            if not isinstance(claim, str):
+                empty_rows = "uniform" if math.isfinite(_fill(graph, match)) else "zero"
+                attributes.update(causal=int(claim.causal), window=claim.window, empty_rows=empty_rows)
+                return "", claim.key_padding or ""
+        zero, fill = bias.float32(0.0), bias.float32(_fill(graph, match))
+        bias.value = bias.node("Where", [cond, fill, zero] if swapped else [cond, zero, fill])
+        if match.has("mask"):
+            mask = match.value("mask")
+            if graph.elem_type(mask) != onnx.TensorProto.FLOAT:
+                mask = bias.node("Cast", [mask], to=onnx.TensorProto.FLOAT)
+            bias.value = bias.node("Add", [bias.value, mask])
+        return bias.value, ""
+
     def rewrite(self, ctx: RewriteContext, match: Match, root: onnx.NodeProto) -> Replacement:
         graph = ctx.graph
         attributes = {**self.attributes(graph, match), **self.extra_attributes(graph, match)}
         cached = match.has("k_cache")
-        bias, padding = self.mask_inputs(ctx, match, attributes)
+        builder = _BiasBuilder(ctx, root)
+        bias, padding = self.mask_inputs(ctx, match, attributes, builder)
         inputs = self.inputs(match) + [
             bias,
             padding,
@@ -365,7 +438,7 @@ class AttentionRule(Rule):
         if cached:
             outputs += [match.node("k_cache").output[0], match.node("v_cache").output[0]]
         node = ctx.fused_node(self.fused_op, inputs, outputs, root, **attributes)
-        return Replacement([node])
+        return Replacement([*builder.nodes, node], builder.initializers)
 
 
 class RopeAttentionRule(AttentionRule):
@@ -493,6 +566,11 @@ class _BiasBuilder:
         out = self.ctx.unique_name(f"{self.root.output[0]}/bias_{op_type.lower()}")
         self.nodes.append(onnx.helper.make_node(op_type, inputs, [out], name=out, **attrs))
         return out
+
+    def float32(self, value: float) -> str:
+        tensor = self.ctx.constant(f"{self.root.output[0]}/bias_const", np.array(value, dtype=np.float32))
+        self.initializers.append(tensor)
+        return tensor.name
 
     def ints(self, values: list[int]) -> str:
         tensor = self.ctx.constant(f"{self.root.output[0]}/bias_const", np.array(values, dtype=np.int64))
