@@ -233,10 +233,10 @@ def softmax_with_casts(model, before=(F32,), after=(F16,), mask_in_float=False, 
     head = next(n for n in nodes if n.output[0] == softmax.input[0]) if mask_in_float else softmax
     at = nodes.index(head)
     if mask_in_float:  # Add(scores, mask) -> Add(Cast(scores), mask)
-        slot = [i for i, name in enumerate(head.input) if name != "mask"][0]
-        for i in model.graph.input:
-            if i.name == "mask":
-                i.type.tensor_type.elem_type = F32
+        slot = next(i for i, name in enumerate(head.input) if name != "mask")
+        for value in model.graph.input:
+            if value.name == "mask":
+                value.type.tensor_type.elem_type = F32
     else:
         slot = 0
     chain = []
