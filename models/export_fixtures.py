@@ -93,153 +93,103 @@ class Fixture:
     notes: list[str] = dataclasses.field(default_factory=list)
 
 
-def _common_dropout_off() -> dict[str, Any]:
-    return {"attention_dropout": 0.0}
+def _sizes(**specific: Any) -> dict[str, Any]:
+    """The tiny sizes every config with Hugging Face's usual key names shares (no cache, no
+    attention dropout), plus the architecture's own keys."""
+    return {
+        "hidden_size": HIDDEN,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS,
+        "intermediate_size": INTERMEDIATE,
+        "vocab_size": VOCAB,
+        "max_position_embeddings": MAX_POS,
+        "use_cache": False,
+        "attention_dropout": 0.0,
+        **specific,
+    }
+
+
+def _gqa_sizes(**specific: Any) -> dict[str, Any]:
+    """_sizes with KV_HEADS key/value heads (GQA), for the llama-like decoders."""
+    return _sizes(num_key_value_heads=KV_HEADS, **specific)
 
 
 def llama_config() -> transformers.PretrainedConfig:
-    return transformers.LlamaConfig(
-        hidden_size=HIDDEN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
-        head_dim=HEAD_DIM,
-        intermediate_size=INTERMEDIATE,
-        vocab_size=VOCAB,
-        max_position_embeddings=MAX_POS,
-        rms_norm_eps=1e-6,
-        use_cache=False,
-        **_common_dropout_off(),
-    )
+    return transformers.LlamaConfig(**_gqa_sizes(head_dim=HEAD_DIM, rms_norm_eps=1e-6))
+
+
+# Released Qwen models use rope_theta 1e6; the tiny ones keep it.
+_QWEN_ROPE = {"rope_type": "default", "rope_theta": 1_000_000.0}
 
 
 def qwen2_config() -> transformers.PretrainedConfig:
-    return transformers.Qwen2Config(
-        hidden_size=HIDDEN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
-        intermediate_size=INTERMEDIATE,
-        vocab_size=VOCAB,
-        max_position_embeddings=MAX_POS,
-        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},  # as released Qwen
-        rms_norm_eps=1e-6,
-        use_sliding_window=False,
-        tie_word_embeddings=False,
-        use_cache=False,
-        **_common_dropout_off(),
-    )
+    return transformers.Qwen2Config(**_gqa_sizes(
+        rope_parameters=_QWEN_ROPE, rms_norm_eps=1e-6, use_sliding_window=False, tie_word_embeddings=False,
+    ))
 
 
 def qwen3_config() -> transformers.PretrainedConfig:
-    return transformers.Qwen3Config(
-        hidden_size=HIDDEN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
-        head_dim=HEAD_DIM,
-        intermediate_size=INTERMEDIATE,
-        vocab_size=VOCAB,
-        max_position_embeddings=MAX_POS,
-        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},  # as released Qwen
-        rms_norm_eps=1e-6,
-        use_sliding_window=False,
+    return transformers.Qwen3Config(**_gqa_sizes(
+        head_dim=HEAD_DIM, rope_parameters=_QWEN_ROPE, rms_norm_eps=1e-6, use_sliding_window=False,
         tie_word_embeddings=False,
-        use_cache=False,
-        **_common_dropout_off(),
-    )
+    ))
 
 
 def mistral_config() -> transformers.PretrainedConfig:
-    return transformers.MistralConfig(
-        hidden_size=HIDDEN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
-        head_dim=HEAD_DIM,
-        intermediate_size=INTERMEDIATE,
-        vocab_size=VOCAB,
-        max_position_embeddings=MAX_POS,
-        rms_norm_eps=1e-5,
+    return transformers.MistralConfig(**_gqa_sizes(
+        head_dim=HEAD_DIM, rms_norm_eps=1e-5,
         sliding_window=4,  # < the test sequence length (7), so the window is exercised
-        use_cache=False,
-        **_common_dropout_off(),
-    )
+    ))
 
 
 def gemma2_config() -> transformers.PretrainedConfig:
-    return transformers.Gemma2Config(
-        hidden_size=HIDDEN,
-        num_hidden_layers=LAYERS,  # layer 0 sliding_attention, layer 1 full_attention
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
-        head_dim=HEAD_DIM,
-        intermediate_size=INTERMEDIATE,
-        vocab_size=VOCAB,
-        max_position_embeddings=MAX_POS,
-        rms_norm_eps=1e-6,
+    return transformers.Gemma2Config(**_gqa_sizes(  # layer 0 sliding_attention, layer 1 full_attention
+        head_dim=HEAD_DIM, rms_norm_eps=1e-6,
         query_pre_attn_scalar=8,  # scale 8**-0.5, not 1/sqrt(head_dim): the scale must come from the graph
         # Small caps (released Gemma2: 50 / 30) so that tanh bends these tiny models' scores and
         # logits: a fusion that dropped the soft-capping would change the outputs measurably.
         attn_logit_softcapping=5.0,
         final_logit_softcapping=3.0,
         sliding_window=4,  # < the test sequence length (7), so the window is exercised
-        use_cache=False,
-        **_common_dropout_off(),
-    )
+    ))
 
 
 def gpt_neox_config() -> transformers.PretrainedConfig:
-    return transformers.GPTNeoXConfig(
-        hidden_size=HIDDEN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        intermediate_size=INTERMEDIATE,
-        vocab_size=VOCAB,
-        max_position_embeddings=MAX_POS,
+    return transformers.GPTNeoXConfig(**_sizes(
         rotary_pct=0.25,  # rotary on the first 4 of 16 head dims
-        layer_norm_eps=1e-5,
-        use_parallel_residual=True,
-        hidden_dropout=0.0,
-        use_cache=False,
-        **_common_dropout_off(),
-    )
+        layer_norm_eps=1e-5, use_parallel_residual=True, hidden_dropout=0.0,
+    ))
+
+
+def _gpt_sizes(**specific: Any) -> dict[str, Any]:
+    """The same sizes under GPT-2's key names (n_embd, n_layer, ...), shared by GPT-2 and GPT-J."""
+    return {
+        "n_embd": HIDDEN,
+        "n_layer": LAYERS,
+        "n_head": HEADS,
+        "n_inner": INTERMEDIATE,
+        "vocab_size": VOCAB,
+        "n_positions": MAX_POS,
+        "layer_norm_epsilon": 1e-5,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "use_cache": False,
+        **specific,
+    }
 
 
 def gptj_config() -> transformers.PretrainedConfig:
-    return transformers.GPTJConfig(
-        n_embd=HIDDEN,
-        n_layer=LAYERS,
-        n_head=HEADS,
-        n_inner=INTERMEDIATE,
-        vocab_size=VOCAB,
-        n_positions=MAX_POS,
-        rotary_dim=8,  # interleaved rotary on the first 8 of 16 head dims
-        layer_norm_epsilon=1e-5,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        bos_token_id=1,
-        eos_token_id=2,
-        use_cache=False,
-    )
+    return transformers.GPTJConfig(**_gpt_sizes(rotary_dim=8))  # interleaved rotary on 8 of 16 head dims
 
 
 def phi_config() -> transformers.PretrainedConfig:
-    return transformers.PhiConfig(
-        hidden_size=HIDDEN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        intermediate_size=INTERMEDIATE,
-        vocab_size=VOCAB,
-        max_position_embeddings=MAX_POS,
+    return transformers.PhiConfig(**_sizes(
         partial_rotary_factor=0.5,  # rotary on the first 8 of 16 head dims
-        layer_norm_eps=1e-5,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        use_cache=False,
-        **_common_dropout_off(),
-    )
+        layer_norm_eps=1e-5, resid_pdrop=0.0, embd_pdrop=0.0,
+    ))
 
 
 def bert_config() -> transformers.PretrainedConfig:
@@ -258,21 +208,7 @@ def bert_config() -> transformers.PretrainedConfig:
 
 
 def gpt2_config() -> transformers.PretrainedConfig:
-    return transformers.GPT2Config(
-        n_embd=HIDDEN,
-        n_layer=LAYERS,
-        n_head=HEADS,
-        n_inner=INTERMEDIATE,
-        vocab_size=VOCAB,
-        n_positions=MAX_POS,
-        layer_norm_epsilon=1e-5,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        bos_token_id=1,
-        eos_token_id=2,
-        use_cache=False,
-    )
+    return transformers.GPT2Config(**_gpt_sizes())
 
 
 def bloom_config() -> transformers.PretrainedConfig:
