@@ -4,9 +4,9 @@ through real ONNX Runtime sessions with the custom-op library.
 bfloat16 tensors cross the graph boundary as float32 with a Cast on each side (ORT's Python API
 cannot feed or fetch bfloat16); the values are bfloat16-exact, so the Casts change nothing.
 Both code paths of the kernel (query tiles over packed K/V panels, and the direct path used for
-a few query rows) and both CPU variants are exercised with the OTFUSE_ATTENTION_PATH and
-OTFUSE_CPU_ISA knobs; OTFUSE_ATTENTION_TILES shrinks the tiles so small shapes cross many tile
-edges.
+a few query rows) and the CPU variants (AVX-512, AVX2, baseline) are exercised with the
+OTFUSE_ATTENTION_PATH, OTFUSE_ATTENTION_ISA and OTFUSE_CPU_ISA knobs; OTFUSE_ATTENTION_TILES
+shrinks the tiles so small shapes cross many tile edges.
 """
 
 from __future__ import annotations
@@ -170,16 +170,23 @@ def test_paths_and_tile_sizes(library, monkeypatch, path, tiles):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("path", ["direct", "packed"])
-def test_cpu_variants_agree(library, monkeypatch, dtype, path):
-    # The AVX2 variant uses FMA and a different exp evaluation order: not bit-exact with the
-    # baseline, but both stay within the reference tolerance and close to each other.
+@pytest.mark.parametrize("softcap", [0.0, 3.0])
+def test_cpu_variants_agree(library, monkeypatch, dtype, path, softcap):
+    # The AVX-512 and AVX2 variants use FMA and other exp evaluation orders: not bit-exact with
+    # the baseline, but all stay within the reference tolerance and close to each other. D = 72:
+    # 4.5 panels of 16 lanes (the AVX-512 kernels take them in pairs, then a single one).
+    # OTFUSE_ATTENTION_ISA=avx2 picks the AVX2 variant on a CPU with AVX-512.
     monkeypatch.setenv("OTFUSE_ATTENTION_PATH", path)
-    rng = seeded("isa", dtype.name, path)
+    rng = seeded("isa", dtype.name, path, softcap)
     inputs = qkv(rng, 1, 2, 2, 67, 67, 72, dtype)
-    attrs = {"num_heads": 2, "causal": 1, "softcap": 3.0}
+    attrs = {"num_heads": 2, "causal": 1, "softcap": softcap}
     (default,) = check(library, inputs, attrs)
+    monkeypatch.setenv("OTFUSE_ATTENTION_ISA", "avx2")
+    (avx2,) = check(library, inputs, attrs)
+    monkeypatch.delenv("OTFUSE_ATTENTION_ISA")
     monkeypatch.setenv("OTFUSE_CPU_ISA", "baseline")
     (baseline,) = check(library, inputs, attrs)
+    assert_close(default, avx2)
     assert_close(default, baseline)
 
 

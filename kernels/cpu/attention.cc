@@ -143,6 +143,20 @@ Tiles ReadTiles() {
   return tiles;
 }
 
+// The AVX-512 tile kernels run when the CPU has AVX-512 F/VL/BW/DQ (libgcc's check includes the
+// OS saving the zmm state) unless OTFUSE_ATTENTION_ISA=avx2 asks for the AVX2 ones (a test and
+// tuning knob, docs/ops.md).
+bool Avx512Allowed() {
+#if defined(OTFUSE_HAVE_AVX2_KERNELS)
+  const char* isa = std::getenv("OTFUSE_ATTENTION_ISA");
+  if (isa != nullptr && std::strcmp(isa, "avx2") == 0) return false;
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
+#else
+  return false;
+#endif
+}
+
 struct InputIndex {
   size_t cos, sin, bias, key_mask, past_key, past_value;
 };
@@ -190,6 +204,7 @@ class AttentionKernel {
     }
     const CpuIsa isa = SelectCpuIsa();
     use_avx2_ = isa == CpuIsa::kAvx2 && __builtin_cpu_supports("fma");
+    use_avx512_ = use_avx2_ && Avx512Allowed();
     tiles_ = ReadTiles();
   }
 
@@ -210,6 +225,7 @@ class AttentionKernel {
   template <typename T>
   AttentionFns<T> Functions() const {
 #if defined(OTFUSE_HAVE_AVX2_KERNELS)
+    if (use_avx512_) return avx512::AttentionFunctions<T>();
     if (use_avx2_) return avx2::AttentionFunctions<T>();
 #endif
     return baseline::AttentionFunctions<T>();
@@ -517,6 +533,7 @@ class AttentionKernel {
   int64_t rotary_dim_ = 0;
   std::vector<int64_t> sections_;
   bool use_avx2_ = false;
+  bool use_avx512_ = false;
   Tiles tiles_;
 };
 

@@ -1,5 +1,6 @@
 // Tile math of the attention family (Attention, RopeAttention), compiled once per CPU variant
-// (attention_tiles_baseline.cc, attention_tiles_avx2.cc); attention.cc validates the node, fills
+// (attention_tiles_baseline.cc, attention_tiles_avx2.cc,
+// attention_tiles_avx512.cc); attention.cc validates the node, fills
 // an AttentionJob and schedules the phases below on ORT's thread pool.
 //
 // Phases of one Compute:
@@ -161,6 +162,10 @@ template <typename T>
 AttentionFns<T> AttentionFunctions();
 }
 namespace avx2 {
+template <typename T>
+AttentionFns<T> AttentionFunctions();
+}
+namespace avx512 {
 template <typename T>
 AttentionFns<T> AttentionFunctions();
 }
