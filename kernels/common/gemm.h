@@ -18,6 +18,10 @@
 // in L1 while every row block of A passes over it; float16 / bfloat16 slices are widened into a
 // float32 buffer once per slice (or read directly when there is a single row block).
 //
+// Parallel split: tasks are (row chunk of up to 192 rows) x (group of panels), chunk-major, and
+// inside a task k is the outer loop, so the chunk's A slice (192 x 256 floats) stays in L2 while
+// the group's panels pass over it (gemm.cc, GridFor: why and what it measured).
+//
 // Numerics: float32 products summed in a fixed order (k ascending, in slices of kDepth), the
 // same for every thread count. The AVX2 variant uses FMA, the baseline variant multiply + add,
 // so the two agree within float32 rounding, not bit for bit.
@@ -35,6 +39,8 @@ namespace otfuse {
 constexpr int64_t kPanelWidth = 16;
 constexpr int64_t kRowBlock = 6;
 constexpr int64_t kDepth = 256;
+// A chunk whose A (rows x K floats) fits in this is run panel by panel, else k slice by k slice.
+constexpr int64_t kAInL2Bytes = 256 << 10;
 
 enum class PackedType { kFloat32, kFloat16, kBFloat16 };
 
