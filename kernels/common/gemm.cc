@@ -53,9 +53,9 @@ void PackColumns(const S* src, int64_t k, int64_t n, bool transposed, S* dst) {
 // How a product is cut into tasks: row chunks of A times groups of panels of B.
 //
 // A chunk of at most kChunkRows rows keeps its A slice (rows x kDepth, 192 KiB) in L2 while the
-// group's panels pass over it. Without chunks every panel streamed all of A, which stopped
-// fitting in cache at a few hundred rows: measured at M = 512, K = 4096, N = 22016 the old split
-// ran at 85-103 GFLOP/s with 2 threads (one core's worth) and at M = 2048, N = 6144 at 46.
+// group's panels pass over it. Without chunks every panel streamed all of A, fine while A sat in
+// L3 (M = 512, K = 4096: 8 MiB, ~205 GFLOP/s with 2 threads) but not beyond: measured at M = 2048,
+// N = 28160 the old split ran at 52 GFLOP/s, this one at 199 (MLAS 187; bench/README.md).
 // Groups: enough tasks for ORT to balance the threads, none below ~0.1 ms of work, and the
 // accumulators of a task (rows x panels x 16 floats) bounded so they stay in L2.
 constexpr int64_t kChunkRows = 32 * kRowBlock;
