@@ -16,6 +16,8 @@ no cache). Three cases, each run in its own child process so its peak memory is 
 The unfused case is skipped where its [1, 16, S, S] float32 scores would exceed --max-scores-gb
 (default 6), and any case whose peak, projected from its smaller size by S², would not fit in the
 memory available (the unfused graph peaks at ~6x its scores tensor); both are reported as such. Time: best of --repeats runs after one warm-up, --threads intra-op threads.
+CPU seconds per run (process time, both threads) are reported too: on a shared 2-core machine a
+run's wall time doubles whenever another process takes a core, its CPU time does not.
 Peak memory: the child's VmHWM (= ru_maxrss) and the growth of its RSS over the runs.
 
     python bench/attention_kernel.py                       # all cases, S = 2048 8192 16384
@@ -135,17 +137,21 @@ def run_child(case: str, s: int, threads: int, repeats: int) -> dict:
     session = ort.InferenceSession(build_model(case, s).SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
     rss_before = common.proc_memory_mib()["rss_mib"]
-    times = []
+    times, cpu_times = [], []
     for i in range(repeats + 1):
+        cpu_start = time.process_time()
         start = time.perf_counter()
         outputs = session.run(None, feeds)
         elapsed = time.perf_counter() - start
+        cpu = time.process_time() - cpu_start
         if i > 0:  # the first run warms up
             times.append(elapsed)
+            cpu_times.append(cpu)
         del outputs
     memory = common.proc_memory_mib()
     return {
         "case": case, "s": s, "threads": threads, "times_s": times, "best_s": min(times),
+        "cpu_times_s": cpu_times, "best_cpu_s": min(cpu_times),
         "rss_before_run_mib": rss_before, "peak_rss_mib": memory["peak_rss_mib"],
         "ru_maxrss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "run_growth_mib": round(memory["peak_rss_mib"] - rss_before, 1),
@@ -224,14 +230,17 @@ def main() -> int:
                 r = measure(case, s, args.threads, args.repeats, args.timeout)
             results.append(r)
             print(f"  S={s:<6} {case:<8} " + (
-                f"{r['best_s'] * 1e3:10.1f} ms  peak {r['peak_rss_mib']:8.1f} MiB  "
+                f"{r['best_s'] * 1e3:10.1f} ms  (CPU {r['best_cpu_s']:.2f} s)  peak {r['peak_rss_mib']:8.1f} MiB  "
                 f"(+{r['run_growth_mib']:.1f} MiB while running)  load {r['loadavg_before'][0]:.2f}"
                 if "best_s" in r else r.get("skipped") or r.get("error")), flush=True)
 
     # Table and goals.
     by = {(r["case"], r["s"]): r for r in results}
     print()
-    header = f"{'S':>6} | {'unfused':>18} | {'ORT GQA':>18} | {'otfuse':>18} | {'vs unfused':>10} | {'vs GQA':>7}"
+    # "CPU vs GQA": the ratio of CPU seconds per run (both threads). Unlike wall time it does not
+    # double when another process takes one of the two cores for a run; the goals use wall time.
+    header = (f"{'S':>6} | {'unfused':>18} | {'ORT GQA':>18} | {'otfuse':>18} | {'vs unfused':>10} | {'vs GQA':>7}"
+              f" | {'CPU vs GQA':>10}")
     print(header)
     print("-" * len(header))
     failures = []
@@ -246,7 +255,7 @@ def main() -> int:
     growth = {}
     for s in args.sizes:
         u, g, o = by.get(("unfused", s)), by.get(("ort_gqa", s)), by.get(("otfuse", s))
-        vs_u = vs_g = "-"
+        vs_u = vs_g = cpu_g = "-"
         if o and "best_s" in o:
             growth[s] = o["run_growth_mib"]
             if u and "best_s" in u:
@@ -257,11 +266,12 @@ def main() -> int:
             if g and "best_s" in g:
                 ratio = g["best_s"] / o["best_s"]
                 vs_g = f"{ratio:.2f}x"
+                cpu_g = f"{g['best_cpu_s'] / o['best_cpu_s']:.2f}x"
                 if ratio < 1.0:
                     failures.append(f"S={s}: otfuse is {ratio:.2f}x GroupQueryAttention (goal >= 1.0x)")
         elif o:
             failures.append(f"S={s}: otfuse did not run: {o.get('error')}")
-        print(f"{s:>6} | {cell(u):>18} | {cell(g):>18} | {cell(o):>18} | {vs_u:>10} | {vs_g:>7}")
+        print(f"{s:>6} | {cell(u):>18} | {cell(g):>18} | {cell(o):>18} | {vs_u:>10} | {vs_g:>7} | {cpu_g:>10}")
     # O(S) memory: the working memory of a run (RSS growth) may grow at most ~linearly with S.
     sizes = sorted(growth)
     if len(sizes) >= 2:
