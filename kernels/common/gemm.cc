@@ -52,13 +52,14 @@ void PackColumns(const S* src, int64_t k, int64_t n, bool transposed, S* dst) {
 
 // How a product is cut into tasks: row chunks of A times groups of panels of B.
 //
-// A chunk of at most kChunkRows rows keeps its A slice (rows x kDepth, 192 KiB) in L2 while the
+// A chunk of at most kChunkRows rows keeps its A slice (rows x kDepth, <= 384 KiB) in L2 while the
 // group's panels pass over it. Without chunks every panel streamed all of A, fine while A sat in
 // L3 (M = 512, K = 4096: 8 MiB, ~205 GFLOP/s with 2 threads) but not beyond: measured at M = 2048,
 // N = 28160 the old split ran at 52 GFLOP/s, this one at 199 (MLAS 187; bench/README.md).
+// 384 rows ran 3-9% faster than 192 at M = 512-1024 (fewer passes over B, same L2 fit).
 // Groups: enough tasks for ORT to balance the threads, none below ~0.1 ms of work, and the
 // accumulators of a task (rows x panels x 16 floats) bounded so they stay in L2.
-constexpr int64_t kChunkRows = 32 * kRowBlock;
+constexpr int64_t kChunkRows = 64 * kRowBlock;
 constexpr int64_t kMaxAccumulatorBytes = 256 << 10;
 constexpr int64_t kMinTaskWork = 1 << 18;  // multiply-adds
 constexpr int64_t kTargetTasks = 64;

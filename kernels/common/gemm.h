@@ -18,8 +18,8 @@
 // in L1 while every row block of A passes over it; float16 / bfloat16 slices are widened into a
 // float32 buffer once per slice (or read directly when there is a single row block).
 //
-// Parallel split: tasks are (row chunk of up to 192 rows) x (group of panels), chunk-major, and
-// inside a task k is the outer loop, so the chunk's A slice (192 x 256 floats) stays in L2 while
+// Parallel split: tasks are (row chunk of up to 384 rows) x (group of panels), chunk-major, and
+// inside a large chunk k is the outer loop, so its A slice (<= 384 x 256 floats) stays in L2 while
 // the group's panels pass over it (gemm.cc, GridFor: why and what it measured).
 //
 // Numerics: float32 products summed in a fixed order (k ascending, in slices of kDepth), the
