@@ -30,6 +30,7 @@ import onnx
 from otfuse import OP_DOMAIN
 from otfuse.patterns import common
 from otfuse.patterns.masks import classify_bool_mask, classify_mask
+from otfuse.patterns.plain_nodes import PlainNodes
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.passes import RulePass
 from otfuse.rewriter.pattern import ANY, Const, Either, Match, Var, attr, op
@@ -438,7 +439,7 @@ class AttentionRule(Rule):
         if cached:
             outputs += [match.node("k_cache").output[0], match.node("v_cache").output[0]]
         node = ctx.fused_node(self.fused_op, inputs, outputs, root, **attributes)
-        return Replacement([*builder.nodes, node], builder.initializers)
+        return builder.replacement(node)
 
 
 class RopeAttentionRule(AttentionRule):
@@ -550,32 +551,19 @@ class FlatHeadsAttentionRule(AttentionRule):
         while inputs and not inputs[-1]:
             inputs.pop()
         fused = ctx.fused_node("Attention", inputs, [root.output[0]], root, **attributes)
-        return Replacement(bias.nodes + [fused], bias.initializers)
+        return bias.replacement(fused)
 
 
-class _BiasBuilder:
-    """Plain ONNX nodes a rewrite adds in front of the fused node (here: the combined bias)."""
+class _BiasBuilder(PlainNodes):
+    """Plain ONNX nodes a rewrite adds in front of the fused node; ``value`` is the combined bias
+    built so far (None: no bias)."""
 
     def __init__(self, ctx: RewriteContext, root: onnx.NodeProto):
-        self.ctx, self.root = ctx, root
-        self.nodes: list[onnx.NodeProto] = []
-        self.initializers: list[onnx.TensorProto] = []
+        super().__init__(ctx, root)
         self.value: str | None = None
 
-    def node(self, op_type: str, inputs: list[str], **attrs) -> str:
-        out = self.ctx.unique_name(f"{self.root.output[0]}/bias_{op_type.lower()}")
-        self.nodes.append(onnx.helper.make_node(op_type, inputs, [out], name=out, **attrs))
-        return out
-
     def float32(self, value: float) -> str:
-        tensor = self.ctx.constant(f"{self.root.output[0]}/bias_const", np.array(value, dtype=np.float32))
-        self.initializers.append(tensor)
-        return tensor.name
-
-    def ints(self, values: list[int]) -> str:
-        tensor = self.ctx.constant(f"{self.root.output[0]}/bias_const", np.array(values, dtype=np.int64))
-        self.initializers.append(tensor)
-        return tensor.name
+        return self.constant(np.array(value, dtype=np.float32))
 
 
 def _to_bnsd(value, tag: str):
