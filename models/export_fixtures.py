@@ -44,6 +44,7 @@ from onnx import numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # models/rope3d.py, also when imported
 import legacy_attention  # noqa: E402
+import meta_rope  # noqa: E402
 import rope3d  # noqa: E402
 
 OPSET = 20  # torch.onnx's default for the dynamo exporter; onnxruntime >= 1.17 runs it.
@@ -351,6 +352,18 @@ MODULE_FIXTURES: list[ModuleFixture] = [
                "Cast(float) -> Softmax -> Cast(float16); 2 kv heads (Tile); no mask"],
         doc="eager attention module", source="models/legacy_attention.py",
     ),
+    # Meta's reference LLaMA rotary: lane pairs (interleaved) by view_as_complex (models/meta_rope.py).
+    *(ModuleFixture(name, "meta_rope", functools.partial(meta_rope.MetaRopeAttention, style=style),
+                    notes=[note], doc="interleaved rotary on lane pairs + SDPA", source="models/meta_rope.py")
+      for name, style, note in [
+          ("meta_rope_complex", "complex",
+           "Meta's apply_rotary_emb: view_as_complex(x.reshape(B, S, N, 8, 2)) * freqs_cis, view_as_real, "
+           "flatten(3) -> Reshape [.., 8, 2], Slice 0:1 / 1:2, x0*c - x1*s and x1*c + x0*s, Concat, Reshape; "
+           "2 heads of 16, hidden 32, 8 tokens (static), non-causal SDPA"),
+          ("meta_rope_pairs", "pairs",
+           "the complex-free port: x.reshape(.., 8, 2), x[..., 0] / x[..., 1] (Gather), "
+           "stack([a*c - b*s, b*c + a*s], -1).flatten(-2) (Unsqueeze, Concat, Reshape); as meta_rope_complex"),
+      ]),
 ]
 
 ALL_FIXTURES: list[Fixture | ModuleFixture] = [*FIXTURES, *MODULE_FIXTURES]
@@ -771,6 +784,8 @@ def module_manifest_entry(fx: ModuleFixture, proto, module, path: Path, data: by
     # One attention (with RoPE on q and on k where the module has sections), no norms (derived
     # from the module, not the graph).
     rotary = module_rotary_details(module) if hasattr(module, "sections") else None
+    if hasattr(module, "rotary_details"):  # models/meta_rope.py: interleaved pairs
+        rotary = module.rotary_details()
     expected = {
         "rmsnorm": 0,
         "layernorm": 0,
@@ -962,7 +977,22 @@ def rotary_application_count(nodes) -> int:
         if len(users) == 1 and users[0].op_type == "Concat" and sum(i in ends for i in users[0].input) >= 2:
             end = users[0].output[0]  # sections concatenated: one application
         applications.add(end)
-    return len(applications) + sum(1 for n in nodes if n.op_type == "RotaryEmbedding")
+    return len(applications) + sum(1 for n in nodes if n.op_type == "RotaryEmbedding") + _pair_rotations(nodes)
+
+
+def _pair_rotations(nodes) -> int:
+    """Rotations on explicit lane pairs (models/meta_rope.py): `Sub(Mul(x0, c), Mul(x1, s))` with
+    x0 and x1 two Gather / Slice / Split outputs of one tensor, one per rotation."""
+    producer = {out: n for n in nodes for out in n.output}
+    count = 0
+    for n in nodes:
+        muls = [producer.get(i) for i in n.input] if n.op_type == "Sub" else []
+        if len(muls) != 2 or any(m is None or m.op_type != "Mul" for m in muls):
+            continue
+        lanes = [{producer[i].input[0] for i in m.input if i in producer
+                  and producer[i].op_type in ("Gather", "Slice", "Split")} for m in muls]
+        count += bool(lanes[0] & lanes[1])
+    return count
 
 
 def manifest_entry(fx, proto, config, model, attn_impl, path: Path, data: bytes) -> dict[str, Any]:

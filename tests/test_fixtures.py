@@ -151,7 +151,22 @@ def rotary_application_count(nodes) -> int:
         if len(users) == 1 and users[0].op_type == "Concat" and sum(i in ends for i in users[0].input) >= 2:
             end = users[0].output[0]
         applications.add(end)
-    return len(applications) + sum(1 for n in nodes if n.op_type == "RotaryEmbedding")
+    return len(applications) + sum(1 for n in nodes if n.op_type == "RotaryEmbedding") + pair_rotations(nodes)
+
+
+def pair_rotations(nodes) -> int:
+    """Rotations on explicit lane pairs (models/meta_rope.py): `Sub(Mul(x0, c), Mul(x1, s))` with
+    x0 and x1 two Gather / Slice / Split outputs of one tensor, one per rotation."""
+    producer = {out: n for n in nodes for out in n.output}
+    count = 0
+    for n in nodes:
+        muls = [producer.get(i) for i in n.input] if n.op_type == "Sub" else []
+        if len(muls) != 2 or any(m is None or m.op_type != "Mul" for m in muls):
+            continue
+        lanes = [{producer[i].input[0] for i in m.input if i in producer
+                  and producer[i].op_type in ("Gather", "Slice", "Split")} for m in muls]
+        count += bool(lanes[0] & lanes[1])
+    return count
 
 
 def norm_parameters(model: onnx.ModelProto) -> list[tuple[str, np.ndarray, np.ndarray | None]]:
@@ -235,7 +250,7 @@ def test_dynamic_batch_and_sequence(fixture):
         (spec,) = entry["inputs"]
         assert spec["shape"] == ["batch", int(np.prod(grid)), entry["config"]["hidden_size"]]
         return
-    if entry["architecture"] == "legacy_attention":  # models/legacy_attention.py: static sequence
+    if entry["architecture"] in ("legacy_attention", "meta_rope"):  # models/*.py modules: static sequence
         (spec,) = entry["inputs"]
         assert spec["shape"][2:] == [entry["config"]["hidden_size"]] and isinstance(spec["shape"][1], int)
         return

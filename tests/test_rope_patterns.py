@@ -114,3 +114,136 @@ def test_sections_with_an_odd_width_are_not_fused_as_sections(tmp_path):
     assert all("sections" not in attrs(n) or not attrs(n)["sections"] for n in fused_nodes(fused))
     assert any("not even widths" in miss["reason"] for miss in report.near_misses)
     assert_same_outputs(tmp_path)
+
+
+# -- interleaved on explicit lane pairs (Meta's view_as_complex, rope_pairs.py) -----------------------
+def pairs_model(lanes="gather", swap_one=False, sign_flip=False, halves=False, extra_consumer=False,
+                operands_swapped=False, wide_cos=False):
+    """y = Reshape(stack(x0*c - x1*s, x1*c + x0*s)) of x [B, 5, 4, 16] viewed as [.., 8, 2];
+    x0/x1 picked by Gather (drops the pair axis), Slice or Split (keep it)."""
+    from onnx import TensorProto, helper, numpy_helper
+    seq, heads, dim = 5, 4, 16
+    half = dim // 2
+    rng = np.random.default_rng(3)
+    kept = not lanes.startswith("gather")
+    angle = rng.uniform(-3, 3, size=(seq, half)).astype(np.float32)
+    cos = np.cos(angle).reshape([1, seq, 1, half] + ([1] if kept else []))
+    sin = np.sin(angle).reshape(cos.shape)
+    if wide_cos:  # a table along the pair axis too: it would widen the kept lanes
+        cos, sin = np.repeat(cos, 2, axis=-1), np.repeat(sin, 2, axis=-1)
+    pair_shape = [0, 0, 0, 2, half] if halves else [0, 0, 0, half, 2]
+    axis = 3 if halves else 4
+    ints = {"pair_shape": pair_shape, "flat_shape": [0, 0, 0, dim], "i0": 0, "i1": 1, "i2": 2, "in2": -2,
+            "in1": -1, "s0": [0], "s1": [1], "s2": [2 ** 63 - 1 if lanes == "slice_open" else 2], "ax": [axis],
+            "ones": [1, 1]}
+    inits = [numpy_helper.from_array(cos, "cos"), numpy_helper.from_array(sin, "sin"),
+             *(numpy_helper.from_array(np.array(v, np.int64), k) for k, v in ints.items())]
+    nodes = [helper.make_node("Reshape", ["x", "pair_shape"], ["pairs"])]
+    if lanes.startswith("gather"):
+        index0, index1 = {"gather": ("i0", "i1"), "gather_neg": ("in2", "in1"), "gather_2": ("i2", "i1")}[lanes]
+        nodes += [helper.make_node("Gather", ["pairs", index0], ["x0"], axis=-1 if lanes == "gather_neg" else axis),
+                  helper.make_node("Gather", ["pairs", index1], ["x1"], axis=axis)]
+    elif lanes.startswith("slice"):
+        nodes += [helper.make_node("Slice", ["pairs", "s0", "s1", "ax"], ["x0"]),
+                  helper.make_node("Slice", ["pairs", "s1", "s2", "ax"], ["x1"])]
+    else:
+        nodes += [helper.make_node("Split", ["pairs", "ones"], ["x0", "x1"], axis=axis)]
+    a, b = ("x1", "x0") if swap_one else ("x0", "x1")
+    mul = (lambda out, v, t: helper.make_node("Mul", [t, v], [out])) if operands_swapped else \
+        (lambda out, v, t: helper.make_node("Mul", [v, t], [out]))
+    nodes += [mul("ac", a, "cos"), mul("bs", b, "sin"), mul("x1c", "x1", "cos"), mul("x0s", "x0", "sin"),
+              helper.make_node("Add" if sign_flip else "Sub", ["ac", "bs"], ["real"]),
+              helper.make_node("Add", ["x1c", "x0s"], ["imag"])]
+    if kept:
+        nodes.append(helper.make_node("Concat", ["real", "imag"], ["stack"], axis=axis))
+    else:
+        nodes += [helper.make_node("Unsqueeze", ["real", "ax"], ["real_u"]),
+                  helper.make_node("Unsqueeze", ["imag", "ax"], ["imag_u"]),
+                  helper.make_node("Concat", ["real_u", "imag_u"], ["stack"], axis=axis)]
+    nodes.append(helper.make_node("Reshape", ["stack", "flat_shape"], ["y"]))
+    x_shape = ["batch", seq, heads, dim]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, x_shape)]
+    if extra_consumer:
+        nodes.append(helper.make_node("Neg", ["real"], ["real_elsewhere"]))
+        outputs.append(helper.make_tensor_value_info("real_elsewhere", TensorProto.FLOAT, None))
+    graph = helper.make_graph(nodes, "pairs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                              outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    return onnx.shape_inference.infer_shapes(model)
+
+
+@pytest.mark.parametrize("lanes", ["gather", "gather_neg", "slice", "slice_open", "split"])
+@pytest.mark.parametrize("operands_swapped", [False, True])
+def test_lane_pair_rotation_fuses_as_interleaved(tmp_path, lanes, operands_swapped):
+    fused, report = fuse_rope(tmp_path, pairs_model(lanes=lanes, operands_swapped=operands_swapped))
+    assert report.fusions == {"RotaryEmbedding": 1}
+    (node,) = fused_nodes(fused)
+    assert attrs(node)["mode"] == b"interleaved" and attrs(node)["rotary_dim"] == 0
+    assert not [n for n in fused.graph.node if n.op_type in ("Sub", "Mul")]
+    assert_same_outputs(tmp_path)
+
+
+@pytest.mark.parametrize("lanes", ["gather", "slice"])
+def test_lanes_swapped_in_one_product_is_not_fused(tmp_path, lanes):
+    # x1*c - x0*s: not the interleaved rotation (nor any other mode)
+    fused, _ = fuse_rope(tmp_path, pairs_model(lanes=lanes, swap_one=True))
+    assert fused is None
+
+
+def test_lane_index_out_of_the_pair_is_not_fused(tmp_path):
+    model = pairs_model(lanes="gather_2")  # Gather index 2 of a size-2 axis
+    fused, report = fuse_rope(tmp_path, model)
+    assert fused is None
+    assert any("picks lane [2], expected 0" in m["reason"] for m in report.near_misses)
+
+
+@pytest.mark.parametrize("lanes", ["gather", "split"])
+def test_sign_flipped_is_not_fused(tmp_path, lanes):
+    fused, _ = fuse_rope(tmp_path, pairs_model(lanes=lanes, sign_flip=True))
+    assert fused is None
+
+
+def test_halves_view_is_not_matched_as_interleaved(tmp_path):
+    # Reshape to [.., 2, D/2] and lanes picked on axis -2: the two halves (rotate_half), not pairs
+    fused, report = fuse_rope(tmp_path, pairs_model(halves=True))
+    assert fused is None
+    assert any("not the pair axis" in m["reason"] or "not [..., D/2, 2]" in m["reason"] for m in report.near_misses)
+
+
+def test_table_along_the_pair_axis_is_not_fused(tmp_path):
+    fused, _ = fuse_rope(tmp_path, pairs_model(lanes="slice", wide_cos=True))
+    assert fused is None
+
+
+def test_rotated_lane_used_elsewhere_is_not_fused_and_stays_correct(tmp_path):
+    fused, report = fuse_rope(tmp_path, pairs_model(extra_consumer=True))
+    assert fused is None
+    assert any("also used by" in m["reason"] for m in report.near_misses)
+
+
+@pytest.mark.parametrize("name", ["meta_rope_complex", "meta_rope_pairs"])
+def test_meta_reference_rotary_fixture_fuses_every_rotation(tmp_path, name):
+    from fixtures import fixture_path
+
+    import otfuse
+    out = tmp_path / f"{name}_fused.onnx"
+    report = otfuse.fuse(fixture_path(name), out, only=["rope"])
+    assert report.fusions == {"RotaryEmbeddingQK": 1}
+    fused = onnx.load(out)
+    (node,) = fused_nodes(fused)
+    assert attrs(node)["mode"] == b"interleaved"
+    assert not [n for n in fused.graph.node if n.op_type == "Sub"], "a rotation was left unfused"
+    assert otfuse.diff(fixture_path(name), out, dims={"batch": 2}).ok
+
+
+@pytest.mark.parametrize("name", ["meta_rope_complex", "meta_rope_pairs"])
+def test_meta_reference_rotary_fixture_folds_into_rope_attention(tmp_path, name):
+    from fixtures import fixture_path
+
+    import otfuse
+    out = tmp_path / f"{name}_fused.onnx"
+    report = otfuse.fuse(fixture_path(name), out)
+    assert report.fusions == {"RopeAttention": 1}
+    (node,) = fused_nodes(onnx.load(out))
+    assert attrs(node)["rotary_mode"] == b"interleaved" or attrs(node)["rotary_mode"] == "interleaved"
+    assert otfuse.diff(fixture_path(name), out, dims={"batch": 2}).ok

@@ -9,13 +9,13 @@ the norms this family produces); within one pass, the largest match at each root
 from __future__ import annotations
 
 from otfuse.patterns import (attention, attention_onnx, norm, norm_linear, rope, rope_attention_fold, rope_onnx,
-                             shape_reads)
+                             rope_pairs, shape_reads)
 from otfuse.rewriter.passes import Pass
 
 FAMILIES: dict[str, list[Pass]] = {
     "norm": norm.PASSES,
     "norm_linear": norm_linear.PASSES,
-    "rope": rope_onnx.PASSES + rope.PASSES,  # the ONNX op first, so its rotations pair too
+    "rope": rope_onnx.PASSES + rope_pairs.PASSES + rope.PASSES,  # before rope's pairing pass, so all pair
     # shape_reads first: TorchScript's Shape reads of the rotated q / repeated v would pin them.
     "attention": shape_reads.PASSES + attention.PASSES + attention_onnx.PASSES + rope_attention_fold.PASSES,
 }

@@ -4,6 +4,8 @@
     interleaved:  Reshape(Concat(Unsqueeze(-x[1::2]), Unsqueeze(x[0::2])))    (GPT-J stack/flatten)
     partial:      Concat(rope(x[:r]), x[r:])               (GPT-NeoX rotary_pct, Phi)
 
+(interleaved on explicit [..., D/2, 2] lane pairs, Meta's view_as_complex: rope_pairs.py)
+
 cos and sin are whatever the graph multiplies by (computed once per model and shared by all
 layers); the checks prove they broadcast over x without widening it and cover the rotary lanes.
 A second pass pairs the q and k rotations of one attention into ``RotaryEmbeddingQK``.
