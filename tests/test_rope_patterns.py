@@ -118,7 +118,7 @@ def test_sections_with_an_odd_width_are_not_fused_as_sections(tmp_path):
 
 # -- interleaved on explicit lane pairs (Meta's view_as_complex, rope_pairs.py) -----------------------
 def pairs_model(lanes="gather", swap_one=False, sign_flip=False, halves=False, extra_consumer=False,
-                operands_swapped=False, wide_cos=False):
+                operands_swapped=False, wide_cos=False, dtype=np.float32, tables_as_inputs=False):
     """y = Reshape(stack(x0*c - x1*s, x1*c + x0*s)) of x [B, 5, 4, 16] viewed as [.., 8, 2];
     x0/x1 picked by Gather (drops the pair axis), Slice or Split (keep it)."""
     from onnx import TensorProto, helper, numpy_helper
@@ -129,6 +129,8 @@ def pairs_model(lanes="gather", swap_one=False, sign_flip=False, halves=False, e
     angle = rng.uniform(-3, 3, size=(seq, half)).astype(np.float32)
     cos = np.cos(angle).reshape([1, seq, 1, half] + ([1] if kept else []))
     sin = np.sin(angle).reshape(cos.shape)
+    cos, sin = cos.astype(dtype), sin.astype(dtype)
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     if wide_cos:  # a table along the pair axis too: it would widen the kept lanes
         cos, sin = np.repeat(cos, 2, axis=-1), np.repeat(sin, 2, axis=-1)
     pair_shape = [0, 0, 0, 2, half] if halves else [0, 0, 0, half, 2]
@@ -136,7 +138,8 @@ def pairs_model(lanes="gather", swap_one=False, sign_flip=False, halves=False, e
     ints = {"pair_shape": pair_shape, "flat_shape": [0, 0, 0, dim], "i0": 0, "i1": 1, "i2": 2, "in2": -2,
             "in1": -1, "s0": [0], "s1": [1], "s2": [2 ** 63 - 1 if lanes == "slice_open" else 2], "ax": [axis],
             "ones": [1, 1]}
-    inits = [numpy_helper.from_array(cos, "cos"), numpy_helper.from_array(sin, "sin"),
+    tables = [] if tables_as_inputs else [numpy_helper.from_array(cos, "cos"), numpy_helper.from_array(sin, "sin")]
+    inits = [*tables,
              *(numpy_helper.from_array(np.array(v, np.int64), k) for k, v in ints.items())]
     nodes = [helper.make_node("Reshape", ["x", "pair_shape"], ["pairs"])]
     if lanes.startswith("gather"):
@@ -162,11 +165,14 @@ def pairs_model(lanes="gather", swap_one=False, sign_flip=False, halves=False, e
                   helper.make_node("Concat", ["real_u", "imag_u"], ["stack"], axis=axis)]
     nodes.append(helper.make_node("Reshape", ["stack", "flat_shape"], ["y"]))
     x_shape = ["batch", seq, heads, dim]
-    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, x_shape)]
+    outputs = [helper.make_tensor_value_info("y", elem, x_shape)]
     if extra_consumer:
         nodes.append(helper.make_node("Neg", ["real"], ["real_elsewhere"]))
-        outputs.append(helper.make_tensor_value_info("real_elsewhere", TensorProto.FLOAT, None))
-    graph = helper.make_graph(nodes, "pairs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        outputs.append(helper.make_tensor_value_info("real_elsewhere", elem, None))
+    inputs = [helper.make_tensor_value_info("x", elem, x_shape)]
+    if tables_as_inputs:  # computed at run time: the widening nodes are not folded
+        inputs += [helper.make_tensor_value_info(name, elem, list(cos.shape)) for name in ("cos", "sin")]
+    graph = helper.make_graph(nodes, "pairs", inputs,
                               outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
     return onnx.shape_inference.infer_shapes(model)
@@ -180,6 +186,14 @@ def test_lane_pair_rotation_fuses_as_interleaved(tmp_path, lanes, operands_swapp
     (node,) = fused_nodes(fused)
     assert attrs(node)["mode"] == b"interleaved" and attrs(node)["rotary_dim"] == 0
     assert not [n for n in fused.graph.node if n.op_type in ("Sub", "Mul")]
+    assert_same_outputs(tmp_path)
+
+
+@pytest.mark.parametrize("lanes", ["gather", "slice"])
+@pytest.mark.parametrize("kwargs", [{"dtype": np.float16}, {"tables_as_inputs": True}])
+def test_lane_pair_rotation_fp16_and_run_time_tables(tmp_path, lanes, kwargs):
+    fused, report = fuse_rope(tmp_path, pairs_model(lanes=lanes, **kwargs))
+    assert report.fusions == {"RotaryEmbedding": 1}
     assert_same_outputs(tmp_path)
 
 
