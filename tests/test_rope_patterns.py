@@ -121,7 +121,7 @@ def pairs_model(lanes="gather", swap_one=False, sign_flip=False, halves=False, e
                 operands_swapped=False, wide_cos=False, dtype=np.float32, tables_as_inputs=False):
     """y = Reshape(stack(x0*c - x1*s, x1*c + x0*s)) of x [B, 5, 4, 16] viewed as [.., 8, 2];
     x0/x1 picked by Gather (drops the pair axis), Slice or Split (keep it)."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
     seq, heads, dim = 5, 4, 16
     half = dim // 2
     rng = np.random.default_rng(3)
@@ -192,7 +192,7 @@ def test_lane_pair_rotation_fuses_as_interleaved(tmp_path, lanes, operands_swapp
 @pytest.mark.parametrize("lanes", ["gather", "slice"])
 @pytest.mark.parametrize("kwargs", [{"dtype": np.float16}, {"tables_as_inputs": True}])
 def test_lane_pair_rotation_fp16_and_run_time_tables(tmp_path, lanes, kwargs):
-    fused, report = fuse_rope(tmp_path, pairs_model(lanes=lanes, **kwargs))
+    _, report = fuse_rope(tmp_path, pairs_model(lanes=lanes, **kwargs))
     assert report.fusions == {"RotaryEmbedding": 1}
     assert_same_outputs(tmp_path)
 
