@@ -364,6 +364,14 @@ MODULE_FIXTURES: list[ModuleFixture] = [
            "the complex-free port: x.reshape(.., 8, 2), x[..., 0] / x[..., 1] (Gather), "
            "stack([a*c - b*s, b*c + a*s], -1).flatten(-2) (Unsqueeze, Concat, Reshape); as meta_rope_complex"),
       ]),
+    ModuleFixture(
+        "meta_rope_causal", "meta_rope", functools.partial(meta_rope.MetaRopeAttention, style="complex", causal=True),
+        weights_of="meta_rope_complex",
+        notes=["as meta_rope_complex with is_causal=True (Meta's model is causal): the exported mask reads "
+               "Shape(transpose(q_rot)), so the rotation cannot fold into the attention (BSND) and stays a "
+               "RotaryEmbeddingQK in front of it"],
+        doc="interleaved rotary on lane pairs + causal SDPA", source="models/meta_rope.py",
+    ),
 ]
 
 ALL_FIXTURES: list[Fixture | ModuleFixture] = [*FIXTURES, *MODULE_FIXTURES]

@@ -14,11 +14,11 @@ hand (ports for runtimes without complex tensors):
     torch.stack([a * cos - b * sin, b * cos + a * sin], -1).flatten(-2)
 
 Layout as Meta's: q/k `[B, S, N, D]` rotated, then transposed to `[B, N, S, D]` for
-`F.scaled_dot_product_attention`, non-causal: with ``is_causal=True`` the dynamo export builds
-the mask from ``Shape(transpose(q_rot))``; the fused BSND RopeAttention removes that transpose
-while the mask still reads it, so otfuse refuses the fused model (onnx.checker) - a rewriter gap
-to close before a causal fixture is added. The sequence is static, so the tables fold to constants;
-only batch is dynamic.
+`F.scaled_dot_product_attention`, non-causal, or causal (``causal=True``, as Meta's model): then
+the dynamo export builds the mask from ``Shape(transpose(q_rot))``, a value inside the BSND
+RopeAttention match that the mask (read by the fused node) still needs, so that fold is refused
+and the rotation stays a RotaryEmbeddingQK in front of the Attention (fixture
+`meta_rope_causal`). The sequence is static, so the tables fold to constants; only batch is dynamic.
 """
 
 from __future__ import annotations
@@ -65,11 +65,12 @@ class MetaRopeAttention(nn.Module):
     """Input `hidden_states` [batch, SEQ, hidden]; output the same shape."""
 
     def __init__(self, style: str = "complex", hidden: int = HIDDEN, heads: int = HEADS, seq: int = SEQ,
-                 theta: float = THETA):
+                 theta: float = THETA, causal: bool = False):
         super().__init__()
         if style not in ("complex", "pairs"):
             raise ValueError(f"unknown style {style!r}")
         self.style, self.heads, self.head_dim, self.seq, self.theta = style, heads, hidden // heads, seq, theta
+        self.causal = causal
         self.to_q = nn.Linear(hidden, hidden)
         self.to_k = nn.Linear(hidden, hidden)
         self.to_v = nn.Linear(hidden, hidden)
@@ -97,7 +98,8 @@ class MetaRopeAttention(nn.Module):
         k = self.to_k(hidden_states).view(b, s, self.heads, self.head_dim)
         v = self.to_v(hidden_states).view(b, s, self.heads, self.head_dim)
         q, k = self.rotate(q), self.rotate(k)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             is_causal=self.causal)
         return self.to_out(out.transpose(1, 2).reshape(b, s, hidden))
 
 

@@ -97,15 +97,41 @@ def exported_values(match: Match, rule: Rule) -> set[str]:
     return values
 
 
-def _reads_interior(match: Match, replacement: Replacement, root_value: str, rule: Rule) -> str | None:
-    """Guard against a rule wiring a value computed inside the match into the fused node."""
+def _reads_interior(graph: GraphIndex, match: Match, replacement: Replacement) -> str | None:
+    """Guard against the fused node reading a value computed inside the match, directly or
+    through nodes outside it that the leak check let die with the match (``Shape(interior) ->
+    ... -> mask``): those nodes stay when the fused node reads them, and would lose their input."""
     produced = {out for node in replacement.nodes for out in node.output}
     interior = {out for node in match.covered for out in node.output if out} - produced
+    derived = _computed_outside_from(graph, match, interior)
     for node in replacement.nodes:
         for name in node.input:
             if name in interior:
                 return f"the fused node would read {name!r}, which is computed inside the match"
+            if name in derived:
+                return (f"the fused node would read {name!r}, which is computed from {derived[name]!r} "
+                        f"inside the match")
     return None
+
+
+def _computed_outside_from(graph: GraphIndex, match: Match, interior: set[str], depth: int = 8) -> dict[str, str]:
+    """Values of nodes outside the match that read interior values (within ``depth`` steps, as
+    ``_only_feeds`` looks), each mapped to the interior value it comes from."""
+    inside = {id(node) for node in match.covered}
+    derived: dict[str, str] = {}
+    frontier = [(value, value) for value in interior]
+    for _ in range(depth):
+        following = []
+        for value, source in frontier:
+            for user in graph.uses(value):
+                if id(user) in inside:
+                    continue
+                for out in user.output:
+                    if out and out not in derived:
+                        derived[out] = source
+                        following.append((out, source))
+        frontier = following
+    return derived
 
 
 def _try_root(graph: GraphIndex, ctx: RewriteContext, rules: Sequence[Rule],
@@ -137,7 +163,7 @@ def _try_root(graph: GraphIndex, ctx: RewriteContext, rules: Sequence[Rule],
                                                match.covered)
                 continue
             replacement = rule.rewrite(ctx, match, root)
-            reason = _reads_interior(match, replacement, root_value, rule)
+            reason = _reads_interior(graph, match, replacement)
             if reason:
                 matcher.best_failure = Failure(_CHECK_FAILURE_DEPTH, reason, match.covered)
                 continue
