@@ -34,13 +34,9 @@ from otfuse.patterns.plain_nodes import PlainNodes
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.passes import RulePass
 from otfuse.rewriter.pattern import ANY, Const, Either, Match, Var, attr, op
-from otfuse.rewriter.rule import Replacement, RewriteContext, Rule
+from otfuse.rewriter.rule import Refuse, Replacement, RewriteContext, Rule
 
 FAMILY = "attention"
-
-
-class _Refuse(Exception):
-    """A check failed; the message is the near-miss reason."""
 
 
 def _repeat_kv(x, tag: str):
@@ -138,7 +134,7 @@ def _rope_keys(index: int):
 def _dims(graph: GraphIndex, value: str, rank: int, what: str) -> tuple:
     shape = graph.shape(value)
     if shape is None or len(shape) != rank:
-        raise _Refuse(f"{what} {value!r} must have a known rank-{rank} shape, has {shape}")
+        raise Refuse(f"{what} {value!r} must have a known rank-{rank} shape, has {shape}")
     return shape
 
 
@@ -150,18 +146,18 @@ def _may_equal(a, b) -> bool:
 def _scalar(graph: GraphIndex, match: Match, name: str) -> float:
     value = graph.scalar_value(match.value(name))
     if value is None or not math.isfinite(value) or value == 0:
-        raise _Refuse(f"scale constant '{name}' is not one finite non-zero number")
+        raise Refuse(f"scale constant '{name}' is not one finite non-zero number")
     return value
 
 
 def _check_broadcast(graph: GraphIndex, value: str, target: tuple, what: str) -> None:
     shape = graph.shape(value)
     if shape is None or len(shape) > 4:
-        raise _Refuse(f"{what} has an unknown or too large rank")
+        raise Refuse(f"{what} has an unknown or too large rank")
     for dim, want in zip(reversed(shape), reversed(target)):
         # The kernel checks broadcasting at run time; refuse only what provably widens scores.
         if dim != 1 and not _may_equal(dim, want):
-            raise _Refuse(f"{what} has shape {list(shape)}, which does not broadcast to {list(target)}")
+            raise Refuse(f"{what} has shape {list(shape)}, which does not broadcast to {list(target)}")
 
 
 # A Where fill at most this (or -inf) is what adding it gives too: s + fill rounds to fill in
@@ -178,13 +174,13 @@ def _fill(graph: GraphIndex, match: Match) -> float:
     fill = match.value("fill")
     value = graph.scalar_value(fill)
     if value is None or len(graph.constant_shape(fill) or ()) > 4:
-        raise _Refuse(f"the Where fill {fill!r} is not one number")
+        raise Refuse(f"the Where fill {fill!r} is not one number")
     if value == -math.inf:
         if not match.has("nan_guard"):
-            raise _Refuse("the Where fill is -inf without the IsNaN guard: a row with every key masked is NaN "
+            raise Refuse("the Where fill is -inf without the IsNaN guard: a row with every key masked is NaN "
                           "in the graph, 0 in the op")
     elif not value <= _FILL_ABSORBS_SCORES:
-        raise _Refuse(f"the Where fill {value:g} is not -inf or <= {_FILL_ABSORBS_SCORES:g}: adding it keeps the "
+        raise Refuse(f"the Where fill {value:g} is not -inf or <= {_FILL_ABSORBS_SCORES:g}: adding it keeps the "
                       f"scores (a fully masked row would be softmax(s), not uniform)")
     return value
 
@@ -194,20 +190,20 @@ def _softcap(graph: GraphIndex, match: Match) -> float:
     (or the inner factor be 1/c to the constant's precision); c > 0, one scalar each."""
     for name in ("softcap_mul", "softcap_div", "softcap_recip"):
         if match.has(name) and len(graph.constant_shape(match.value(name)) or ()) > 4:
-            raise _Refuse(f"the soft-capping constant '{name}' widens the scores' rank")
+            raise Refuse(f"the soft-capping constant '{name}' widens the scores' rank")
     cap = graph.scalar_value(match.value("softcap_mul"))
     if cap is None or not math.isfinite(cap) or cap <= 0:
-        raise _Refuse(f"the soft-capping factor is {cap}, not one finite positive number")
+        raise Refuse(f"the soft-capping factor is {cap}, not one finite positive number")
     if match.has("softcap_div"):
         inner = graph.scalar_value(match.value("softcap_div"))
         if inner != cap:
-            raise _Refuse(f"soft-capping divides by {inner} but multiplies by {cap}")
+            raise Refuse(f"soft-capping divides by {inner} but multiplies by {cap}")
     else:
         recip = match.value("softcap_recip")
         inner = graph.scalar_value(recip)
         eps = float(np.finfo(graph.constant_value(recip).dtype).eps) if inner is not None else 0.0
         if inner is None or abs(inner * cap - 1.0) > eps:
-            raise _Refuse(f"soft-capping multiplies by {inner} inside tanh, not by 1/{cap}")
+            raise Refuse(f"soft-capping multiplies by {inner} inside tanh, not by 1/{cap}")
     return float(np.float32(cap))
 
 
@@ -220,10 +216,7 @@ class AttentionRule(Rule):
     pattern = _attention(Var("q"), _with_cache("k"))
 
     def check(self, ctx: RewriteContext, match: Match) -> str | None:
-        try:
-            self.attributes(ctx.graph, match)
-        except _Refuse as refusal:
-            return str(refusal)
+        self.attributes(ctx.graph, match)  # raises Refuse with the reason
         return None
 
     # -- the pieces -----------------------------------------------------------------------------
@@ -251,25 +244,25 @@ class AttentionRule(Rule):
         _, kv_heads, kv_len, k_dim = self.key_dims(graph, match)
         _, v_heads, v_len, v_dim = _dims(graph, v_all, 4, "v")
         if not all(isinstance(d, int) for d in (heads, head_dim, kv_heads, v_heads, v_dim)):
-            raise _Refuse("head counts and head sizes must be static")
+            raise Refuse("head counts and head sizes must be static")
         # Sequence lengths are checked by the kernel at run time; head layout must be proven here.
         if k_dim != head_dim or v_heads != kv_heads or not _may_equal(v_len, kv_len):
-            raise _Refuse(f"q/k/v shapes do not line up: q {graph.shape(q)}, k {graph.shape(k_all)}, "
+            raise Refuse(f"q/k/v shapes do not line up: q {graph.shape(q)}, k {graph.shape(k_all)}, "
                           f"v {graph.shape(v_all)}")
         elem = graph.elem_type(q)
         self._check_softmax_casts(graph, match, elem)
         if elem not in common.FLOAT_TYPES or graph.elem_type(k_all) != elem or graph.elem_type(v_all) != elem:
-            raise _Refuse("q, k and v must share one float type")
+            raise Refuse("q, k and v must share one float type")
         for tag, source in (("k", k_all), ("v", v_all)):
             self._check_repeat(graph, match, tag, source, heads, kv_heads)
         if not (match.has("k_merge") or match.has("k_tile_heads")) and kv_heads != heads:
-            raise _Refuse(f"{kv_heads} kv heads meet {heads} query heads without repeat_kv")
+            raise Refuse(f"{kv_heads} kv heads meet {heads} query heads without repeat_kv")
         self._check_transpose(graph, match)
         for tag in ("k_cache", "v_cache"):
             if match.has(tag) and attr(match.node(tag), "axis") not in (2, -2):
-                raise _Refuse(f"the cache Concat {match.node(tag).name!r} does not append along the sequence")
+                raise Refuse(f"the cache Concat {match.node(tag).name!r} does not append along the sequence")
         if match.has("k_cache") != match.has("v_cache"):
-            raise _Refuse("only one of k and v has a cache")
+            raise Refuse("only one of k and v has a cache")
         self._check_softmax(graph, match)
         if match.has("mask"):
             self._check_mask(graph, match.value("mask"), (batch, heads, q_len, kv_len))
@@ -279,9 +272,9 @@ class AttentionRule(Rule):
         if match.has("nan_guard"):
             fill = graph.scalar_value(match.value("nan_fill"))
             if fill != 0.0:
-                raise _Refuse(f"the NaN guard fills {fill}, not 0")
+                raise Refuse(f"the NaN guard fills {fill}, not 0")
         if graph.elem_type(self.root_output(match)) != elem:
-            raise _Refuse("the output type differs from q's")
+            raise Refuse("the output type differs from q's")
         attributes = {
             "num_heads": heads,
             "kv_num_heads": kv_heads,
@@ -303,7 +296,7 @@ class AttentionRule(Rule):
             repeats = [int(r) for r in graph.constant_value(match.value(f"{tag}_head_repeats")).reshape(-1)]
             tiled = _dims(graph, match.node(f"{tag}_tile_heads").output[0], 4, "the tiled kv heads")
             if kv_heads != 1 or repeats != [1, heads, 1, 1] or tiled[1] != heads:
-                raise _Refuse(f"Tile {match.node(f'{tag}_tile_heads').name!r} repeats {kv_heads} kv heads by "
+                raise Refuse(f"Tile {match.node(f'{tag}_tile_heads').name!r} repeats {kv_heads} kv heads by "
                               f"{repeats}: query head h would read kv head h % {kv_heads}, not h // {heads // kv_heads}")
             return
         if not match.has(f"{tag}_merge"):
@@ -312,7 +305,7 @@ class AttentionRule(Rule):
         axes = ([int(a) for a in graph.constant_value(match.value(f"{tag}_unsq_axes")).reshape(-1)]
                 if match.has(f"{tag}_unsq_axes") else list(attr(unsq, "axes", [])))
         if axes != [2]:
-            raise _Refuse(f"repeat_kv Unsqueeze {unsq.name!r} adds axis {axes}, not 2")
+            raise Refuse(f"repeat_kv Unsqueeze {unsq.name!r} adds axis {axes}, not 2")
         expanded = _dims(graph, match.node(f"{tag}_expand").output[0], 5, "repeat_kv Expand")
         merged = common.reshaped_dims(graph, match.node(f"{tag}_merge"))
         src = graph.shape(source)
@@ -320,11 +313,11 @@ class AttentionRule(Rule):
         if match.has(f"{tag}_repeats"):  # Tile: the repeats must copy along the new axis 2 only
             repeats = [int(r) for r in graph.constant_value(match.value(f"{tag}_repeats")).reshape(-1)]
             if repeats != [1, 1, rep, 1, 1]:
-                raise _Refuse(f"repeat_kv Tile repeats {repeats}, not [1, 1, {rep}, 1, 1]")
+                raise Refuse(f"repeat_kv Tile repeats {repeats}, not [1, 1, {rep}, 1, 1]")
         if heads % kv_heads or not common.shapes_equal(expanded, [src[0], kv_heads, rep, src[2], src[3]]):
-            raise _Refuse(f"repeat_kv expands {list(src)} to {list(expanded)}, not x{rep} along a new axis 2")
+            raise Refuse(f"repeat_kv expands {list(src)} to {list(expanded)}, not x{rep} along a new axis 2")
         if not common.shapes_equal(merged, [src[0], heads, src[2], src[3]]):
-            raise _Refuse(f"repeat_kv merges into {list(merged)}, not [B, {heads}, S, D]")
+            raise Refuse(f"repeat_kv merges into {list(merged)}, not [B, {heads}, S, D]")
 
     def _check_transpose(self, graph, match) -> None:
         if not match.has("kt_flat"):  # a Transpose of the last two axes, or keys given transposed
@@ -334,16 +327,16 @@ class AttentionRule(Rule):
         flat = common.reshaped_dims(graph, match.node("kt_flat"))
         unflat = common.reshaped_dims(graph, match.node("kt_unflat"))
         if flat is None or len(flat) != 3 or not common.shapes_equal(flat[1:], k_shape[2:]):
-            raise _Refuse(f"Kᵀ's first Reshape gives {flat}, not [B*N, S, D]")
+            raise Refuse(f"Kᵀ's first Reshape gives {flat}, not [B*N, S, D]")
         if not common.shapes_equal(unflat, [k_shape[0], k_shape[1], k_shape[3], k_shape[2]]):
-            raise _Refuse(f"Kᵀ's last Reshape gives {unflat}, not [B, N, D, S]")
+            raise Refuse(f"Kᵀ's last Reshape gives {unflat}, not [B, N, D, S]")
 
     def _check_softmax(self, graph, match) -> None:
         node = match.node("softmax")
         opset = next((e.version for e in graph.model.opset_import if e.domain in ("", "ai.onnx")), 0)
         axis = attr(node, "axis", -1 if opset >= 13 else 1)
         if axis not in (-1, 3):
-            raise _Refuse(f"Softmax runs over axis {axis}, not the keys")
+            raise Refuse(f"Softmax runs over axis {axis}, not the keys")
 
     def _check_softmax_casts(self, graph, match, elem) -> None:
         """Casts around the Softmax drop exactly only as T -> float32 -> T: the op's softmax is
@@ -354,15 +347,15 @@ class AttentionRule(Rule):
         name = onnx.TensorProto.DataType.Name
         source, wide, back = graph.elem_type(widen.input[0]), attr(widen, "to"), attr(narrow, "to")
         if source != elem or wide != onnx.TensorProto.FLOAT:
-            raise _Refuse(f"Cast {widen.name!r} around the Softmax takes {name(source)} to "
+            raise Refuse(f"Cast {widen.name!r} around the Softmax takes {name(source)} to "
                           f"{name(wide or 0)}, not q's {name(elem)} to FLOAT")
         if back != elem:
-            raise _Refuse(f"Cast {narrow.name!r} after the Softmax gives {name(back or 0)}, not q's {name(elem)}")
+            raise Refuse(f"Cast {narrow.name!r} after the Softmax gives {name(back or 0)}, not q's {name(elem)}")
 
     def _check_mask(self, graph, mask, target) -> None:
         _check_broadcast(graph, mask, target, f"the mask {mask!r}")
         if graph.elem_type(mask) not in common.FLOAT_TYPES:
-            raise _Refuse(f"the mask {mask!r} is not a float tensor")
+            raise Refuse(f"the mask {mask!r} is not a float tensor")
 
     def _scale(self, graph, match) -> float:
         scale = 1.0
@@ -504,32 +497,32 @@ class FlatHeadsAttentionRule(AttentionRule):
         _, kv_heads, kv_len, k_dim = _dims(graph, k, 4, "k")
         _, v_heads, v_len, v_dim = _dims(graph, v, 4, "v")
         if not all(isinstance(d, int) for d in (heads, head_dim, kv_heads, v_dim)):
-            raise _Refuse("head counts and head sizes must be static")
+            raise Refuse("head counts and head sizes must be static")
         if kv_heads != heads or v_heads != heads or k_dim != head_dim:
-            raise _Refuse("flat-heads attention needs q, k and v with the same heads")
+            raise Refuse("flat-heads attention needs q, k and v with the same heads")
         elem = graph.elem_type(q)
         if elem not in common.FLOAT_TYPES or graph.elem_type(k) != elem or graph.elem_type(v) != elem:
-            raise _Refuse("q, k and v must share one float type")
+            raise Refuse("q, k and v must share one float type")
         for tag in ("q", "k", "v"):  # [B, N, S, D] -> [B*N, S, D]: only the two leading dims merge
             source = graph.shape(match.value(tag))
             flat = common.reshaped_dims(graph, match.node(f"{tag}_flat"))
             if flat is None or len(flat) != 3 or not common.shapes_equal(flat[1:], source[2:]):
-                raise _Refuse(f"{tag} is reshaped to {flat}, not [B*N, S, D]")
+                raise Refuse(f"{tag} is reshaped to {flat}, not [B*N, S, D]")
         expected = {"scores_unflat": (4, [batch, heads, q_len, None]),
                     "out_unflat": (4, [batch, heads, q_len, v_dim])}
         for bind, (rank, dims) in expected.items():
             got = common.reshaped_dims(graph, match.node(bind))
             if got is None or len(got) != rank or not all(
                     want is None or common.dims_equal(have, want) for have, want in zip(got, dims)):
-                raise _Refuse(f"{bind} reshapes to {got}, not {dims}")
+                raise Refuse(f"{bind} reshapes to {got}, not {dims}")
         probs_flat = common.reshaped_dims(graph, match.node("probs_flat"))
         if probs_flat is None or len(probs_flat) != 3 or not common.dims_equal(probs_flat[1], q_len):
-            raise _Refuse(f"the probabilities are reshaped to {probs_flat}, not [B*N, Sq, Skv]")
+            raise Refuse(f"the probabilities are reshaped to {probs_flat}, not [B*N, Sq, Skv]")
         self._check_softmax(graph, match)
         if match.has("alibi"):
             alibi = graph.shape(match.value("alibi"))
             if alibi is None or len(alibi) != 3 or alibi[1] != 1:
-                raise _Refuse(f"the ALiBi bias has shape {alibi}, not [B*N, 1, Skv]")
+                raise Refuse(f"the ALiBi bias has shape {alibi}, not [B*N, 1, Skv]")
         if match.has("mask"):
             self._check_mask(graph, match.value("mask"), (batch, heads, q_len, kv_len))
         return {"num_heads": heads, "kv_num_heads": heads, "scale": self._scale(graph, match),
@@ -587,7 +580,7 @@ class RopeAttentionBSNDRule(RopeAttentionRule):
     def attributes(self, graph: GraphIndex, match: Match) -> dict:
         values = {**super().attributes(graph, match), "layout": "BSND"}
         if not match.has("out_transpose"):
-            raise _Refuse("BSND inputs with a BNSD output: left to the plain rules")
+            raise Refuse("BSND inputs with a BNSD output: left to the plain rules")
         return values
 
     def values_read(self, match: Match) -> str:

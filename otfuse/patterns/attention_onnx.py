@@ -33,14 +33,10 @@ from otfuse.patterns.plain_nodes import PlainNodes
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.passes import RulePass
 from otfuse.rewriter.pattern import Absent, Const, Either, Match, Var, attr, op
-from otfuse.rewriter.rule import Replacement, RewriteContext, Rule
+from otfuse.rewriter.rule import Refuse, Replacement, RewriteContext, Rule
 
 FAMILY = "attention"
 _OPTIONAL_INPUTS = ("mask", "past_k", "past_v", "nonpad_kv_seqlen")
-
-
-class _Refuse(Exception):
-    """A check failed; the message is the near-miss reason."""
 
 
 def _repeat_kv(tag: str):
@@ -64,7 +60,7 @@ def _attention_op():
 def _dims(graph: GraphIndex, value: str, what: str) -> tuple:
     shape = graph.shape(value)
     if shape is None or len(shape) not in (3, 4):
-        raise _Refuse(f"{what} {value!r} needs a known rank 3 or 4, has {shape}")
+        raise Refuse(f"{what} {value!r} needs a known rank 3 or 4, has {shape}")
     return shape
 
 
@@ -86,27 +82,24 @@ class AttentionOpRule(Rule):
         return {root_value} | {name for name in match.node("attention").output[1:3] if name}
 
     def check(self, ctx: RewriteContext, match: Match) -> str | None:
-        try:
-            self.geometry(ctx.graph, match)
-        except _Refuse as refusal:
-            return str(refusal)
+        self.geometry(ctx.graph, match)  # raises Refuse with the reason
         return None
 
     def geometry(self, graph: GraphIndex, match: Match) -> dict:
         """The fused node's attributes (masks aside), after every check that can refuse."""
         node = match.node("attention")
         if match.has("nonpad_kv_seqlen"):
-            raise _Refuse("nonpad_kv_seqlen (an external cache) is not supported")
+            raise Refuse("nonpad_kv_seqlen (an external cache) is not supported")
         if attr(node, "qk_matmul_output_mode", 0) != 0 or (len(node.output) > 3 and node.output[3]):
-            raise _Refuse("the qk_matmul_output is requested")
+            raise Refuse("the qk_matmul_output is requested")
         q, k, v = match.value("q"), match.value("k"), match.value("v")
         shapes = [_dims(graph, value, what) for value, what in ((q, "Q"), (k, "K"), (v, "V"))]
         rank = len(shapes[0])
         if any(len(shape) != rank for shape in shapes):
-            raise _Refuse("Q, K and V have different ranks")
+            raise Refuse("Q, K and V have different ranks")
         elem = graph.elem_type(q)
         if elem not in common.FLOAT_TYPES or any(graph.elem_type(x) != elem for x in (k, v, node.output[0])):
-            raise _Refuse("Q, K, V and Y must share one float type")
+            raise Refuse("Q, K, V and Y must share one float type")
         if rank == 4:
             (batch, heads, q_len, head_dim), (_, kv_heads, kv_len, k_dim), (_, v_heads, _, v_dim) = shapes
             self._check_head_attributes(node, heads, kv_heads)
@@ -114,15 +107,15 @@ class AttentionOpRule(Rule):
             heads, kv_heads = attr(node, "q_num_heads", 0), attr(node, "kv_num_heads", 0)
             (batch, q_len, q_hidden), (_, kv_len, k_hidden), (_, _, v_hidden) = shapes
             if not heads or not kv_heads or not all(isinstance(d, int) for d in (q_hidden, k_hidden, v_hidden)):
-                raise _Refuse("3-D inputs need q_num_heads, kv_num_heads and static hidden sizes")
+                raise Refuse("3-D inputs need q_num_heads, kv_num_heads and static hidden sizes")
             if q_hidden % heads or k_hidden % kv_heads or v_hidden % kv_heads:
-                raise _Refuse(f"hidden sizes {q_hidden}/{k_hidden}/{v_hidden} do not divide into "
+                raise Refuse(f"hidden sizes {q_hidden}/{k_hidden}/{v_hidden} do not divide into "
                               f"{heads}/{kv_heads} heads")
             head_dim, k_dim, v_dim, v_heads = q_hidden // heads, k_hidden // kv_heads, v_hidden // kv_heads, kv_heads
         if not all(isinstance(d, int) for d in (heads, kv_heads, head_dim, v_dim)):
-            raise _Refuse("head counts and head sizes must be static")
+            raise Refuse("head counts and head sizes must be static")
         if k_dim != head_dim or v_heads != kv_heads or heads % kv_heads:
-            raise _Refuse(f"Q/K/V heads do not line up: {heads} query heads of {head_dim}, K "
+            raise Refuse(f"Q/K/V heads do not line up: {heads} query heads of {head_dim}, K "
                           f"{kv_heads} heads of {k_dim}, V {v_heads} heads")
         repeated = match.has("k_merge")
         if repeated:
@@ -131,25 +124,25 @@ class AttentionOpRule(Rule):
         attributes = {"num_heads": heads, "kv_num_heads": kv_heads,
                       "layout": "BNSD" if rank == 4 else "BSND"}
         if match.has("out_transpose") and rank != 4:
-            raise _Refuse("a transpose after a 3-D output")
+            raise Refuse("a transpose after a 3-D output")
         attributes["output_layout"] = "BSND" if match.has("out_transpose") else attributes["layout"]
         scale = attr(node, "scale")
         if scale is not None:
             if not math.isfinite(scale) or scale == 0:
-                raise _Refuse(f"scale {scale} (otfuse's 0 means 1/sqrt(D))")
+                raise Refuse(f"scale {scale} (otfuse's 0 means 1/sqrt(D))")
             attributes["scale"] = float(scale)
         softcap = attr(node, "softcap", 0.0)
         if softcap < 0 or not math.isfinite(softcap):
-            raise _Refuse(f"softcap {softcap}")
+            raise Refuse(f"softcap {softcap}")
         if softcap > 0:
             attributes["softcap"] = float(softcap)
         precision = attr(node, "softmax_precision")
         if precision not in (None, onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, elem):
-            raise _Refuse(f"softmax_precision {common.type_name(precision)} is below otfuse's float32")
+            raise Refuse(f"softmax_precision {common.type_name(precision)} is below otfuse's float32")
         if attr(node, "is_causal", 0):
             # ONNX: key j <= i + P (the past length); otfuse: j <= i + (P + S) - Sq. Equal iff Sq == S.
             if not common.dims_equal(q_len, kv_len):
-                raise _Refuse(f"is_causal with {q_len} queries and {kv_len} new keys: ONNX aligns the "
+                raise Refuse(f"is_causal with {q_len} queries and {kv_len} new keys: ONNX aligns the "
                               f"causal mask to the past length, otfuse to the bottom right")
             attributes["causal"] = 1
         if match.has("mask"):
@@ -161,19 +154,19 @@ class AttentionOpRule(Rule):
         for name, value in (("q_num_heads", heads), ("kv_num_heads", kv_heads)):
             stated = attr(node, name, 0)
             if stated and stated != value:
-                raise _Refuse(f"{name} {stated} contradicts the input shapes ({value})")
+                raise Refuse(f"{name} {stated} contradicts the input shapes ({value})")
 
     def _check_repeat_kv(self, graph, match, heads, repeated_heads, head_dim, v_dim) -> int:
         """The kv heads before repeat_kv, proven to be HF's grouping: [B, Nkv, S, D] -> Unsqueeze(2)
         -> Expand [B, Nkv, rep, S, D] -> Reshape [B, Nkv*rep, S, D]. Only without a cache: ONNX
         concatenates the past with the repeated keys, so its past would have every query head."""
         if match.has("past_k") or any(match.node("attention").output[1:3]):
-            raise _Refuse("repeat_kv with a KV cache: the cache holds the repeated heads")
+            raise Refuse("repeat_kv with a KV cache: the cache holds the repeated heads")
         kv_heads = None
         for tag in ("k", "v"):
             source = graph.shape(match.value(tag))
             if source is None or len(source) != 4 or not isinstance(source[1], int):
-                raise _Refuse(f"the {tag} before repeat_kv has shape {source}")
+                raise Refuse(f"the {tag} before repeat_kv has shape {source}")
             unsq = match.node(f"{tag}_unsq")
             axes = ([int(a) for a in graph.constant_value(match.value(f"{tag}_unsq_axes")).reshape(-1)]
                     if match.has(f"{tag}_unsq_axes") else list(attr(unsq, "axes", [])))
@@ -183,40 +176,40 @@ class AttentionOpRule(Rule):
             if axes != [2] or not rep or \
                     not common.shapes_equal(expanded, [source[0], source[1], rep, source[2], source[3]]) or \
                     not common.shapes_equal(merged, [source[0], heads, source[2], source[3]]):
-                raise _Refuse(f"the {tag} repeat is not repeat_kv: {list(source)} -> {expanded} -> {merged}")
+                raise Refuse(f"the {tag} repeat is not repeat_kv: {list(source)} -> {expanded} -> {merged}")
             if kv_heads not in (None, source[1]):
-                raise _Refuse("k and v are repeated from different head counts")
+                raise Refuse("k and v are repeated from different head counts")
             kv_heads = source[1]
         return kv_heads
 
     def _check_cache(self, graph, match, batch, kv_heads, head_dim, v_dim, elem):
         """The past length (0 without a past); past_key/past_value are BNSD [B, Nkv, P, D / Dv]."""
         if match.has("past_k") != match.has("past_v"):
-            raise _Refuse("only one of past_key and past_value is given")
+            raise Refuse("only one of past_key and past_value is given")
         if not match.has("past_k"):
             return 0
         past_k, past_v = match.value("past_k"), match.value("past_v")
         pk, pv = graph.shape(past_k), graph.shape(past_v)
         if pk is None or pv is None or len(pk) != 4 or len(pv) != 4:
-            raise _Refuse(f"past_key / past_value have shapes {pk} / {pv}, not rank 4")
+            raise Refuse(f"past_key / past_value have shapes {pk} / {pv}, not rank 4")
         if pk[1] != kv_heads or pv[1] != kv_heads or pk[3] != head_dim or pv[3] != v_dim:
-            raise _Refuse(f"past shapes {list(pk)} / {list(pv)} do not hold {kv_heads} heads of {head_dim}/{v_dim}")
+            raise Refuse(f"past shapes {list(pk)} / {list(pv)} do not hold {kv_heads} heads of {head_dim}/{v_dim}")
         if graph.elem_type(past_k) != elem or graph.elem_type(past_v) != elem:
-            raise _Refuse("the past has another type than Q")
+            raise Refuse("the past has another type than Q")
         return pk[2]
 
     def _check_mask(self, graph, mask, elem, target) -> None:
         shape, mask_type = graph.shape(mask), graph.elem_type(mask)
         if mask_type not in (onnx.TensorProto.BOOL, elem, onnx.TensorProto.FLOAT):
-            raise _Refuse(f"attn_mask has type {common.type_name(mask_type)}, not bool or float")
+            raise Refuse(f"attn_mask has type {common.type_name(mask_type)}, not bool or float")
         if shape is None or not 1 <= len(shape) <= 4:
-            raise _Refuse(f"attn_mask {mask!r} has an unknown rank or one above 4")
+            raise Refuse(f"attn_mask {mask!r} has an unknown rank or one above 4")
         if not common.dims_equal(shape[-1], target[-1]):
-            raise _Refuse(f"attn_mask's last dim {shape[-1]} is not provably the key count {target[-1]} "
+            raise Refuse(f"attn_mask's last dim {shape[-1]} is not provably the key count {target[-1]} "
                           f"(ONNX pads a shorter mask with -inf)")
         for dim, want in zip(reversed(shape[:-1]), reversed(target[:-1])):
             if dim != 1 and isinstance(dim, int) and isinstance(want, int) and dim != want:
-                raise _Refuse(f"attn_mask shape {list(shape)} does not broadcast to {list(target)}")
+                raise Refuse(f"attn_mask shape {list(shape)} does not broadcast to {list(target)}")
 
     # -- rewrite -------------------------------------------------------------------------------------
     def mask_inputs(self, ctx: RewriteContext, match: Match, attributes: dict, plain: PlainNodes):

@@ -20,7 +20,7 @@ from otfuse.patterns.rope_pairing import PairQKPass
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.passes import RulePass
 from otfuse.rewriter.pattern import ANY, Const, Either, Match, Var, attr, op
-from otfuse.rewriter.rule import Replacement, RewriteContext, Rule
+from otfuse.rewriter.rule import Refuse, Replacement, RewriteContext, Rule
 
 FAMILY = "rope"
 INT64_MAX = 2**63 - 1
@@ -77,31 +77,27 @@ def _slice_params(graph: GraphIndex, match: Match, bind: str) -> tuple[int, int,
     steps = values[3] if len(values) > 3 else None
     if len(starts) != 1 or len(ends) != 1 or (axes is not None and len(axes) != 1) or \
             (steps is not None and len(steps) != 1):
-        raise _Refuse(f"Slice {node.name!r} cuts more than one axis")
+        raise Refuse(f"Slice {node.name!r} cuts more than one axis")
     return (int(starts[0]), int(ends[0]), None if axes is None else int(axes[0]),
             1 if steps is None else int(steps[0]))
-
-
-class _Refuse(Exception):
-    """A check failed; the message is the near-miss reason."""
 
 
 def _is_last_axis(axis: int | None, rank: int, what: str) -> None:
     if axis is None and rank == 1:
         return
     if axis is None or axis not in (-1, rank - 1):
-        raise _Refuse(f"{what} works on axis {axis}, not the last axis")
+        raise Refuse(f"{what} works on axis {axis}, not the last axis")
 
 
 def _expect_slice(graph, match, bind, rank, width, start, end_at_least, step=1, end_exact=None):
     s_start, s_end, s_axis, s_step = _slice_params(graph, match, bind)
     _is_last_axis(s_axis, rank, f"Slice {match.node(bind).name!r}")
     if s_step != step:
-        raise _Refuse(f"Slice {match.node(bind).name!r} has step {s_step}, expected {step}")
+        raise Refuse(f"Slice {match.node(bind).name!r} has step {s_step}, expected {step}")
     end_ok = s_end == end_exact if end_exact is not None else s_end >= end_at_least
     if s_start != start or not end_ok:
         wanted = f"[{start}:{end_exact if end_exact is not None else ''}]"
-        raise _Refuse(f"Slice {match.node(bind).name!r} takes [{s_start}:{s_end}] of {width} lanes, "
+        raise Refuse(f"Slice {match.node(bind).name!r} takes [{s_start}:{s_end}] of {width} lanes, "
                       f"expected {wanted}")
 
 
@@ -109,21 +105,21 @@ def _check_concat_last(match: Match, bind: str, rank: int) -> None:
     node = match.node(bind)
     axis = attr(node, "axis")
     if axis not in (-1, rank - 1):
-        raise _Refuse(f"Concat {node.name!r} joins axis {axis}, not the last axis")
+        raise Refuse(f"Concat {node.name!r} joins axis {axis}, not the last axis")
 
 
 def _broadcasts_over(graph: GraphIndex, table: str, x: str, width: int) -> None:
     """cos/sin broadcast to x.shape[:-1] + [width] without widening x (docs/ops.md)."""
     shape, x_shape = graph.shape(table), graph.shape(x)
     if shape is None or x_shape is None:
-        raise _Refuse(f"shape of {table!r} or {x!r} is unknown")
+        raise Refuse(f"shape of {table!r} or {x!r} is unknown")
     if len(shape) > len(x_shape) or not shape:
-        raise _Refuse(f"{table!r} has rank {len(shape)}, more than x's {len(x_shape)}")
+        raise Refuse(f"{table!r} has rank {len(shape)}, more than x's {len(x_shape)}")
     if shape[-1] != width:
-        raise _Refuse(f"{table!r} has {shape[-1]} lanes, the rotation needs {width}")
+        raise Refuse(f"{table!r} has {shape[-1]} lanes, the rotation needs {width}")
     for dim, x_dim in zip(reversed(shape[:-1]), reversed(x_shape[:-1])):
         if dim != 1 and (dim is None or dim != x_dim):
-            raise _Refuse(f"{table!r} shape {list(shape)} does not broadcast over x {list(x_shape)}")
+            raise Refuse(f"{table!r} shape {list(shape)} does not broadcast over x {list(x_shape)}")
 
 
 def _check_input(graph: GraphIndex, match: Match) -> tuple[int, int]:
@@ -131,10 +127,10 @@ def _check_input(graph: GraphIndex, match: Match) -> tuple[int, int]:
     x, root = match.value("x"), match.covered[0].output[0]
     reason = common.check_float_io(graph, x, root)
     if reason:
-        raise _Refuse(reason)
+        raise Refuse(reason)
     shape = graph.shape(x)
     if shape is None or len(shape) < 2 or not isinstance(shape[-1], int):
-        raise _Refuse(f"x {x!r} needs a known rank >= 2 and a static last dim")
+        raise Refuse(f"x {x!r} needs a known rank >= 2 and a static last dim")
     return len(shape), shape[-1]
 
 
@@ -149,10 +145,7 @@ class _RopeRule(Rule):
         return match.node("rot_part").output[0] if self.partial else match.value("x")
 
     def check(self, ctx: RewriteContext, match: Match) -> str | None:
-        try:
-            self._check(ctx.graph, match)
-        except _Refuse as refusal:
-            return str(refusal)
+        self._check(ctx.graph, match)  # raises Refuse with the reason
         return None
 
     def _check(self, graph: GraphIndex, match: Match) -> None:
@@ -162,19 +155,19 @@ class _RopeRule(Rule):
         if self.partial:
             _, width, _, _ = _slice_params(graph, match, "rot_part")
             if not 0 < width < head_dim:
-                raise _Refuse(f"partial rotary width {width} is not inside (0, {head_dim})")
+                raise Refuse(f"partial rotary width {width} is not inside (0, {head_dim})")
             _expect_slice(graph, match, "rot_part", rank, head_dim, 0, 0, end_exact=width)
             _expect_slice(graph, match, "pass_part", rank, head_dim, width, head_dim)
             _check_concat_last(match, "outer_concat", rank)
         if width % 2:
-            raise _Refuse(f"rotary width {width} is odd")
+            raise Refuse(f"rotary width {width} is odd")
         self.check_rotation(graph, match, xr, rank, width)
         for table in ("cos", "sin"):
             _broadcasts_over(graph, match.value(table), xr, width)
             if graph.elem_type(match.value(table)) not in (graph.elem_type(x), onnx.TensorProto.FLOAT):
-                raise _Refuse(f"{table} has type {common.type_name(graph.elem_type(match.value(table)))}")
+                raise Refuse(f"{table} has type {common.type_name(graph.elem_type(match.value(table)))}")
         if graph.shape(match.value("cos")) != graph.shape(match.value("sin")):
-            raise _Refuse("cos and sin have different shapes")
+            raise Refuse("cos and sin have different shapes")
 
     def check_rotation(self, graph, match, xr, rank, width, tag: str = "") -> None:
         half = width // 2
@@ -183,7 +176,7 @@ class _RopeRule(Rule):
             node = match.node(f"halves{tag}")
             axis = attr(node, "axis", 0)
             if axis not in (-1, rank - 1):
-                raise _Refuse(f"Split {node.name!r} splits axis {axis}, not the last axis")
+                raise Refuse(f"Split {node.name!r} splits axis {axis}, not the last axis")
             if match.has(f"halves{tag}.split"):
                 sizes = [int(v) for v in graph.constant_value(match.value(f"halves{tag}.split")).reshape(-1)]
             else:
@@ -191,7 +184,7 @@ class _RopeRule(Rule):
                 if not sizes and attr(node, "num_outputs", len(node.output)) == 2 == len(node.output):
                     sizes = [half, half]
             if sizes != [half, half]:
-                raise _Refuse(f"Split {node.name!r} cuts {sizes}, not two halves of {width}")
+                raise Refuse(f"Split {node.name!r} cuts {sizes}, not two halves of {width}")
             return
         _expect_slice(graph, match, f"first_half{tag}", rank, width, 0, 0, end_exact=half)
         _expect_slice(graph, match, f"second_half{tag}", rank, width, half, width)
@@ -230,19 +223,19 @@ class InterleavedRule(_RopeRule):
             axes = ([int(a) for a in graph.constant_value(match.value(f"{bind}.axes")).reshape(-1)]
                     if match.has(f"{bind}.axes") else list(attr(node, "axes", [])))
             if axes not in ([-1], [rank]):
-                raise _Refuse(f"Unsqueeze {node.name!r} adds axis {axes}, not a new last axis")
+                raise Refuse(f"Unsqueeze {node.name!r} adds axis {axes}, not a new last axis")
         stack = match.node("stack")
         if attr(stack, "axis") not in (-1, rank):
-            raise _Refuse(f"Concat {stack.name!r} does not stack on the new last axis")
+            raise Refuse(f"Concat {stack.name!r} does not stack on the new last axis")
         stacked_shape = graph.shape(stack.output[0])
         flat_shape = graph.shape(match.node("flatten").output[0])
         if stacked_shape is None or list(stacked_shape[-2:]) != [width // 2, 2]:
-            raise _Refuse(f"the stacked pairs have shape {stacked_shape}, expected [..., {width // 2}, 2]")
+            raise Refuse(f"the stacked pairs have shape {stacked_shape}, expected [..., {width // 2}, 2]")
         shape_source = graph.producer.get(match.value("flat_shape"))
         restores_by_construction = (shape_source is not None and shape_source.op_type == "Shape"
                                     and list(shape_source.input) == [xr] and not shape_source.attribute)
         if not restores_by_construction and not common.shapes_equal(flat_shape, graph.shape(xr)):
-            raise _Refuse(f"Reshape {match.node('flatten').name!r} does not restore x's shape")
+            raise Refuse(f"Reshape {match.node('flatten').name!r} does not restore x's shape")
 
 
 class PartialInterleavedRule(InterleavedRule):
@@ -271,12 +264,12 @@ class SectionsRule(_RopeRule):
         if match.has("section_split"):
             node = match.node("section_split")
             if attr(node, "axis", 0) not in (-1, rank - 1):
-                raise _Refuse(f"Split {node.name!r} does not cut the last axis")
+                raise Refuse(f"Split {node.name!r} does not cut the last axis")
             if match.has("section_split.split"):
                 return [int(v) for v in graph.constant_value(match.value("section_split.split")).reshape(-1)]
             sizes = list(attr(node, "split", []) or [])
             if not sizes:
-                raise _Refuse(f"Split {node.name!r} has no explicit section sizes")
+                raise Refuse(f"Split {node.name!r} has no explicit section sizes")
             return sizes
         widths, position = [], 0
         for i in range(self.count):
@@ -284,7 +277,7 @@ class SectionsRule(_RopeRule):
             _is_last_axis(axis, rank, f"section Slice {match.node(f'section{i}').name!r}")
             last = i == self.count - 1
             if step != 1 or start != position or (end < head_dim if last else end <= start):
-                raise _Refuse(f"section {i} takes [{start}:{end}], expected to start at {position}")
+                raise Refuse(f"section {i} takes [{start}:{end}], expected to start at {position}")
             end = head_dim if last else end
             widths.append(end - start)
             position = end
@@ -295,7 +288,7 @@ class SectionsRule(_RopeRule):
         _check_concat_last(match, "outer_concat", rank)
         widths = self.section_widths(graph, match, head_dim, rank)
         if len(widths) != self.count or sum(widths) != head_dim or any(w <= 0 or w % 2 for w in widths):
-            raise _Refuse(f"sections {widths} are not even widths covering {head_dim} lanes")
+            raise Refuse(f"sections {widths} are not even widths covering {head_dim} lanes")
         leading = None
         for i, width in enumerate(widths):
             rotated = self._section_input(match, i)
@@ -306,7 +299,7 @@ class SectionsRule(_RopeRule):
                 if leading is None:
                     leading = table_shape[:-1]
                 elif table_shape[:-1] != leading or len(table_shape) != len(leading) + 1:
-                    raise _Refuse("the sections' cos/sin tables differ in their leading dims")
+                    raise Refuse("the sections' cos/sin tables differ in their leading dims")
 
     def _section_input(self, match: Match, i: int) -> str:
         if match.has("section_split"):

@@ -23,13 +23,9 @@ from otfuse.patterns.plain_nodes import PlainNodes
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.passes import RulePass
 from otfuse.rewriter.pattern import Either, Match, Var, attr, op
-from otfuse.rewriter.rule import Replacement, RewriteContext, Rule
+from otfuse.rewriter.rule import Refuse, Replacement, RewriteContext, Rule
 
 FAMILY = "rope"
-
-
-class _Refuse(Exception):
-    """A check failed; the message is the near-miss reason."""
 
 
 def _geometry(graph: GraphIndex, match: Match) -> dict:
@@ -38,42 +34,42 @@ def _geometry(graph: GraphIndex, match: Match) -> dict:
     x, y = match.value("x"), node.output[0]
     reason = common.check_float_io(graph, x, y)
     if reason:
-        raise _Refuse(reason)
+        raise Refuse(reason)
     shape = graph.shape(x)
     if shape is None or len(shape) not in (3, 4):
-        raise _Refuse(f"X {x!r} must have a known rank 3 or 4, has {shape}")
+        raise Refuse(f"X {x!r} must have a known rank 3 or 4, has {shape}")
     heads = attr(node, "num_heads", 0)
     if len(shape) == 4:
         head_dim = shape[3]
         if not isinstance(head_dim, int):
-            raise _Refuse("the head size of X is not static")
+            raise Refuse("the head size of X is not static")
     else:
         hidden = shape[2]
         if not heads or not isinstance(hidden, int) or hidden % heads:
-            raise _Refuse(f"3-D X {list(shape)} needs num_heads ({heads}) dividing a static hidden size")
+            raise Refuse(f"3-D X {list(shape)} needs num_heads ({heads}) dividing a static hidden size")
         head_dim = hidden // heads
     width = attr(node, "rotary_embedding_dim", 0) or head_dim
     if width % 2 or not 0 < width <= head_dim:
-        raise _Refuse(f"rotary_embedding_dim {width} is not even and within the head size {head_dim}")
+        raise Refuse(f"rotary_embedding_dim {width} is not even and within the head size {head_dim}")
     interleaved = attr(node, "interleaved", 0)
     if interleaved not in (0, 1):
-        raise _Refuse(f"interleaved is {interleaved}")
+        raise Refuse(f"interleaved is {interleaved}")
     with_ids = match.has("position_ids")
     cos, sin = match.value("cos"), match.value("sin")
     table_rank = 2 if with_ids else 3
     for table in (cos, sin):
         table_shape = graph.shape(table)
         if table_shape is None or len(table_shape) != table_rank or table_shape[-1] != width // 2:
-            raise _Refuse(f"{table!r} has shape {table_shape}, expected rank {table_rank} with "
+            raise Refuse(f"{table!r} has shape {table_shape}, expected rank {table_rank} with "
                           f"{width // 2} lanes (rotary width {width})")
         if graph.elem_type(table) not in (graph.elem_type(x), onnx.TensorProto.FLOAT):
-            raise _Refuse(f"{table!r} has type {common.type_name(graph.elem_type(table))}")
+            raise Refuse(f"{table!r} has type {common.type_name(graph.elem_type(table))}")
     if graph.elem_type(cos) != graph.elem_type(sin):
-        raise _Refuse("cos_cache and sin_cache have different types")
+        raise Refuse("cos_cache and sin_cache have different types")
     if with_ids:
         ids = match.value("position_ids")
         if graph.rank(ids) != 2 or graph.elem_type(ids) != onnx.TensorProto.INT64:
-            raise _Refuse(f"position_ids {ids!r} is not a 2-D int64 tensor")
+            raise Refuse(f"position_ids {ids!r} is not a 2-D int64 tensor")
     return {"rank": len(shape), "heads": heads, "head_dim": head_dim, "width": width,
             "mode": "interleaved" if interleaved else "half"}
 
@@ -88,10 +84,7 @@ class RotaryEmbeddingOpRule(Rule):
     )
 
     def check(self, ctx: RewriteContext, match: Match) -> str | None:
-        try:
-            _geometry(ctx.graph, match)
-        except _Refuse as refusal:
-            return str(refusal)
+        _geometry(ctx.graph, match)  # raises Refuse with the reason
         return None
 
     def rewrite(self, ctx: RewriteContext, match: Match, root: onnx.NodeProto) -> Replacement:

@@ -22,7 +22,6 @@ import onnx
 from otfuse.patterns import common
 from otfuse.patterns.plain_nodes import PlainNodes
 from otfuse.patterns.rope import (
-    _Refuse,
     _slice,
     _slice_params,
     _split_output,
@@ -31,7 +30,7 @@ from otfuse.patterns.rope import (
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.passes import RulePass
 from otfuse.rewriter.pattern import ANY, Const, Either, Match, Var, attr, op
-from otfuse.rewriter.rule import Replacement, RewriteContext, Rule
+from otfuse.rewriter.rule import Refuse, Replacement, RewriteContext, Rule
 
 FAMILY = "rope"
 
@@ -62,28 +61,28 @@ def _lane_index(graph: GraphIndex, match: Match, index: int) -> bool:
     rank = graph.rank(match.value("pairs"))
     if node.op_type == "Gather":
         if attr(node, "axis", 0) not in (-1, rank - 1):
-            raise _Refuse(f"Gather {node.name!r} picks along axis {attr(node, 'axis', 0)}, not the pair axis")
+            raise Refuse(f"Gather {node.name!r} picks along axis {attr(node, 'axis', 0)}, not the pair axis")
         picked = graph.constant_value(match.value(f"{bind}.index"))
         if picked.size != 1 or picked.ndim > 1 or int(picked.reshape(-1)[0]) not in (index, index - 2):
-            raise _Refuse(f"Gather {node.name!r} picks lane {picked.reshape(-1).tolist()}, expected {index}")
+            raise Refuse(f"Gather {node.name!r} picks lane {picked.reshape(-1).tolist()}, expected {index}")
         return picked.ndim == 1
     if node.op_type == "Split":
         axis = attr(node, "axis", 0)
         if axis not in (-1, rank - 1):
-            raise _Refuse(f"Split {node.name!r} splits axis {axis}, not the pair axis")
+            raise Refuse(f"Split {node.name!r} splits axis {axis}, not the pair axis")
         if match.has(f"{bind}.split"):
             sizes = [int(v) for v in graph.constant_value(match.value(f"{bind}.split")).reshape(-1)]
         else:
             sizes = list(attr(node, "split", []) or []) or ([1, 1] if len(node.output) == 2 else [])
         if sizes != [1, 1]:
-            raise _Refuse(f"Split {node.name!r} cuts {sizes}, not the two lanes of a pair")
+            raise Refuse(f"Split {node.name!r} cuts {sizes}, not the two lanes of a pair")
         return True
     start, end, axis, step = _slice_params(graph, match, bind)
     if axis not in (-1, rank - 1) or step != 1:
-        raise _Refuse(f"Slice {node.name!r} is not a unit-step cut of the pair axis")
+        raise Refuse(f"Slice {node.name!r} is not a unit-step cut of the pair axis")
     start, end = start + 2 if start < 0 else start, min(end + 2 if end < 0 else end, 2)
     if (start, end) != (index, index + 1):
-        raise _Refuse(f"Slice {node.name!r} takes lanes [{start}:{end}] of a pair, expected [{index}:{index + 1}]")
+        raise Refuse(f"Slice {node.name!r} takes lanes [{start}:{end}] of a pair, expected [{index}:{index + 1}]")
     return True
 
 
@@ -92,20 +91,20 @@ def _geometry(graph: GraphIndex, match: Match) -> dict:
     pairs, root = match.value("pairs"), match.node("flatten").output[0]
     reason = common.check_float_io(graph, pairs, root)
     if reason:
-        raise _Refuse(reason)
+        raise Refuse(reason)
     shape = graph.shape(pairs)
     if shape is None or len(shape) < 3 or shape[-1] != 2 or not isinstance(shape[-2], int):
-        raise _Refuse(f"{pairs!r} has shape {shape}, not [..., D/2, 2] with a static D/2")
+        raise Refuse(f"{pairs!r} has shape {shape}, not [..., D/2, 2] with a static D/2")
     half = shape[-2]
     kept = {_lane_index(graph, match, 0), _lane_index(graph, match, 1)}
     if len(kept) != 1:
-        raise _Refuse("one lane keeps the pair axis and the other drops it")
+        raise Refuse("one lane keeps the pair axis and the other drops it")
     kept = kept.pop()
     stack = match.node("stack")
     if attr(stack, "axis") not in (-1, len(shape) - 1):
-        raise _Refuse(f"Concat {stack.name!r} does not join the pair axis")
+        raise Refuse(f"Concat {stack.name!r} does not join the pair axis")
     if match.has("unsq_real") == kept:
-        raise _Refuse("the lanes are joined back on another axis than the one they were taken from")
+        raise Refuse("the lanes are joined back on another axis than the one they were taken from")
     for bind in ("unsq_real", "unsq_imag"):
         if not match.has(bind):
             continue
@@ -113,31 +112,31 @@ def _geometry(graph: GraphIndex, match: Match) -> dict:
         axes = ([int(a) for a in graph.constant_value(match.value(f"{bind}.axes")).reshape(-1)]
                 if match.has(f"{bind}.axes") else list(attr(node, "axes", [])))
         if axes not in ([-1], [len(shape) - 1]):
-            raise _Refuse(f"Unsqueeze {node.name!r} adds axis {axes}, not a new last axis")
+            raise Refuse(f"Unsqueeze {node.name!r} adds axis {axes}, not a new last axis")
     # The stacked pairs have p's shape and the output is p.shape[:-2] + [D]: what the rewrite's
     # Reshape(p, [0, .., 0, D]) gives, so X and Y line up lane for lane.
     if not common.shapes_equal(graph.shape(stack.output[0]), shape):
-        raise _Refuse(f"the stacked pairs {graph.shape(stack.output[0])} do not have the shape of {pairs!r} {shape}")
+        raise Refuse(f"the stacked pairs {graph.shape(stack.output[0])} do not have the shape of {pairs!r} {shape}")
     flat = graph.shape(root)
     if flat is None or not common.shapes_equal(list(flat), list(shape[:-2]) + [2 * half]):
-        raise _Refuse(f"Reshape {match.node('flatten').name!r} gives {flat}, not {list(shape[:-2])} + [{2 * half}]")
+        raise Refuse(f"Reshape {match.node('flatten').name!r} gives {flat}, not {list(shape[:-2])} + [{2 * half}]")
     lane_shape = list(shape[:-1]) + ([1] if kept else [])
     covered = {id(n) for n in match.covered}
     for table in ("cos", "sin"):
         name = match.value(table)
         if _depends_on(graph, name, covered):  # e.g. TorchScript's view of the table by Shape(x0)
-            raise _Refuse(f"{table} {name!r} is computed from values inside the rotation")
+            raise Refuse(f"{table} {name!r} is computed from values inside the rotation")
         table_shape = graph.shape(name)
         width = 1 if kept else half
         _broadcasts_over_shape(name, table_shape, lane_shape, width)
         if kept and (len(table_shape) < 2 or table_shape[-2] != half):
-            raise _Refuse(f"{table} {name!r} has shape {table_shape}, expected [..., {half}, 1]")
+            raise Refuse(f"{table} {name!r} has shape {table_shape}, expected [..., {half}, 1]")
         if graph.elem_type(name) not in (graph.elem_type(pairs), onnx.TensorProto.FLOAT):
-            raise _Refuse(f"{table} has type {common.type_name(graph.elem_type(name))}")
+            raise Refuse(f"{table} has type {common.type_name(graph.elem_type(name))}")
     if graph.shape(match.value("cos")) != graph.shape(match.value("sin")):
-        raise _Refuse("cos and sin have different shapes")
+        raise Refuse("cos and sin have different shapes")
     if graph.elem_type(match.value("cos")) != graph.elem_type(match.value("sin")):
-        raise _Refuse("cos and sin have different types")
+        raise Refuse("cos and sin have different types")
     return {"half": half, "kept": kept}
 
 
@@ -159,14 +158,14 @@ def _depends_on(graph: GraphIndex, value: str, nodes: set[int]) -> bool:
 def _broadcasts_over_shape(table: str, shape, x_shape, width: int) -> None:
     """``_broadcasts_over`` on shapes: the table neither widens the lane tensor nor lacks lanes."""
     if shape is None:
-        raise _Refuse(f"shape of {table!r} is unknown")
+        raise Refuse(f"shape of {table!r} is unknown")
     if not shape or len(shape) > len(x_shape):
-        raise _Refuse(f"{table!r} has rank {len(shape)}, more than the lanes' {len(x_shape)}")
+        raise Refuse(f"{table!r} has rank {len(shape)}, more than the lanes' {len(x_shape)}")
     if shape[-1] != width:
-        raise _Refuse(f"{table!r} has {shape[-1]} lanes, the rotation needs {width}")
+        raise Refuse(f"{table!r} has {shape[-1]} lanes, the rotation needs {width}")
     for dim, x_dim in zip(reversed(shape[:-1]), reversed(x_shape[:-1])):
         if dim != 1 and (dim is None or not common.dims_equal(dim, x_dim)):
-            raise _Refuse(f"{table!r} shape {list(shape)} does not broadcast over the lanes {list(x_shape)}")
+            raise Refuse(f"{table!r} shape {list(shape)} does not broadcast over the lanes {list(x_shape)}")
 
 
 class PairLanesRule(Rule):
@@ -176,10 +175,7 @@ class PairLanesRule(Rule):
     pattern = _pair_rotation()
 
     def check(self, ctx: RewriteContext, match: Match) -> str | None:
-        try:
-            _geometry(ctx.graph, match)
-        except _Refuse as refusal:
-            return str(refusal)
+        _geometry(ctx.graph, match)  # raises Refuse with the reason
         return None
 
     def rewrite(self, ctx: RewriteContext, match: Match, root: onnx.NodeProto) -> Replacement:

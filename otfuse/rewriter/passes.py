@@ -21,7 +21,7 @@ import onnx
 from otfuse import OP_DOMAIN, OP_DOMAIN_VERSION
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.pattern import Failure, Match, Matcher
-from otfuse.rewriter.rule import Replacement, RewriteContext, Rule
+from otfuse.rewriter.rule import Refuse, Replacement, RewriteContext, Rule
 
 # A failed candidate is reported as a near miss when it failed a semantic check, or when its
 # partial match reached one of the rule's anchor ops and got this deep.
@@ -157,7 +157,10 @@ def _try_root(graph: GraphIndex, ctx: RewriteContext, rules: Sequence[Rule],
             if any(id(node) in claimed for node in match.covered):
                 matcher.fail(match, "overlaps a fusion already made")
                 continue
-            reason = rule.check(ctx, match) or _private_value_leak(graph, match, root_value, rule)
+            try:
+                reason = rule.check(ctx, match) or _private_value_leak(graph, match, root_value, rule)
+            except Refuse as refusal:
+                reason = str(refusal)
             if reason:
                 matcher.best_failure = Failure(_CHECK_FAILURE_DEPTH + len(match.covered), reason,
                                                match.covered)

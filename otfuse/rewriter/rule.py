@@ -50,6 +50,11 @@ class RewriteContext:
         return numpy_helper.from_array(value, self.unique_name(base))
 
 
+class Refuse(Exception):
+    """Raised by a rule's ``check`` (or any helper it calls) to refuse a match; the message is the
+    near-miss reason. Same as returning the reason, from however deep the check found it."""
+
+
 class Rule:
     """Subclasses set the class attributes and implement ``check`` and ``rewrite``.
 
@@ -79,7 +84,8 @@ class Rule:
         return None
 
     def check(self, ctx: RewriteContext, match: Match) -> str | None:
-        """Return why this structural match must not be fused, or None to accept it."""
+        """Return (or raise :class:`Refuse` with) why this structural match must not be fused;
+        None accepts it."""
         return None
 
     def rewrite(self, ctx: RewriteContext, match: Match, root: onnx.NodeProto) -> Replacement:
