@@ -17,7 +17,8 @@
 // it with broadcasts. K is cut into slices of kDepth (256): a B slice (16 KiB in float32) stays
 // in L1 while every row block of A passes over it; float16 / bfloat16 slices are widened into a
 // float32 buffer once per slice, by the first row block as it runs (or read directly when there is
-// a single row block). With few rows the next slice is prefetched meanwhile.
+// a single row block). With few rows a later slice is prefetched meanwhile (float32: two slices
+// ahead, into L2, a share by every row block; gemm_panels.inc).
 //
 // Parallel split: tasks are (row chunk of up to 384 rows) x (group of panels), chunk-major, and
 // inside a large chunk k is the outer loop, so its A slice (<= 384 x 256 floats) stays in L2 while
