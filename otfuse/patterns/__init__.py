@@ -22,8 +22,9 @@ FAMILIES: dict[str, list[Pass]] = {
 
 
 # Families that run only when named with ``only``. norm_linear: its packed weights sit beside the
-# initializers ORT keeps, doubling the projections' memory, for 1.0-1.1x in fp32 (MLAS is at this
-# CPU's FMA peak; bench/README.md) and 1.3-2x in fp16 at small batch: a trade-off to opt into.
+# initializers ORT keeps, doubling the projections' memory, for ~1.3x at 8-32 tokens, 2x in fp16
+# decode, but only 1.0-1.1x in fp32 decode and at long prompts (MLAS at this CPU's FMA peak or the
+# memory bandwidth; bench/README.md): a trade-off to opt into.
 OPT_IN = frozenset({"norm_linear"})
 
 
