@@ -679,25 +679,13 @@ void AscendAttentionKernel<kRope, kPlacement, kFp32>::Compute(const KernelContex
 
 template <bool kRope, Placement kPlacement, Fp32 kFp32>
 void AppendAttentionOp(const char* name, CustomOpList& ops) {
-  // Same schema as the CPU kernels (cpu/attention.cc), but float32 only with the opt-in.
-  constexpr ONNXTensorElementDataType kAny = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  // Same schema as the CPU kernels, but float32 only with the opt-in.
   std::vector<ONNXTensorElementDataType> types{ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
                                                ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16};
   if (kFp32 != Fp32::kCpu) types.push_back(ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
-  for (ONNXTensorElementDataType t : types) {
-    OpSpec spec{name, ExecutionProviderOf(kPlacement), {}, {}};
-    spec.inputs = {{t}, {t}, {t}};
-    if (kRope) {
-      spec.inputs.push_back({kAny});
-      spec.inputs.push_back({kAny});
-    }
-    spec.inputs.push_back({kAny, true});  // attn_bias
-    spec.inputs.push_back({kAny, true});  // key_padding_mask
-    spec.inputs.push_back({t, true});     // past_key
-    spec.inputs.push_back({t, true});     // past_value
-    spec.outputs = {{t}, {t, true}, {t, true}};
-    ops.push_back(MakeCustomOp<AscendAttentionKernel<kRope, kPlacement, kFp32>>(std::move(spec)));
-  }
+  AppendPerType<AscendAttentionKernel<kRope, kPlacement, kFp32>>(ops, types, [name](ONNXTensorElementDataType t) {
+    return AttentionOpSpec(name, ExecutionProviderOf(kPlacement), t, kRope);
+  });
 }
 
 template <Placement kPlacement, Fp32 kFp32>

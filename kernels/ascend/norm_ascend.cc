@@ -94,12 +94,9 @@ class AscendNormKernel {
 
 template <Kind kKind, bool kAdd, Placement kPlacement>
 void AppendNormOp(const char* name, CustomOpList& ops) {
-  // Same schema as the CPU kernels (cpu/norm.cc): one OrtCustomOp per element type T.
-  for (ONNXTensorElementDataType t : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
-                                      ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}) {
-    OpSpec spec = NormOpSpec(name, ExecutionProviderOf(kPlacement), t, kKind, kAdd);
-    ops.push_back(MakeCustomOp<AscendNormKernel<kKind, kAdd, kPlacement>>(std::move(spec)));
-  }
+  AppendPerType<AscendNormKernel<kKind, kAdd, kPlacement>>(ops, [name](ONNXTensorElementDataType t) {
+    return NormOpSpec(name, ExecutionProviderOf(kPlacement), t, kKind, kAdd);
+  });
 }
 
 template <Placement kPlacement>

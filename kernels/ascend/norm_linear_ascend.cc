@@ -175,12 +175,9 @@ class AscendNormLinearKernel {
 
 template <NormKind kKind, bool kAdd, Placement kPlacement>
 void AppendNormLinearOp(const char* name, CustomOpList& ops) {
-  // Same schema as the CPU kernels (cpu/norm_linear.cc): one OrtCustomOp per T.
-  for (ONNXTensorElementDataType t : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
-                                      ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}) {
-    OpSpec spec = NormLinearOpSpec(name, ExecutionProviderOf(kPlacement), t, kKind, kAdd);
-    ops.push_back(MakeCustomOp<AscendNormLinearKernel<kKind, kAdd, kPlacement>>(std::move(spec)));
-  }
+  AppendPerType<AscendNormLinearKernel<kKind, kAdd, kPlacement>>(ops, [name](ONNXTensorElementDataType t) {
+    return NormLinearOpSpec(name, ExecutionProviderOf(kPlacement), t, kKind, kAdd);
+  });
 }
 
 template <Placement kPlacement>

@@ -24,6 +24,7 @@
 
 #include "ascend/aclnn_call.h"
 #include "ascend/rotary_plan.h"
+#include "common/rotary_spec.h"
 #include "common/shape_check.h"
 #include "op_registry.h"
 
@@ -437,18 +438,9 @@ class AscendRotaryKernel {
 
 template <bool kQK, Placement kPlacement>
 void AppendRotaryOp(const char* name, CustomOpList& ops) {
-  // Same schema as the CPU kernels (cpu/rotary.cc): one OrtCustomOp per element type T.
-  for (ONNXTensorElementDataType t : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
-                                      ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}) {
-    OpSpec spec{name, ExecutionProviderOf(kPlacement), {}, {}};
-    spec.inputs.push_back({t});
-    if (kQK) spec.inputs.push_back({t});
-    spec.inputs.push_back({ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED});  // cos
-    spec.inputs.push_back({ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED});  // sin
-    spec.outputs.push_back({t});
-    if (kQK) spec.outputs.push_back({t});
-    ops.push_back(MakeCustomOp<AscendRotaryKernel<kQK, kPlacement>>(std::move(spec)));
-  }
+  AppendPerType<AscendRotaryKernel<kQK, kPlacement>>(ops, [name](ONNXTensorElementDataType t) {
+    return RotaryOpSpec(name, ExecutionProviderOf(kPlacement), t, kQK);
+  });
 }
 
 template <Placement kPlacement>

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "common/custom_op.h"
 #include "ort_glue.h"
 
 namespace otfuse {
@@ -40,5 +41,11 @@ AttentionHeadDims ReadHeadDims(const char* name, const Shape& s, AttentionLayout
 // num_heads, kv_num_heads, scale, causal, window, softcap, layout, output_layout and empty_rows,
 // checked in that order; throws otfuse::Error on the first bad one.
 AttentionParams ReadAttentionParams(const KernelInfo& info);
+
+// The schema of Attention (rope = false) or RopeAttention for element type T, shared by every
+// backend: Q, K, V [, cos, sin], attn_bias?, key_padding_mask?, past_key?, past_value? ->
+// Y, present_key?, present_value?. attn_bias, cos and sin (T or float32) and key_padding_mask
+// (bool, int32 or int64) are declared UNDEFINED and checked by the kernels.
+OpSpec AttentionOpSpec(const char* name, const char* execution_provider, ONNXTensorElementDataType t, bool rope);
 
 }  // namespace otfuse

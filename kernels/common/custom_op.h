@@ -122,4 +122,19 @@ CustomOpPtr MakeCustomOp(OpSpec spec) {
   return std::make_shared<const CustomOp<Kernel>>(std::move(spec));
 }
 
+// The element types T every op is registered for: one OrtCustomOp per T, which ORT merges into
+// one schema, picking the kernel whose T matches the node's input.
+inline constexpr ONNXTensorElementDataType kFloatTypes[] = {
+    ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16};
+
+// Appends Kernel once per T in kFloatTypes (or in `types`), its schema from make_spec(T).
+template <typename Kernel, typename MakeSpec>
+void AppendPerType(CustomOpList& ops, MakeSpec&& make_spec) {
+  for (ONNXTensorElementDataType t : kFloatTypes) ops.push_back(MakeCustomOp<Kernel>(make_spec(t)));
+}
+template <typename Kernel, typename MakeSpec>
+void AppendPerType(CustomOpList& ops, const std::vector<ONNXTensorElementDataType>& types, MakeSpec&& make_spec) {
+  for (ONNXTensorElementDataType t : types) ops.push_back(MakeCustomOp<Kernel>(make_spec(t)));
+}
+
 }  // namespace otfuse

@@ -539,25 +539,9 @@ class AttentionKernel {
 
 template <bool kRope>
 void AppendAttentionOp(const char* name, CustomOpList& ops) {
-  // One OrtCustomOp per element type T of Q, K, V, past_*, Y and present_*. attn_bias, cos and
-  // sin (T or float32) and key_padding_mask (bool, int32 or int64) are declared UNDEFINED and
-  // checked by the kernel.
-  constexpr ONNXTensorElementDataType kAny = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-  for (ONNXTensorElementDataType t : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
-                                      ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}) {
-    OpSpec spec{name, nullptr, {}, {}};
-    spec.inputs = {{t}, {t}, {t}};  // Q, K, V
-    if (kRope) {
-      spec.inputs.push_back({kAny});  // cos
-      spec.inputs.push_back({kAny});  // sin
-    }
-    spec.inputs.push_back({kAny, true});  // attn_bias
-    spec.inputs.push_back({kAny, true});  // key_padding_mask
-    spec.inputs.push_back({t, true});     // past_key
-    spec.inputs.push_back({t, true});     // past_value
-    spec.outputs = {{t}, {t, true}, {t, true}};  // Y, present_key, present_value
-    ops.push_back(MakeCustomOp<AttentionKernel<kRope>>(std::move(spec)));
-  }
+  AppendPerType<AttentionKernel<kRope>>(ops, [name](ONNXTensorElementDataType t) {
+    return AttentionOpSpec(name, nullptr, t, kRope);
+  });
 }
 
 }  // namespace

@@ -130,13 +130,9 @@ class NormKernel {
 
 template <NormKind kKind, bool kAdd>
 void AppendNormOp(const char* name, CustomOpList& ops) {
-  // One OrtCustomOp per element type T of X (A, B), Y (S): ORT merges them into one schema and
-  // infers each output's type from the kernel whose X type matches.
-  for (ONNXTensorElementDataType t : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
-                                      ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}) {
-    OpSpec spec = NormOpSpec(name, nullptr, t, kKind, kAdd);
-    ops.push_back(MakeCustomOp<NormKernel<kKind, kAdd>>(std::move(spec)));
-  }
+  AppendPerType<NormKernel<kKind, kAdd>>(ops, [name](ONNXTensorElementDataType t) {
+    return NormOpSpec(name, nullptr, t, kKind, kAdd);
+  });
 }
 
 }  // namespace

@@ -259,12 +259,9 @@ class NormLinearKernel {
 
 template <NormKind kKind, bool kAdd>
 void AppendNormLinearOp(const char* name, CustomOpList& ops) {
-  // One OrtCustomOp per T (X / A, B and every output).
-  for (ONNXTensorElementDataType t : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
-                                      ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}) {
-    OpSpec spec = NormLinearOpSpec(name, nullptr, t, kKind, kAdd);
-    ops.push_back(MakeCustomOp<NormLinearKernel<kKind, kAdd>>(std::move(spec)));
-  }
+  AppendPerType<NormLinearKernel<kKind, kAdd>>(ops, [name](ONNXTensorElementDataType t) {
+    return NormLinearOpSpec(name, nullptr, t, kKind, kAdd);
+  });
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include "common/cpu_features.h"
 #include "common/float_types.h"
+#include "common/rotary_spec.h"
 #include "common/shape_check.h"
 #include "cpu/rotary_rows.h"
 #include "op_registry.h"
@@ -386,19 +387,9 @@ class RotaryKernel {
 
 template <bool kQK>
 void AppendRotaryOp(const char* name, CustomOpList& ops) {
-  // One OrtCustomOp per element type T of X (Q, K) and the outputs; cos and sin are declared
-  // UNDEFINED (any type) because they may be T or float32, and the kernel checks them.
-  for (ONNXTensorElementDataType t : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
-                                      ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}) {
-    OpSpec spec{name, nullptr, {}, {}};
-    spec.inputs.push_back({t});
-    if (kQK) spec.inputs.push_back({t});
-    spec.inputs.push_back({ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED});  // cos
-    spec.inputs.push_back({ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED});  // sin
-    spec.outputs.push_back({t});
-    if (kQK) spec.outputs.push_back({t});
-    ops.push_back(MakeCustomOp<RotaryKernel<kQK>>(std::move(spec)));
-  }
+  AppendPerType<RotaryKernel<kQK>>(ops, [name](ONNXTensorElementDataType t) {
+    return RotaryOpSpec(name, nullptr, t, kQK);
+  });
 }
 
 }  // namespace
