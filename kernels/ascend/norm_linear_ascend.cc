@@ -99,7 +99,6 @@ class AscendNormLinearKernel {
     const std::vector<InputTensor> weights = ReadProjectionWeights(ctx, params_);
     CheckProjectionWeights(weights, t, d, params_);
     const std::vector<std::optional<InputTensor>> biases = ReadProjectionBiases(ctx, t, params_);
-    const bool has_normalized = HasNormalizedOutput(ctx.OutputCount(), params_, kAdd);
 
     // What the aclnn operators cannot do, refused before any call.
     CheckNormWeightTypes<kKind, kAdd>(x_name, t, scale.type, norm_bias_type, "norm_bias");
@@ -107,15 +106,7 @@ class AscendNormLinearKernel {
     CheckNormProduct<kKind, kAdd>(soc, t, d, scale.type, norm_bias_type);
     CheckMatmulProduct(soc, t);
 
-    std::vector<OutputTensor> ys;
-    for (size_t i = 0; i < count; ++i) {
-      Shape shape = x.shape;
-      shape.back() = params_.widths[i];
-      ys.push_back(ctx.Output(i, shape));
-      if (!ys.back()) throw Error("output 'Y" + std::to_string(i + 1) + "' is required");
-    }
-    const OutputTensor sum = kAdd ? ctx.Output(count, x.shape) : OutputTensor{};
-    const OutputTensor normalized = has_normalized ? ctx.Output(count + (kAdd ? 1 : 0), x.shape) : OutputTensor{};
+    const auto [ys, sum, normalized] = AllocateNormLinearOutputs(ctx, params_, x.shape, kAdd);
     if (rows == 0) return;  // nothing to compute (aclnnAddLayerNorm refuses zero dims)
 
     const size_t es = ElementBytes(t);

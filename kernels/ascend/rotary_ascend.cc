@@ -24,7 +24,7 @@
 
 #include "ascend/aclnn_call.h"
 #include "ascend/rotary_plan.h"
-#include "common/rotary_spec.h"
+#include "common/rotary_params.h"
 #include "common/shape_check.h"
 #include "op_registry.h"
 
@@ -363,15 +363,7 @@ class AscendRotaryKernel {
     const ONNXTensorElementDataType t = x[0].type;
     const InputTensor cos = RequiredInput(ctx, kCount, "cos");
     const InputTensor sin = RequiredInput(ctx, kCount + 1, "sin");
-    if (cos.type != t && cos.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
-      throw Error(std::string("cos has element type ") + ElementTypeName(cos.type) + "; expected float32" +
-                  (t == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT ? "" : std::string(" or ") + ElementTypeName(t)));
-    }
-    if (sin.type != cos.type) {
-      throw Error(std::string("sin has element type ") + ElementTypeName(sin.type) + " but cos has " +
-                  ElementTypeName(cos.type));
-    }
-    ExpectShape("sin", sin.shape, "cos.shape", cos.shape);
+    CheckRotaryTables(cos, sin, t);
     if (kQK && x[0].shape.back() != x[1].shape.back()) {
       throw Error("Q has head dim " + std::to_string(x[0].shape.back()) + " (last dim) but K has " +
                   std::to_string(x[1].shape.back()) + "; they must be equal");

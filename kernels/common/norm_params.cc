@@ -185,6 +185,21 @@ bool HasNormalizedOutput(size_t outputs, const NormLinearParams& params, bool ad
   return outputs == fixed + 1;
 }
 
+NormLinearOutputs AllocateNormLinearOutputs(const KernelContext& ctx, const NormLinearParams& params,
+                                            const Shape& x_shape, bool add) {
+  NormLinearOutputs out;
+  const size_t count = params.count();
+  for (size_t i = 0; i < count; ++i) {
+    Shape shape = x_shape;
+    shape.back() = params.widths[i];
+    out.ys.push_back(ctx.Output(i, shape));
+    if (!out.ys.back()) throw Error("output 'Y" + std::to_string(i + 1) + "' is required");
+  }
+  if (add) out.sum = ctx.Output(count, x_shape);
+  if (HasNormalizedOutput(ctx.OutputCount(), params, add)) out.normalized = ctx.Output(count + (add ? 1 : 0), x_shape);
+  return out;
+}
+
 OpSpec NormLinearOpSpec(const char* name, const char* execution_provider, ONNXTensorElementDataType t,
                         NormKind kind, bool add) {
   // The weights and biases are one variadic input of mixed types (biases may be float32 in a T

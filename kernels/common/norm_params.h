@@ -83,6 +83,15 @@ std::vector<std::optional<InputTensor>> ReadProjectionBiases(const KernelContext
 // n, n + 1 or n + 2 outputs (see docs/ops.md); true when the last one is Yn.
 bool HasNormalizedOutput(size_t outputs, const NormLinearParams& params, bool add);
 
+// The outputs, allocated: Y_i [..., N_i] (each required), S (AddNorm) and Yn (when requested) as X.
+struct NormLinearOutputs {
+  std::vector<OutputTensor> ys;
+  OutputTensor sum;         // empty unless add
+  OutputTensor normalized;  // empty unless requested
+};
+NormLinearOutputs AllocateNormLinearOutputs(const KernelContext& ctx, const NormLinearParams& params,
+                                            const Shape& x_shape, bool add);
+
 OpSpec NormLinearOpSpec(const char* name, const char* execution_provider, ONNXTensorElementDataType t,
                         NormKind kind, bool add);
 

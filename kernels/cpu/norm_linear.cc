@@ -135,17 +135,8 @@ class NormLinearKernel {
       bias_storage[i] = AsFloat(*bias_inputs[i], params_.widths[i]);
       biases[i] = bias_storage[i].data();
     }
-    const bool has_normalized = HasNormalizedOutput(ctx.OutputCount(), params_, kAdd);
 
-    std::vector<OutputTensor> ys;
-    for (size_t i = 0; i < count; ++i) {
-      Shape shape = x.shape;
-      shape.back() = params_.widths[i];
-      ys.push_back(ctx.Output(i, shape));
-      if (!ys.back()) throw Error("output 'Y" + std::to_string(i + 1) + "' is required");
-    }
-    const OutputTensor sum = kAdd ? ctx.Output(count, x.shape) : OutputTensor{};
-    const OutputTensor normalized = has_normalized ? ctx.Output(count + (kAdd ? 1 : 0), x.shape) : OutputTensor{};
+    const auto [ys, sum, normalized] = AllocateNormLinearOutputs(ctx, params_, x.shape, kAdd);
     if (rows == 0) return;
 
     switch (x.type) {

@@ -14,7 +14,7 @@
 
 #include "common/cpu_features.h"
 #include "common/float_types.h"
-#include "common/rotary_spec.h"
+#include "common/rotary_params.h"
 #include "common/shape_check.h"
 #include "cpu/rotary_rows.h"
 #include "op_registry.h"
@@ -252,15 +252,7 @@ class RotaryKernel {
     const ONNXTensorElementDataType t = rotated[0].x.type;
     const InputTensor cos = RequiredInput(ctx, kCount, "cos");
     const InputTensor sin = RequiredInput(ctx, kCount + 1, "sin");
-    if (cos.type != t && cos.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
-      throw Error(std::string("cos has element type ") + ElementTypeName(cos.type) + "; expected float32" +
-                  (t == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT ? "" : std::string(" or ") + ElementTypeName(t)));
-    }
-    if (sin.type != cos.type) {
-      throw Error(std::string("sin has element type ") + ElementTypeName(sin.type) + " but cos has " +
-                  ElementTypeName(cos.type));
-    }
-    ExpectShape("sin", sin.shape, "cos.shape", cos.shape);
+    CheckRotaryTables(cos, sin, t);
     DimProduct(cos.shape, 0, cos.shape.size());
     if constexpr (kQK) {
       if (rotated[0].x.shape.back() != rotated[1].x.shape.back()) {
