@@ -250,10 +250,12 @@ def _symbolic_value_info(skeleton: onnx.ModelProto) -> list[onnx.ValueInfoProto]
     a shape computed by ``Where(Equal(shape, -1), 1, shape)``. Run as its ``infer_shapes`` does,
     minus the debug file that one writes into the working folder when some node is unknown (our
     own ops): what it inferred before stopping still holds. Best effort: no result on failure.
-    Nodes of other domains (our fused ops) are cut out, their declared outputs entering as inputs."""
-    try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    Nodes of other domains (our fused ops) are cut out, their declared outputs entering as inputs.
+    Its import needs sympy, a declared dependency of otfuse (onnxruntime no longer installs it): a
+    missing sympy is an error, never a quiet fallback that fuses less."""
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
+    try:
         inference = SymbolicShapeInference(2**31 - 1, auto_merge=False, guess_output_rank=False, verbose=0)
         inference._preprocess(_without_custom_nodes(skeleton))
         while inference.run_:
