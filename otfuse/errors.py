@@ -11,7 +11,3 @@ class ModelLoadError(OtfuseError):
 
 class OutputWriteError(OtfuseError):
     """The output could not be written; nothing was left behind."""
-
-
-class NothingToFuse(OtfuseError):
-    """The model is valid but no enabled pattern matched."""
