@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from otfuse import __version__
-from otfuse.errors import OtfuseError
+from otfuse.errors import InternalError, OtfuseError
 
 EXIT_MISMATCH = 1
 EXIT_USAGE = 2
@@ -80,6 +80,11 @@ class OtfuseGroup(click.Group):
             code = _error(e.format_message() + _usage_hint(e), EXIT_USAGE)
         except click.Abort:
             code = _error("interrupted", 130)
+        except InternalError as e:
+            if _debug():
+                traceback.print_exc()
+            print(f"otfuse: internal error: {_one_line(e)}", file=sys.stderr)
+            code = EXIT_INTERNAL
         except OtfuseError as e:
             if _debug():
                 traceback.print_exc()

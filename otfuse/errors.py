@@ -11,3 +11,7 @@ class ModelLoadError(OtfuseError):
 
 class OutputWriteError(OtfuseError):
     """The output could not be written; nothing was left behind."""
+
+
+class InternalError(OtfuseError):
+    """otfuse produced something invalid (a bug in otfuse, exit code 3); nothing was written."""

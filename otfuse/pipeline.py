@@ -13,10 +13,11 @@ from pathlib import Path
 import onnx
 
 from otfuse import OP_DOMAIN, __version__
-from otfuse.errors import ModelLoadError, OtfuseError, OutputWriteError
+from otfuse.errors import OtfuseError, OutputWriteError
 from otfuse.patterns import FAMILIES, select_families
-from otfuse.rewriter.model_io import LoadedModel, check_model, load_model, read_paths, stage_model
+from otfuse.rewriter.model_io import LoadedModel, load_model, read_paths, stage_model
 from otfuse.rewriter.output_paths import StagedFiles, check_disjoint
+from otfuse.validation import validate_fused
 
 
 @dataclass
@@ -76,7 +77,7 @@ def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = 
     notes: list[str] = []
     if fusions:
         _record_otfuse_version(model)
-        _validate(model, loaded.base_dir)
+        notes += validate_fused(model, loaded)
     else:
         copy_note = "; the output is an unchanged copy" if output_path is not None else ""
         notes.append(f"no fusible subgraph found{copy_note}")
@@ -147,16 +148,6 @@ def _record_otfuse_version(model: onnx.ModelProto) -> None:
     # The passes already import the otfuse domain; record which otfuse wrote the model.
     if not any(p.key == "otfuse.version" for p in model.metadata_props):
         model.metadata_props.append(onnx.StringStringEntryProto(key="otfuse.version", value=__version__))
-
-
-def _validate(model: onnx.ModelProto, base_dir: Path) -> None:
-    """A rewrite that produces an invalid model is our bug: refuse to write it."""
-    try:
-        check_model(model, base_dir)  # external data resolves against the model's folder, not the cwd
-    except (onnx.checker.ValidationError, ModelLoadError) as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
-        raise OtfuseError(f"internal error: the fused model fails onnx.checker ({first_line}); "
-                          "nothing was written") from None
 
 
 def report_json(report: FuseReport) -> str:
