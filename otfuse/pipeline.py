@@ -12,12 +12,12 @@ from pathlib import Path
 
 import onnx
 
-from otfuse import OP_DOMAIN, __version__
+from otfuse.domain import OP_DOMAIN, VERSION
 from otfuse.errors import OtfuseError, OutputWriteError
 from otfuse.patterns import FAMILIES, select_families
 from otfuse.rewriter.model_io import LoadedModel, load_model, read_paths, stage_model
 from otfuse.rewriter.output_paths import StagedFiles, check_disjoint
-from otfuse.validation import validate_fused
+from otfuse.verify.validation import validate_fused
 
 
 @dataclass
@@ -31,7 +31,7 @@ class FuseReport:
     seconds: float
     near_misses: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what the user should know (nothing fused, ...)
-    otfuse_version: str = __version__
+    otfuse_version: str = VERSION
 
     @property
     def fused_count(self) -> int:
@@ -147,7 +147,7 @@ def _fused_op_census(model: onnx.ModelProto) -> Counter:
 def _record_otfuse_version(model: onnx.ModelProto) -> None:
     # The passes already import the otfuse domain; record which otfuse wrote the model.
     if not any(p.key == "otfuse.version" for p in model.metadata_props):
-        model.metadata_props.append(onnx.StringStringEntryProto(key="otfuse.version", value=__version__))
+        model.metadata_props.append(onnx.StringStringEntryProto(key="otfuse.version", value=VERSION))
 
 
 def report_json(report: FuseReport) -> str:

@@ -35,9 +35,9 @@ from test_kernels_norm import (
 )
 
 import otfuse
-from otfuse.compare import compare_arrays, tolerance_for
-from otfuse.feeds import make_feeds
-from otfuse.session import run
+from otfuse.verify.diff import compare_arrays, tolerance_for
+from otfuse.run.feeds import make_feeds
+from otfuse.run.session import run
 
 NODE = "fused_norm_0"  # the node name build_model gives
 APIS = {"RMSNorm": "aclnnRmsNorm", "AddRMSNorm": "aclnnAddRmsNorm", "LayerNorm": "aclnnLayerNorm",

@@ -27,13 +27,14 @@ from fixtures import fixture_path
 from test_kernels_norm_linear import BF16, F16, F32, KINDS, TOLERANCE, Case, _check
 
 import otfuse
-from otfuse import ascend_ep, reference
-from otfuse.ascend_ep import verify
+from otfuse.run import ascend as ascend_ep
+from otfuse.verify import reference
+from otfuse.verify import ops_on_npu as verify
 from otfuse.cli import cli
-from otfuse.compare import compare_arrays, tolerance_for
+from otfuse.verify.diff import compare_arrays, tolerance_for
 from otfuse.errors import OtfuseError
-from otfuse.feeds import make_feeds
-from otfuse.session import run
+from otfuse.run.feeds import make_feeds
+from otfuse.run.session import run
 
 DTYPES = [F32, F16, BF16]
 NORM_API = {"RMSNormLinear": "aclnnRmsNorm", "AddRMSNormLinear": "aclnnAddRmsNorm",

@@ -16,13 +16,14 @@ from fixtures import fixture_path
 from test_kernels_norm import build_model
 
 import otfuse
-import otfuse.session
-from otfuse import ascend_ep, reference
-from otfuse.ascend_ep import verify
-from otfuse.ascend_ep._runtime import DEFAULT_DIRS, find_cann_runtime
+import otfuse.run.session
+from otfuse.run import ascend as ascend_ep
+from otfuse.verify import reference
+from otfuse.verify import ops_on_npu as verify
+from otfuse.run.cann_runtime import DEFAULT_DIRS, find_cann_runtime
 from otfuse.cli import cli
 from otfuse.errors import OtfuseError
-from otfuse.feeds import make_feeds
+from otfuse.run.feeds import make_feeds
 
 HAS_CANN_PROVIDER = ascend_ep.CANN_PROVIDER in __import__("onnxruntime").get_available_providers()
 HAS_TORCH_NPU = importlib.util.find_spec("torch_npu") is not None
@@ -146,7 +147,7 @@ def test_create_session_without_fallback_raises(fused_llama, monkeypatch):
 
 
 class _Recorder:
-    """Stands in for otfuse.session.InferenceSession: records the providers it was given."""
+    """Stands in for otfuse.run.session.InferenceSession: records the providers it was given."""
 
     calls: ClassVar[list] = []
     fail_cann: ClassVar[str] = ""
@@ -161,7 +162,7 @@ class _Recorder:
 def recorder(monkeypatch):
     _Recorder.calls = []
     _Recorder.fail_cann = ""
-    monkeypatch.setattr(otfuse.session, "InferenceSession", _Recorder)
+    monkeypatch.setattr(otfuse.run.session, "InferenceSession", _Recorder)
     monkeypatch.setattr(ascend_ep, "cann_unavailable_reason", lambda: "")  # as on an Ascend machine
     return _Recorder
 

@@ -27,9 +27,9 @@ from fake_cann import FAKE_MODE_KEY, FakeCann, fake_mode_options
 from fixtures import fixture_entries, fixture_path
 
 import otfuse
-from otfuse.compare import compare_arrays, tolerance_for
-from otfuse.feeds import make_feeds
-from otfuse.session import run
+from otfuse.verify.diff import compare_arrays, tolerance_for
+from otfuse.run.feeds import make_feeds
+from otfuse.run.session import run
 
 F32, F16, BF16 = A.F32, A.F16, A.BF16
 HALF = [F16, BF16]
@@ -734,8 +734,8 @@ def test_contract_checks_still_apply(library, fake):
 
 
 def _numpy_runner(op, inputs, attrs):
-    """Stands in for torch_npu: the numpy reference of each op (otfuse.reference)."""
-    from otfuse import reference
+    """Stands in for torch_npu: the numpy reference of each op (otfuse.verify.reference)."""
+    from otfuse.verify import reference
 
     attrs = dict(attrs)
     if op in ("RotaryEmbedding", "RotaryEmbeddingQK"):
@@ -748,7 +748,7 @@ def _numpy_runner(op, inputs, attrs):
 
 @pytest.mark.parametrize("name", ["llama_kv", "gptj", "llama_fp16"])
 def test_verify_ops_covers_rotary_and_attention(tmp_path, name):
-    from otfuse.ascend_ep import verify
+    from otfuse.verify import ops_on_npu as verify
 
     out = tmp_path / f"{name}_fused.onnx"
     otfuse.fuse(fixture_path(name), out, only=["rope", "attention"])
@@ -763,7 +763,7 @@ def test_verify_ops_covers_rotary_and_attention(tmp_path, name):
 
 
 def test_create_session_passes_the_float32_attention_policy(monkeypatch):
-    from otfuse import ascend_ep
+    from otfuse.run import ascend as ascend_ep
 
     seen = []
 
@@ -771,7 +771,7 @@ def test_create_session_passes_the_float32_attention_policy(monkeypatch):
         def __init__(self, path, sess_options=None, providers=None):
             seen.append(sess_options.get_session_config_entry(FP32_KEY))
 
-    monkeypatch.setattr(otfuse.session, "InferenceSession", Recorder)
+    monkeypatch.setattr(otfuse.run.session, "InferenceSession", Recorder)
     monkeypatch.setattr(ascend_ep, "cann_unavailable_reason", lambda: "")
     ascend_ep.create_session("m.onnx", fp32_attention="bfloat16")
     assert seen == ["bfloat16"]

@@ -120,7 +120,7 @@ def test_fp16_left_padding_matches_at_every_real_token(tmp_path, name):
     uniform row (s + -65504 rounds to -65504 in float16)."""
     import numpy as np
 
-    from otfuse.session import InferenceSession, baseline_session, run
+    from otfuse.run.session import InferenceSession, baseline_session, run
 
     out = tmp_path / f"{name}_fused.onnx"
     otfuse.fuse(fixture_path(name), out)

@@ -327,7 +327,7 @@ def assert_bf16_outputs_match(tmp_path, feeds_shapes, seed=0, **given):
     import ml_dtypes
     from onnx.reference import ReferenceEvaluator
 
-    from otfuse.session import InferenceSession, run
+    from otfuse.run.session import InferenceSession, run
 
     rng = np.random.default_rng(seed)
     feeds = {name: rng.standard_normal(shape).astype(ml_dtypes.bfloat16) for name, shape in feeds_shapes.items()}
@@ -404,7 +404,7 @@ def visibility(batch=2, seq=5, fully_masked_row=True, seed=0):
 
 
 def feeds_with(model, **given):
-    from otfuse.feeds import make_feeds
+    from otfuse.run.feeds import make_feeds
 
     return {**make_feeds(model, dims={"batch": 2, "seq": 5}, seed=0), **given}
 

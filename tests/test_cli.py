@@ -19,7 +19,7 @@ from test_compare import matmul_add_model, save
 from otfuse import __version__, pipeline
 from otfuse.cli import cli
 from otfuse.errors import ModelLoadError
-from otfuse.session import find_library
+from otfuse.run.session import find_library
 
 REPO = Path(__file__).resolve().parents[1]
 HAVE_LIBRARY = find_library()[0] is not None

@@ -1,4 +1,4 @@
-"""otfuse.diff, its tolerances, and the generated inputs it runs on (otfuse.feeds)."""
+"""otfuse.diff, its tolerances, and the generated inputs it runs on (otfuse.run.feeds)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from otfuse import compare
-from otfuse.compare import TOLERANCES, compare_arrays, diff, tolerance_for
+from otfuse.verify import diff as compare
+from otfuse.verify.diff import TOLERANCES, compare_arrays, diff, tolerance_for
 from otfuse.errors import OtfuseError
-from otfuse.feeds import DimResolver, InputSpec, make_feeds, parse_dims, vocab_size
-from otfuse.session import find_library
+from otfuse.run.feeds import DimResolver, InputSpec, make_feeds, parse_dims, vocab_size
+from otfuse.run.session import find_library
 
 F32 = TensorProto.FLOAT
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""CPU kernels of the attention family (Attention, RopeAttention) against otfuse.reference,
+"""CPU kernels of the attention family (Attention, RopeAttention) against otfuse.verify.reference,
 through real ONNX Runtime sessions with the custom-op library.
 
 bfloat16 tensors cross the graph boundary as float32 with a Cast on each side (ORT's Python API
@@ -20,7 +20,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from otfuse import reference
+from otfuse.verify import reference
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)

@@ -1,5 +1,5 @@
 """CPU kernels of the norm family (RMSNorm, AddRMSNorm, LayerNorm, AddLayerNorm) against
-otfuse.reference, through real ONNX Runtime sessions with the custom-op library.
+otfuse.verify.reference, through real ONNX Runtime sessions with the custom-op library.
 
 ORT's Python API cannot feed or fetch bfloat16 arrays, so bfloat16 tensors cross the graph
 boundary as float32 with a Cast on each side; the values are bfloat16-exact, so the Casts
@@ -18,7 +18,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import otfuse
-from otfuse import reference
+from otfuse.verify import reference
 from otfuse.errors import OtfuseError
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

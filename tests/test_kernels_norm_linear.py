@@ -1,4 +1,4 @@
-"""CPU kernels of the Norm + Linear family against otfuse.reference, in real ORT sessions.
+"""CPU kernels of the Norm + Linear family against otfuse.verify.reference, in real ORT sessions.
 
 Weights are constant initializers (packed once, at kernel creation) or graph inputs (packed on
 every run); both paths must agree with the reference. bfloat16 crosses the graph boundary as
@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import otfuse
-from otfuse import reference
+from otfuse.verify import reference
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)

@@ -1,4 +1,4 @@
-"""CPU kernels of the rotary family (RotaryEmbedding, RotaryEmbeddingQK) against otfuse.reference
+"""CPU kernels of the rotary family (RotaryEmbedding, RotaryEmbeddingQK) against otfuse.verify.reference
 and against the unfused ONNX subgraph, through real ONNX Runtime sessions with the custom-op
 library.
 
@@ -19,7 +19,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from otfuse import reference
+from otfuse.verify import reference
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)

@@ -157,7 +157,7 @@ def test_link_mode_hard_links_the_data(tmp_path, external_model):
 
 
 def _library_available() -> bool:
-    from otfuse.session import find_library
+    from otfuse.run.session import find_library
 
     return find_library()[0] is not None
 

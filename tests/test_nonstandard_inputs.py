@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 import otfuse
 from otfuse.errors import InternalError
 from otfuse.rewriter.model_io import load_model
-from otfuse.validation import validate_fused
+from otfuse.verify.validation import validate_fused
 
 HIDDEN = 16
 

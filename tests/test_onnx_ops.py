@@ -64,7 +64,7 @@ def _positions(batch=2, seq=5, max_pos=64):
 
 
 def _rope_inputs(model, batch=2, seq=5):
-    from otfuse.feeds import make_feeds
+    from otfuse.run.feeds import make_feeds
 
     feeds = make_feeds(model, dims={"batch": batch, "seq": seq})
     if "position_ids" in feeds:
@@ -211,7 +211,7 @@ def attention_op_model(*, heads=4, kv_heads=2, head_dim=8, rank=4, past=False, p
 def _attention_inputs(model, dims, mask_kind=None, seed=5):
     """Generated inputs; a bool mask random with one fully masked row, a float mask random with
     a -inf key and a fully -inf row; position ids continuing after the past."""
-    from otfuse.feeds import make_feeds
+    from otfuse.run.feeds import make_feeds
 
     feeds = make_feeds(model, dims=dims)
     rng = np.random.default_rng(seed)

@@ -102,7 +102,7 @@ def test_cli_verify_failure_exits_1_and_writes_nothing(tmp_path, external_model,
     fusion that reorders float sums, so the diff really finds a difference."""
     from click.testing import CliRunner
 
-    from otfuse import compare
+    from otfuse.verify import diff as compare
     from otfuse.cli import cli
 
     model_path, _, _ = external_model

@@ -27,7 +27,7 @@ import math
 import numpy as np
 import onnx
 
-from otfuse import OP_DOMAIN
+from otfuse.domain import OP_DOMAIN
 from otfuse.patterns import common
 from otfuse.patterns.masks import classify_bool_mask, classify_mask
 from otfuse.patterns.plain_nodes import PlainNodes

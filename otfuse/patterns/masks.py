@@ -376,7 +376,7 @@ def _visible_where_zero(got: np.ndarray, fill: float) -> np.ndarray | None:
 def _verify_by_running(graph: GraphIndex, output: str, claim: MaskClaim, visible_of, offsets: set[int]) -> None:
     import onnxruntime as ort
 
-    from otfuse.feeds import make_feeds
+    from otfuse.run.feeds import make_feeds
 
     model = _subgraph(graph, output)
     names = {vi.name for vi in model.graph.input}

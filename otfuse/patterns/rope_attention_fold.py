@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import onnx
 
-from otfuse import OP_DOMAIN
+from otfuse.domain import OP_DOMAIN
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.passes import RulePass
 from otfuse.rewriter.pattern import Absent, Either, Match, Var, op

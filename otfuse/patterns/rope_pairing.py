@@ -14,7 +14,7 @@ from pathlib import Path
 
 import onnx
 
-from otfuse import OP_DOMAIN
+from otfuse.domain import OP_DOMAIN
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.passes import PassResult, apply_replacements
 from otfuse.rewriter.rule import Replacement, RewriteContext

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import onnx
 
-from otfuse import OP_DOMAIN
+from otfuse.domain import OP_DOMAIN
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.passes import PassResult
 from otfuse.rewriter.pattern import attr

@@ -1,4 +1,4 @@
-"""Checks on a model's interface (graph inputs and outputs) used by ``feeds`` and ``compare``.
+"""Checks on a model's interface (graph inputs and outputs) used by ``otfuse diff``.
 
 Loading itself is ``otfuse.rewriter.model_io.load_model`` (weights stay on disk; missing or
 truncated external data is reported there).
@@ -9,12 +9,7 @@ from __future__ import annotations
 import onnx
 
 from otfuse.errors import OtfuseError
-
-
-def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
-    """Inputs a caller must feed: graph inputs that are not also initializers (old IR lists both)."""
-    init_names = {t.name for t in model.graph.initializer}
-    return [vi for vi in model.graph.input if vi.name not in init_names]
+from otfuse.rewriter.model_io import graph_inputs
 
 
 def check_same_interface(original: onnx.ModelProto, fused: onnx.ModelProto) -> None:

@@ -20,12 +20,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from otfuse import OP_DOMAIN
+from otfuse.domain import OP_DOMAIN
 from otfuse.errors import ModelLoadError, OtfuseError
-from otfuse.feeds import check_feeds, input_specs, load_feeds, make_feeds
-from otfuse.model_io_check import check_same_interface
 from otfuse.rewriter.model_io import LoadedModel, load_model
-from otfuse.session import open_session, run
+from otfuse.run.feeds import check_feeds, input_specs, load_feeds, make_feeds
+from otfuse.run.session import open_session, run
+from otfuse.verify.interface import check_same_interface
 
 # docs/ops.md "Numerical tolerances used by otfuse diff": (rtol, atol). Keep the two in sync
 # (tests/test_compare.py checks).
@@ -185,7 +185,7 @@ def diff(original, fused, *, inputs=None, dims=None, rtol=None, atol=None, seed=
     probes, unmatched = _fused_tensors(fused_model, orig_model) if per_fusion else ([], [])
     extra = [t for _, _, t in probes if t not in output_names]
 
-    with _with_outputs(orig_loaded, extra) as orig_path, _with_outputs(fused_loaded, extra) as fused_path:
+    with with_outputs(orig_loaded, extra) as orig_path, with_outputs(fused_loaded, extra) as fused_path:
         got_orig, _ = _run(orig_path, original, feeds, output_names + extra, baseline=True)
         got_fused, fused_providers = _run(fused_path, fused, feeds, output_names + extra, baseline=False,
                                           providers=providers)
@@ -217,7 +217,7 @@ def _fused_tensors(fused_model: onnx.ModelProto, orig_model: onnx.ModelProto):
 
 
 @contextlib.contextmanager
-def _with_outputs(loaded: LoadedModel, names: list[str]):
+def with_outputs(loaded: LoadedModel, names: list[str]):
     """Yield a path to the model with ``names`` added as graph outputs: a temporary copy next to
     the original (so its relative external-data paths resolve), removed afterwards. The caller's
     model and files are never modified."""
@@ -262,12 +262,12 @@ def _open(path: Path, shown_as: Path, providers, *, baseline: bool):
     name, options = first if isinstance(first, tuple) else (first, {})
     if name != "CANNExecutionProvider":
         return open_session(path, providers=providers, shown_as=shown_as)
-    from otfuse import ascend_ep
+    from otfuse.run import ascend
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
         try:
-            session = ascend_ep.create_session(str(path), **dict(options))
+            session = ascend.create_session(str(path), **dict(options))
         except OtfuseError:
             raise
         except Exception as e:  # noqa: BLE001  (any load failure: one line naming the file)

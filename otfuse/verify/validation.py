@@ -54,7 +54,7 @@ def _ort_load_error(model: onnx.ModelProto, loaded: LoadedModel) -> str | None:
         return None
     import onnxruntime as ort
 
-    from otfuse.session import InferenceSession, baseline_options
+    from otfuse.run.session import InferenceSession, baseline_options
 
     try:
         InferenceSession(model.SerializeToString(), sess_options=baseline_options())

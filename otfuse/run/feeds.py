@@ -49,8 +49,7 @@ import numpy as np
 import onnx
 
 from otfuse.errors import OtfuseError
-from otfuse.model_io_check import graph_inputs
-from otfuse.rewriter.model_io import load_model
+from otfuse.rewriter.model_io import graph_inputs, load_model
 
 DEFAULT_BATCH = 1
 DEFAULT_SEQ = 16

@@ -26,7 +26,8 @@ def _installed_copy() -> Path | None:
 def library_path() -> str:
     """Absolute path of the custom-op library, for ``SessionOptions.register_custom_ops_library``.
 
-    Looks at $OTFUSE_LIBRARY, then next to this package, then in the installed distribution.
+    Looks at $OTFUSE_LIBRARY, then in the ``otfuse`` package folder (where the build installs it),
+    then in the installed distribution.
     """
     override = os.environ.get(ENV_VAR)
     if override:
@@ -34,13 +35,13 @@ def library_path() -> str:
         if not path.is_file():
             raise OtfuseError(f"{ENV_VAR}={override} is not a file")
         return str(path.resolve())
-    beside = Path(__file__).resolve().parent / LIBRARY_NAME
+    beside = Path(__file__).resolve().parent.parent / LIBRARY_NAME  # otfuse/, not otfuse/run/
     if beside.is_file():
         return str(beside)
     installed = _installed_copy()
     if installed is not None:
         return str(installed.resolve())
     raise OtfuseError(
-        f"{LIBRARY_NAME} not found (not next to {Path(__file__).parent} nor in an installed otfuse): "
+        f"{LIBRARY_NAME} not found (not in {Path(__file__).resolve().parent.parent} nor in an installed otfuse): "
         f"build it with `pip install .` or set {ENV_VAR}"
     )

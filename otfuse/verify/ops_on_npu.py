@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 from onnx import helper
 
-from otfuse import OP_DOMAIN, OP_DOMAIN_VERSION
+from otfuse.domain import OP_DOMAIN, OP_DOMAIN_VERSION
 from otfuse.errors import OtfuseError
 
 NORM_OPS = ("RMSNorm", "AddRMSNorm", "LayerNorm", "AddLayerNorm")
@@ -85,7 +85,7 @@ class OpCase:
 @dataclass
 class OpCheck:
     case: OpCase
-    outputs: list = field(default_factory=list)  # compare.TensorDiff per output
+    outputs: list = field(default_factory=list)  # diff.TensorDiff per output
     error: str = ""
 
     @property
@@ -95,10 +95,10 @@ class OpCheck:
 
 def collect_cases(model_path, dims=None, seed=0) -> list[OpCase]:
     """One case per distinct (op, input shapes/dtypes, attributes) among MODEL's fused nodes."""
-    from otfuse.compare import _with_outputs
-    from otfuse.feeds import make_feeds
     from otfuse.rewriter.model_io import load_model
-    from otfuse.session import open_session, run
+    from otfuse.run.feeds import make_feeds
+    from otfuse.run.session import open_session, run
+    from otfuse.verify.diff import with_outputs
 
     loaded = load_model(model_path)
     graph = loaded.model.graph
@@ -111,7 +111,7 @@ def collect_cases(model_path, dims=None, seed=0) -> list[OpCase]:
     initializers = {t.name: t for t in graph.initializer}
     wanted = sorted({name for n in nodes for name in n.input if name and name not in initializers})
     feeds = make_feeds(loaded.model, dims=dims, seed=seed)
-    with _with_outputs(loaded, [w for w in wanted if w not in {o.name for o in graph.output}]) as path:
+    with with_outputs(loaded, [w for w in wanted if w not in {o.name for o in graph.output}]) as path:
         session = open_session(path, shown_as=model_path)
         values = run(session, feeds, wanted)
 
@@ -200,7 +200,7 @@ def _np_dtype(name: str) -> np.dtype:
 
 def cpu_kernel_outputs(op: str, inputs: list, attrs: dict, n_outputs: int = 0) -> list[np.ndarray]:
     """The otfuse CPU kernel's outputs (``_output_names``) for one node."""
-    from otfuse.session import InferenceSession, run
+    from otfuse.run.session import InferenceSession, run
 
     names = [f"in{i}" if a is not None else "" for i, a in enumerate(inputs)]
     while names and not names[-1]:
@@ -440,7 +440,7 @@ def verify_ops(model_path, *, dims=None, seed=0, device_id=0, runner: Runner | N
     """Check every distinct fused norm, norm + linear, rotary and attention op of MODEL on the device
     against the CPU kernels. float32 attention runs in float16 on the device (the kernel's opt-in), so those
     outputs compare with float16's tolerance."""
-    from otfuse.compare import compare_arrays, tolerance_for
+    from otfuse.verify.diff import compare_arrays, tolerance_for
 
     if not Path(model_path).exists():
         raise OtfuseError(f"input model {str(model_path)!r} does not exist")

@@ -17,8 +17,8 @@ import warnings
 from dataclasses import dataclass
 from importlib import metadata
 
-from otfuse.ascend_ep._runtime import CannRuntimeLocation, find_cann_runtime
 from otfuse.errors import OtfuseError
+from otfuse.run.cann_runtime import CannRuntimeLocation, find_cann_runtime
 
 CANN_PROVIDER = "CANNExecutionProvider"
 CPU_PROVIDER = "CPUExecutionProvider"
@@ -66,7 +66,7 @@ def _onnxruntime_cann() -> tuple[str | None, bool]:
 
 def backends() -> list[Backend]:
     """CPU kernels (always), the CANN runtime (found or not, and where), onnxruntime-cann."""
-    from otfuse.session import library_status
+    from otfuse.run.session import library_status
 
     path, loads, message = library_status()
     cpu = Backend("CPU kernels", loads, f"{path}" if loads else f"{path or 'library not found'}: {message}")
@@ -148,7 +148,7 @@ def create_session(path, device_id=0, npu_mem_limit=None, arena_extend_strategy=
     """
     import onnxruntime as ort
 
-    from otfuse.session import InferenceSession
+    from otfuse.run.session import InferenceSession
 
     if fp32_attention is not None:
         if fp32_attention not in FP32_ATTENTION:

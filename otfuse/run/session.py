@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from otfuse import OP_DOMAIN
+from otfuse.domain import OP_DOMAIN
 from otfuse.errors import ModelLoadError, OtfuseError
 
 DEFAULT_PROVIDERS = ["CPUExecutionProvider"]
@@ -31,7 +31,7 @@ class LibraryNotAvailable(OtfuseError):
 def find_library() -> tuple[str | None, str]:
     """(path, "") when the custom-op library exists, else (None, why not)."""
     try:
-        from otfuse import library_path
+        from otfuse.run.library import library_path
 
         path = library_path()
     except Exception as e:  # not built / not installed: only fatal if the model needs it
