@@ -7,7 +7,7 @@ imports the heavier entry points on first use. The layers are in docs/architectu
 """
 
 from otfuse.domain import OP_DOMAIN, OP_DOMAIN_VERSION
-from otfuse.domain import VERSION as __version__
+from otfuse.domain import VERSION as __version__  # noqa: F401 - otfuse.__version__
 from otfuse.errors import OtfuseError
 from otfuse.run.library import library_path
 

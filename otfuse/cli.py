@@ -27,12 +27,9 @@ EXIT_INTERNAL = 3
 
 
 def _families() -> list[str]:
-    try:
-        from otfuse.patterns import FAMILIES
+    from otfuse.fusions import FAMILIES
 
-        return list(FAMILIES)
-    except Exception:  # patterns not importable: --help must still work; fuse will report it
-        return ["norm", "rope", "attention", "norm_linear"]
+    return list(FAMILIES)
 
 
 def _one_line(text: str) -> str:

@@ -11,7 +11,7 @@ from graphs import attention_model
 from onnx import TensorProto, helper, numpy_helper
 
 import otfuse
-from otfuse.patterns.masks import classify_mask
+from otfuse.fusions.attention.masks import classify_mask
 from otfuse.rewriter.graph import GraphIndex
 
 FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)

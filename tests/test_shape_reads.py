@@ -1,4 +1,4 @@
-"""Shape reads moved to equal-dimensioned sources (otfuse/patterns/shape_reads.py), so TorchScript
+"""Shape reads moved to equal-dimensioned sources (otfuse/canonicalise/shape_reads.py), so TorchScript
 exports fuse like dynamo ones (tests/test_torchscript_exports.py): the rotation folded into the
 attention, repeat_kv absorbed. Here: which reads move, and that outputs stay the same."""
 
@@ -9,7 +9,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from otfuse.patterns.shape_reads import ShapeReadsPass
+from otfuse.canonicalise.shape_reads import ShapeReadsPass
 
 
 def _repeat_kv_reads(picks: list[list[int]], reader: str = "Gather") -> onnx.ModelProto:

@@ -13,6 +13,7 @@ same number, or the same symbolic name). Exact: only which tensor's shape is rea
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -81,6 +82,7 @@ def _stand_in(graph: GraphIndex, value: str, picked: set[int]) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
 class ShapeReadsPass:
     """Moves the ``Shape`` reads of rank-4 tensors to equal-dimensioned ancestors (see above)."""
 
@@ -95,5 +97,3 @@ class ShapeReadsPass:
                 node.input[0] = stand_in
         return PassResult(fusions=Counter())
 
-
-PASSES = [ShapeReadsPass()]

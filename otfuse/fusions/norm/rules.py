@@ -16,9 +16,8 @@ import math
 import numpy as np
 import onnx
 
-from otfuse.patterns import common
+from otfuse.rewriter import checks
 from otfuse.rewriter.pattern import ANY, Const, Either, Match, Op, Var, attr, op, scalar_equal
-from otfuse.rewriter.passes import RulePass
 from otfuse.rewriter.rule import Replacement, RewriteContext, Rule
 
 FLOAT = onnx.TensorProto.FLOAT
@@ -91,11 +90,11 @@ class _NormRule(Rule):
     def check(self, ctx: RewriteContext, match: Match) -> str | None:
         graph = ctx.graph
         x = self.x_value(match)
-        reason = common.check_float_io(graph, x, self.root_value(match))
+        reason = checks.check_float_io(graph, x, self.root_value(match))
         if reason:
             return reason
         if self.residual:
-            reason = common.check_same_shape(graph, match.value("a"), match.value("b"), x)
+            reason = checks.check_same_shape(graph, match.value("a"), match.value("b"), x)
             if reason:
                 return reason
         axis = self.normalised_axis(graph, match)
@@ -106,11 +105,11 @@ class _NormRule(Rule):
             return reason
         for name in ("scale", "bias"):
             if match.has(name):
-                reason = common.check_row_parameter(graph, match.value(name), x, axis, name)
+                reason = checks.check_row_parameter(graph, match.value(name), x, axis, name)
                 if reason:
                     return reason
         if match.has("gamma_offset"):
-            reason = common.check_row_parameter(graph, match.value("gamma_offset"), x, axis, "scale")
+            reason = checks.check_row_parameter(graph, match.value("gamma_offset"), x, axis, "scale")
             if reason:
                 return reason
         if self._cast_sum_readers(graph, match) and graph.elem_type(x) != FLOAT:
@@ -130,15 +129,15 @@ class _NormRule(Rule):
 
     def normalised_axis(self, graph, match: Match) -> int | str:
         x = self.x_value(match)
-        axes = [common.reduce_axes(graph, match, "reduce", "axes")]
+        axes = [checks.reduce_axes(graph, match, "reduce", "axes")]
         if match.has("reduce_var"):
-            axes.append(common.reduce_axes(graph, match, "reduce_var", "axes_var"))
+            axes.append(checks.reduce_axes(graph, match, "reduce_var", "axes_var"))
         for found in axes:
             if isinstance(found, str):
                 return found
         if len(axes) == 2 and axes[0] != axes[1]:
             return f"the two ReduceMean nodes use different axes ({axes[0]} vs {axes[1]})"
-        return common.trailing_axis(axes[0], graph.rank(x))
+        return checks.trailing_axis(axes[0], graph.rank(x))
 
     def check_epsilon(self, graph, match: Match) -> str | None:
         eps = graph.scalar_value(match.value("eps"))
@@ -156,10 +155,10 @@ class _NormRule(Rule):
         if match.has("gamma_offset"):
             offset = ctx.graph.constant_value(match.value("gamma_offset"))
             folded = (offset.astype(np.float32) + np.float32(1.0)).astype(offset.dtype)
-            folded = folded.reshape(common.row_shape(ctx.graph, x, axis))
+            folded = folded.reshape(checks.row_shape(ctx.graph, x, axis))
             tensor = ctx.constant(f"{match.value('gamma_offset')}_plus_one", folded)
             return tensor.name, [tensor]
-        return common.row_parameter(ctx, match.value("scale"), x, axis)
+        return checks.row_parameter(ctx, match.value("scale"), x, axis)
 
     def rewrite(self, ctx: RewriteContext, match: Match, root: onnx.NodeProto) -> Replacement:
         graph = ctx.graph
@@ -169,7 +168,7 @@ class _NormRule(Rule):
         inputs = [match.value("a"), match.value("b")] if self.residual else [x]
         inputs.append(scale)
         if match.has("bias"):
-            bias, more = common.row_parameter(ctx, match.value("bias"), x, axis)
+            bias, more = checks.row_parameter(ctx, match.value("bias"), x, axis)
             inputs.append(bias)
             initializers += more
         outputs = [root.output[0]]
@@ -223,7 +222,7 @@ class _StandardOpRule(_NormRule):
 
     def normalised_axis(self, graph, match: Match) -> int | str:
         node = match.node("norm")
-        return common.trailing_axis([attr(node, "axis", -1)], graph.rank(self.x_value(match)))
+        return checks.trailing_axis([attr(node, "axis", -1)], graph.rank(self.x_value(match)))
 
     def check_epsilon(self, graph, match: Match) -> str | None:
         node = match.node("norm")
@@ -282,5 +281,3 @@ RULES: list[Rule] = [
     AddRMSNormalizationOpRule(),
     RMSNormalizationOpRule(),
 ]
-
-PASSES = [RulePass(RULES)]

@@ -2,8 +2,8 @@
 the two outputs of one ``otfuse.RotaryEmbeddingQK`` used by nothing else becomes
 ``otfuse.RopeAttention`` (docs/ops.md: bit for bit the pair followed by the attention).
 
-Generic over where the two nodes came from (the ONNX ops re-targeted by rope_onnx.py and
-attention_onnx.py, or any other rule), so no source needs a second pattern with the rotation in
+Generic over where the two nodes came from (the ONNX ops re-targeted by rope/onnx_op.py and
+attention/onnx_op.py, or any other rule), so no source needs a second pattern with the rotation in
 it. The rotation's X must have the attention's Q/K rank 4 (a 3-D Q is [B, S, N*D]: the rotation
 would then span all heads' lanes, not each head's)."""
 
@@ -13,7 +13,6 @@ import onnx
 
 from otfuse.domain import OP_DOMAIN
 from otfuse.rewriter.graph import GraphIndex
-from otfuse.rewriter.passes import RulePass
 from otfuse.rewriter.pattern import Absent, Either, Match, Var, op
 from otfuse.rewriter.rule import Replacement, RewriteContext, Rule
 
@@ -64,4 +63,3 @@ class RopeAttentionFoldRule(Rule):
 
 
 RULES: list[Rule] = [RopeAttentionFoldRule()]
-PASSES = [RulePass(RULES)]

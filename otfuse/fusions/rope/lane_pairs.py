@@ -19,26 +19,20 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from otfuse.patterns import common
-from otfuse.patterns.plain_nodes import PlainNodes
-from otfuse.patterns.rope import (
-    _slice,
-    _slice_params,
-    _split_output,
-    _unsqueeze_last,
-)
+from otfuse.rewriter import checks
+from otfuse.rewriter.builder import PlainNodes
 from otfuse.rewriter.graph import GraphIndex
-from otfuse.rewriter.passes import RulePass
 from otfuse.rewriter.pattern import ANY, Const, Either, Match, Var, attr, op
 from otfuse.rewriter.rule import Refuse, Replacement, RewriteContext, Rule
+from otfuse.rewriter.spellings import slice_params, sliced, split_output, split_sizes, unsqueeze, unsqueeze_axes
 
 FAMILY = "rope"
 
 
 def _lane(pairs, index: int) -> Either:
     bind = f"lane{index}"
-    return Either(op.Gather(pairs, Const(f"{bind}.index"), _bind=bind), _slice(pairs, bind),
-                  _split_output(pairs, index, bind))
+    return Either(op.Gather(pairs, Const(f"{bind}.index"), _bind=bind), sliced(pairs, bind),
+                  split_output(pairs, index, bind))
 
 
 def _pair_rotation() -> object:
@@ -48,7 +42,7 @@ def _pair_rotation() -> object:
     real = op.Sub(op.Mul(x0, cos), op.Mul(x1, sin), _bind="real")
     imag = op.Add(op.Mul(x1, cos), op.Mul(x0, sin), _bind="imag")
     stacked = Either(op.Concat(real, imag, axis=ANY, _bind="stack"),
-                     op.Concat(_unsqueeze_last(real, "unsq_real"), _unsqueeze_last(imag, "unsq_imag"),
+                     op.Concat(unsqueeze(real, "unsq_real"), unsqueeze(imag, "unsq_imag"),
                                axis=ANY, _bind="stack"))
     return op.Reshape(stacked, Var("flat_shape"), _bind="flatten")
 
@@ -70,14 +64,13 @@ def _lane_index(graph: GraphIndex, match: Match, index: int) -> bool:
         axis = attr(node, "axis", 0)
         if axis not in (-1, rank - 1):
             raise Refuse(f"Split {node.name!r} splits axis {axis}, not the pair axis")
-        if match.has(f"{bind}.split"):
-            sizes = [int(v) for v in graph.constant_value(match.value(f"{bind}.split")).reshape(-1)]
-        else:
-            sizes = list(attr(node, "split", []) or []) or ([1, 1] if len(node.output) == 2 else [])
+        sizes = split_sizes(graph, match, bind)
+        if sizes is None:
+            sizes = [1, 1] if len(node.output) == 2 else []
         if sizes != [1, 1]:
             raise Refuse(f"Split {node.name!r} cuts {sizes}, not the two lanes of a pair")
         return True
-    start, end, axis, step = _slice_params(graph, match, bind)
+    start, end, axis, step = slice_params(graph, match, bind)
     if axis not in (-1, rank - 1) or step != 1:
         raise Refuse(f"Slice {node.name!r} is not a unit-step cut of the pair axis")
     start, end = start + 2 if start < 0 else start, min(end + 2 if end < 0 else end, 2)
@@ -89,7 +82,7 @@ def _lane_index(graph: GraphIndex, match: Match, index: int) -> bool:
 def _geometry(graph: GraphIndex, match: Match) -> dict:
     """Half width and whether the lanes keep the pair axis; refuses anything not interleaved."""
     pairs, root = match.value("pairs"), match.node("flatten").output[0]
-    reason = common.check_float_io(graph, pairs, root)
+    reason = checks.check_float_io(graph, pairs, root)
     if reason:
         raise Refuse(reason)
     shape = graph.shape(pairs)
@@ -109,16 +102,15 @@ def _geometry(graph: GraphIndex, match: Match) -> dict:
         if not match.has(bind):
             continue
         node = match.node(bind)
-        axes = ([int(a) for a in graph.constant_value(match.value(f"{bind}.axes")).reshape(-1)]
-                if match.has(f"{bind}.axes") else list(attr(node, "axes", [])))
+        axes = unsqueeze_axes(graph, match, bind)
         if axes not in ([-1], [len(shape) - 1]):
             raise Refuse(f"Unsqueeze {node.name!r} adds axis {axes}, not a new last axis")
     # The stacked pairs have p's shape and the output is p.shape[:-2] + [D]: what the rewrite's
     # Reshape(p, [0, .., 0, D]) gives, so X and Y line up lane for lane.
-    if not common.shapes_equal(graph.shape(stack.output[0]), shape):
+    if not checks.shapes_equal(graph.shape(stack.output[0]), shape):
         raise Refuse(f"the stacked pairs {graph.shape(stack.output[0])} do not have the shape of {pairs!r} {shape}")
     flat = graph.shape(root)
-    if flat is None or not common.shapes_equal(list(flat), list(shape[:-2]) + [2 * half]):
+    if flat is None or not checks.shapes_equal(list(flat), list(shape[:-2]) + [2 * half]):
         raise Refuse(f"Reshape {match.node('flatten').name!r} gives {flat}, not {list(shape[:-2])} + [{2 * half}]")
     lane_shape = list(shape[:-1]) + ([1] if kept else [])
     covered = {id(n) for n in match.covered}
@@ -132,7 +124,7 @@ def _geometry(graph: GraphIndex, match: Match) -> dict:
         if kept and (len(table_shape) < 2 or table_shape[-2] != half):
             raise Refuse(f"{table} {name!r} has shape {table_shape}, expected [..., {half}, 1]")
         if graph.elem_type(name) not in (graph.elem_type(pairs), onnx.TensorProto.FLOAT):
-            raise Refuse(f"{table} has type {common.type_name(graph.elem_type(name))}")
+            raise Refuse(f"{table} has type {checks.type_name(graph.elem_type(name))}")
     if graph.shape(match.value("cos")) != graph.shape(match.value("sin")):
         raise Refuse("cos and sin have different shapes")
     if graph.elem_type(match.value("cos")) != graph.elem_type(match.value("sin")):
@@ -164,7 +156,7 @@ def _broadcasts_over_shape(table: str, shape, x_shape, width: int) -> None:
     if shape[-1] != width:
         raise Refuse(f"{table!r} has {shape[-1]} lanes, the rotation needs {width}")
     for dim, x_dim in zip(reversed(shape[:-1]), reversed(x_shape[:-1])):
-        if dim != 1 and (dim is None or not common.dims_equal(dim, x_dim)):
+        if dim != 1 and (dim is None or not checks.dims_equal(dim, x_dim)):
             raise Refuse(f"{table!r} shape {list(shape)} does not broadcast over the lanes {list(x_shape)}")
 
 
@@ -198,4 +190,3 @@ class PairLanesRule(Rule):
 
 
 RULES: list[Rule] = [PairLanesRule()]
-PASSES = [RulePass(RULES)]

@@ -21,9 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from otfuse.patterns import common
+from otfuse.rewriter import checks
 from otfuse.rewriter.graph import GraphIndex
-from otfuse.rewriter.passes import RulePass
 from otfuse.rewriter.pattern import Either, Match, Op, Var, attr
 from otfuse.rewriter.rule import Replacement, RewriteContext, Rule
 
@@ -83,7 +82,7 @@ def _weight(graph: GraphIndex, name: str, transposed: bool, k: int, elem: int) -
     if n <= 0:
         return f"weight {name!r} has no columns"
     if graph.elem_type(name) != elem:
-        return f"weight {name!r} has type {common.type_name(graph.elem_type(name))}, not the norm's"
+        return f"weight {name!r} has type {checks.type_name(graph.elem_type(name))}, not the norm's"
     return name, transposed, n
 
 
@@ -176,8 +175,8 @@ def analyse(graph: GraphIndex, norm: onnx.NodeProto, scale: str) -> Analysis | s
         return "the norm's scale is not a vector of static length"
     k = int(scale_shape[-1])
     elem = graph.elem_type(norm.input[0])
-    if elem not in common.FLOAT_TYPES:
-        return f"the norm's input has type {common.type_name(elem)}"
+    if elem not in checks.FLOAT_TYPES:
+        return f"the norm's input has type {checks.type_name(elem)}"
     rank = graph.rank(norm.input[0]) or 8
     analysis = Analysis(k, keep_normalized=graph.is_graph_output(y))
     downstream: set[str] | None = None
@@ -226,7 +225,7 @@ class _NormLinearRule(Rule):
 
     def grow(self, ctx: RewriteContext, match: Match) -> Match | str | None:
         norm = match.node("norm")
-        if common.trailing_axis([attr(norm, "axis", -1)], ctx.graph.rank(norm.input[0])) != -1:
+        if checks.trailing_axis([attr(norm, "axis", -1)], ctx.graph.rank(norm.input[0])) != -1:
             return None  # normalises more than the last axis: not a row-wise projection input
         analysis = analyse(ctx.graph, norm, match.value("scale"))
         if isinstance(analysis, str):
@@ -357,4 +356,3 @@ class AddLayerNormLinearRule(_NormLinearRule):
 
 
 RULES: list[Rule] = [RMSNormLinearRule(), AddRMSNormLinearRule(), LayerNormLinearRule(), AddLayerNormLinearRule()]
-PASSES = [RulePass(RULES)]

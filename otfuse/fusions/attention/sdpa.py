@@ -18,6 +18,10 @@ Softmax may run in float32 between Casts (HF eager fp16/bf16: ``Cast(float) -> S
 Cast(T)``, or ``Softmax -> Cast(float) -> Cast(T)``), as the op does. Older eager code's
 ``Where(cond, s, fill)`` is fused when the fill masks for good (-inf behind the NaN guard, or
 <= -1e30), as ``Where(cond, 0, fill)`` added or as the causal/window/padding masks.py proves.
+
+Here: the chain, ``AttentionRule`` (its checks and rewrite, which the other spellings reuse) and
+the rules with RoPE folded in. Heads merged into the batch (BLOOM) are flat_heads.py; keys the
+graph holds transposed are keys_transposed.py.
 """
 
 from __future__ import annotations
@@ -28,13 +32,13 @@ import numpy as np
 import onnx
 
 from otfuse.domain import OP_DOMAIN
-from otfuse.patterns import common
-from otfuse.patterns.masks import classify_bool_mask, classify_mask
-from otfuse.patterns.plain_nodes import PlainNodes
+from otfuse.fusions.attention.masks import classify_bool_mask, classify_mask
+from otfuse.rewriter import checks
+from otfuse.rewriter.builder import PlainNodes
 from otfuse.rewriter.graph import GraphIndex
-from otfuse.rewriter.passes import RulePass
 from otfuse.rewriter.pattern import ANY, Const, Either, Match, Var, attr, op
 from otfuse.rewriter.rule import Refuse, Replacement, RewriteContext, Rule
+from otfuse.rewriter.spellings import unsqueeze, unsqueeze_axes
 
 FAMILY = "attention"
 
@@ -43,8 +47,7 @@ def _repeat_kv(x, tag: str):
     """repeat_kv(x, n_rep): Unsqueeze(axis 2) -> Expand (or Tile) -> Reshape merging (Nkv, rep)
     into heads; or a bare Tile of the head axis, which is HF's grouping only when Nkv = 1. The
     last alternative reads the repeated tensor as it is (every head its own kv head)."""
-    unsqueezed = Either(op.Unsqueeze(x, Const(f"{tag}_unsq_axes"), _bind=f"{tag}_unsq"),
-                        op.Unsqueeze(x, _bind=f"{tag}_unsq"))
+    unsqueezed = unsqueeze(x, f"{tag}_unsq")
     expanded = Either(op.Expand(unsqueezed, Var(f"{tag}_expand_shape"), _bind=f"{tag}_expand"),
                       op.Tile(_unexpanded(unsqueezed, tag), Const(f"{tag}_repeats"), _bind=f"{tag}_expand"))
     return Either(op.Reshape(expanded, Var(f"{tag}_merge_shape"), _bind=f"{tag}_merge"),
@@ -73,7 +76,7 @@ def _transposed(k):
                              Var("kt_shape"), _bind="kt_unflat"))
 
 
-def _scaled(value, tag: str):
+def scaled(value, tag: str):
     return Either(op.Mul(value, Const(f"{tag}_mul")), op.Div(value, Const(f"{tag}_div")), value)
 
 
@@ -107,12 +110,12 @@ def _probabilities(scores):
     return Either(in_float, round_trip, plain)
 
 
-def _attention(q, k, v=None, keys_t=None):
+def sdpa_chain(q, k, v=None, keys_t=None):
     """The chain; ``keys_t`` replaces Kᵀ (= the transpose of repeat_kv(k)) when the keys come
     already transposed."""
     keys_t = keys_t if keys_t is not None else _transposed(_repeat_kv(k, "k"))
-    scores = op.MatMul(_scaled(q, "q"), _scaled(keys_t, "kt"), _bind="qk")
-    probs = _probabilities(_soft_capped(_scaled(scores, "scores")))
+    scores = op.MatMul(scaled(q, "q"), scaled(keys_t, "kt"), _bind="qk")
+    probs = _probabilities(_soft_capped(scaled(scores, "scores")))
     guarded = Either(op.Where(op.IsNaN(probs), Const("nan_fill"), probs, _bind="nan_guard"), probs)
     out = op.MatMul(guarded, _repeat_kv(v if v is not None else _with_cache("v"), "v"), _bind="pv")
     return Either(op.Transpose(out, perm=[0, 2, 1, 3], _bind="out_transpose"), out)
@@ -131,7 +134,7 @@ def _rope_keys(index: int):
     return Either(op.Concat(Var("past_k"), rotated, axis=ANY, _bind="k_cache"), rotated)
 
 
-def _dims(graph: GraphIndex, value: str, rank: int, what: str) -> tuple:
+def known_shape(graph: GraphIndex, value: str, rank: int, what: str) -> tuple:
     shape = graph.shape(value)
     if shape is None or len(shape) != rank:
         raise Refuse(f"{what} {value!r} must have a known rank-{rank} shape, has {shape}")
@@ -207,13 +210,25 @@ def _softcap(graph: GraphIndex, match: Match) -> float:
     return float(np.float32(cap))
 
 
+class BiasBuilder(PlainNodes):
+    """Plain ONNX nodes a rewrite adds in front of the fused node; ``value`` is the combined bias
+    built so far (None: no bias)."""
+
+    def __init__(self, ctx: RewriteContext, root: onnx.NodeProto):
+        super().__init__(ctx, root)
+        self.value: str | None = None
+
+    def float32(self, value: float) -> str:
+        return self.constant(np.array(value, dtype=np.float32))
+
+
 class AttentionRule(Rule):
     name = "Attention"
     family = FAMILY
     anchor_ops = frozenset({"Softmax"})
     exports = ("k_cache", "v_cache")
     fused_op = "Attention"
-    pattern = _attention(Var("q"), _with_cache("k"))
+    pattern = sdpa_chain(Var("q"), _with_cache("k"))
 
     def check(self, ctx: RewriteContext, match: Match) -> str | None:
         self.attributes(ctx.graph, match)  # raises Refuse with the reason
@@ -235,14 +250,14 @@ class AttentionRule(Rule):
 
     def key_dims(self, graph: GraphIndex, match: Match) -> tuple:
         """[B, Nkv, Skv, D] of the keys read (a rule reading them in another layout permutes)."""
-        return _dims(graph, self.keys_read(match), 4, "k")
+        return known_shape(graph, self.keys_read(match), 4, "k")
 
     def attributes(self, graph: GraphIndex, match: Match) -> dict:
         q, k_all = self.q_value(match), self.keys_read(match)
         v_all = self.values_read(match)
-        batch, heads, q_len, head_dim = _dims(graph, q, 4, "q")
+        batch, heads, q_len, head_dim = known_shape(graph, q, 4, "q")
         _, kv_heads, kv_len, k_dim = self.key_dims(graph, match)
-        _, v_heads, v_len, v_dim = _dims(graph, v_all, 4, "v")
+        _, v_heads, v_len, v_dim = known_shape(graph, v_all, 4, "v")
         if not all(isinstance(d, int) for d in (heads, head_dim, kv_heads, v_heads, v_dim)):
             raise Refuse("head counts and head sizes must be static")
         # Sequence lengths are checked by the kernel at run time; head layout must be proven here.
@@ -251,7 +266,7 @@ class AttentionRule(Rule):
                           f"v {graph.shape(v_all)}")
         elem = graph.elem_type(q)
         self._check_softmax_casts(graph, match, elem)
-        if elem not in common.FLOAT_TYPES or graph.elem_type(k_all) != elem or graph.elem_type(v_all) != elem:
+        if elem not in checks.FLOAT_TYPES or graph.elem_type(k_all) != elem or graph.elem_type(v_all) != elem:
             raise Refuse("q, k and v must share one float type")
         for tag, source in (("k", k_all), ("v", v_all)):
             self._check_repeat(graph, match, tag, source, heads, kv_heads)
@@ -294,7 +309,7 @@ class AttentionRule(Rule):
             # Tile(x, [1, r, 1, 1]) lays the heads out as [x, x, ...]: query head h reads kv head
             # h % Nkv, which is HF's h // (N / Nkv) only when there is one kv head.
             repeats = [int(r) for r in graph.constant_value(match.value(f"{tag}_head_repeats")).reshape(-1)]
-            tiled = _dims(graph, match.node(f"{tag}_tile_heads").output[0], 4, "the tiled kv heads")
+            tiled = known_shape(graph, match.node(f"{tag}_tile_heads").output[0], 4, "the tiled kv heads")
             if kv_heads != 1 or repeats != [1, heads, 1, 1] or tiled[1] != heads:
                 raise Refuse(f"Tile {match.node(f'{tag}_tile_heads').name!r} repeats {kv_heads} kv heads by "
                               f"{repeats}: query head h would read kv head h % {kv_heads}, not h // {heads // kv_heads}")
@@ -302,33 +317,32 @@ class AttentionRule(Rule):
         if not match.has(f"{tag}_merge"):
             return
         unsq = match.node(f"{tag}_unsq")
-        axes = ([int(a) for a in graph.constant_value(match.value(f"{tag}_unsq_axes")).reshape(-1)]
-                if match.has(f"{tag}_unsq_axes") else list(attr(unsq, "axes", [])))
+        axes = unsqueeze_axes(graph, match, f"{tag}_unsq")
         if axes != [2]:
             raise Refuse(f"repeat_kv Unsqueeze {unsq.name!r} adds axis {axes}, not 2")
-        expanded = _dims(graph, match.node(f"{tag}_expand").output[0], 5, "repeat_kv Expand")
-        merged = common.reshaped_dims(graph, match.node(f"{tag}_merge"))
+        expanded = known_shape(graph, match.node(f"{tag}_expand").output[0], 5, "repeat_kv Expand")
+        merged = checks.reshaped_dims(graph, match.node(f"{tag}_merge"))
         src = graph.shape(source)
         rep = heads // kv_heads
         if match.has(f"{tag}_repeats"):  # Tile: the repeats must copy along the new axis 2 only
             repeats = [int(r) for r in graph.constant_value(match.value(f"{tag}_repeats")).reshape(-1)]
             if repeats != [1, 1, rep, 1, 1]:
                 raise Refuse(f"repeat_kv Tile repeats {repeats}, not [1, 1, {rep}, 1, 1]")
-        if heads % kv_heads or not common.shapes_equal(expanded, [src[0], kv_heads, rep, src[2], src[3]]):
+        if heads % kv_heads or not checks.shapes_equal(expanded, [src[0], kv_heads, rep, src[2], src[3]]):
             raise Refuse(f"repeat_kv expands {list(src)} to {list(expanded)}, not x{rep} along a new axis 2")
-        if not common.shapes_equal(merged, [src[0], heads, src[2], src[3]]):
+        if not checks.shapes_equal(merged, [src[0], heads, src[2], src[3]]):
             raise Refuse(f"repeat_kv merges into {list(merged)}, not [B, {heads}, S, D]")
 
     def _check_transpose(self, graph, match) -> None:
         if not match.has("kt_flat"):  # a Transpose of the last two axes, or keys given transposed
             return
         keys = match.node("kt_flat").input[0]
-        k_shape = _dims(graph, keys, 4, "keys")
-        flat = common.reshaped_dims(graph, match.node("kt_flat"))
-        unflat = common.reshaped_dims(graph, match.node("kt_unflat"))
-        if flat is None or len(flat) != 3 or not common.shapes_equal(flat[1:], k_shape[2:]):
+        k_shape = known_shape(graph, keys, 4, "keys")
+        flat = checks.reshaped_dims(graph, match.node("kt_flat"))
+        unflat = checks.reshaped_dims(graph, match.node("kt_unflat"))
+        if flat is None or len(flat) != 3 or not checks.shapes_equal(flat[1:], k_shape[2:]):
             raise Refuse(f"Kᵀ's first Reshape gives {flat}, not [B*N, S, D]")
-        if not common.shapes_equal(unflat, [k_shape[0], k_shape[1], k_shape[3], k_shape[2]]):
+        if not checks.shapes_equal(unflat, [k_shape[0], k_shape[1], k_shape[3], k_shape[2]]):
             raise Refuse(f"Kᵀ's last Reshape gives {unflat}, not [B, N, D, S]")
 
     def _check_softmax(self, graph, match) -> None:
@@ -354,7 +368,7 @@ class AttentionRule(Rule):
 
     def _check_mask(self, graph, mask, target) -> None:
         _check_broadcast(graph, mask, target, f"the mask {mask!r}")
-        if graph.elem_type(mask) not in common.FLOAT_TYPES:
+        if graph.elem_type(mask) not in checks.FLOAT_TYPES:
             raise Refuse(f"the mask {mask!r} is not a float tensor")
 
     def _scale(self, graph, match) -> float:
@@ -374,7 +388,7 @@ class AttentionRule(Rule):
         return {}
 
     def mask_inputs(self, ctx: RewriteContext, match: Match, attributes: dict,
-                    bias: _BiasBuilder | None = None) -> tuple[str, str]:
+                    bias: BiasBuilder | None = None) -> tuple[str, str]:
         """(attn_bias, key_padding_mask): the graph's mask as causal/window/padding when
         masks.py can prove what it computes (attributes updated), else as an additive bias. A
         Where fill goes through ``bias`` (the rules whose pattern has one pass it)."""
@@ -389,7 +403,7 @@ class AttentionRule(Rule):
         return "", claim.key_padding or ""
 
     def _filled_mask_inputs(self, ctx: RewriteContext, match: Match, attributes: dict,
-                            bias: _BiasBuilder) -> tuple[str, str]:
+                            bias: BiasBuilder) -> tuple[str, str]:
         """``Where(cond, s, fill)``: with no other mask, a condition masks.py proves causal /
         window / padding becomes those attributes (the fill masks for good, see ``_fill``: a row
         with every key masked is uniform for a finite fill, 0 for -inf behind the NaN guard).
@@ -418,7 +432,7 @@ class AttentionRule(Rule):
         graph = ctx.graph
         attributes = {**self.attributes(graph, match), **self.extra_attributes(graph, match)}
         cached = match.has("k_cache")
-        builder = _BiasBuilder(ctx, root)
+        builder = BiasBuilder(ctx, root)
         bias, padding = self.mask_inputs(ctx, match, attributes, builder)
         inputs = self.inputs(match) + [
             bias,
@@ -440,7 +454,7 @@ class RopeAttentionRule(AttentionRule):
 
     name = "RopeAttention"
     fused_op = "RopeAttention"
-    pattern = Either(*(_attention(_rope_pair(q, "q_rot"), _rope_keys(1 - q)) for q in (0, 1)))
+    pattern = Either(*(sdpa_chain(_rope_pair(q, "q_rot"), _rope_keys(1 - q)) for q in (0, 1)))
 
     def q_index(self, match: Match) -> int:
         return list(match.node("rope").output).index(match.value("q_rot"))
@@ -464,102 +478,7 @@ class RopeAttentionRule(AttentionRule):
         return extra
 
 
-
-
-# -- eager attention on [B*N, S, D] tensors with an ALiBi bias (BLOOM's baddbmm) ---------------------
-def _merged_heads(tag: str):
-    """[B, N, S, D] reshaped to [B*N, S, D]."""
-    return op.Reshape(Var(tag), Var(f"{tag}_flat_shape"), _bind=f"{tag}_flat")
-
-
-def _flat_attention():
-    keys_t = op.Transpose(_merged_heads("k"), perm=[0, 2, 1], _bind="k_transpose3")
-    scores = _scaled(op.MatMul(_scaled(_merged_heads("q"), "q"), keys_t, _bind="qk"), "scores")
-    biased = Either(op.Add(scores, Var("alibi")), scores)
-    scores4 = op.Reshape(biased, Var("scores_shape"), _bind="scores_unflat")
-    probs = op.Softmax(Either(op.Add(scores4, Var("mask")), scores4), _bind="softmax")
-    probs3 = op.Reshape(probs, Var("probs_shape"), _bind="probs_flat")
-    out = op.Reshape(op.MatMul(probs3, _merged_heads("v"), _bind="pv"), Var("out_shape"), _bind="out_unflat")
-    return Either(op.Transpose(out, perm=[0, 2, 1, 3], _bind="out_transpose"), out)
-
-
-class FlatHeadsAttentionRule(AttentionRule):
-    """BLOOM-style eager attention: heads merged into the batch for bmm, an ALiBi bias added to
-    the [B*N, Sq, Skv] scores, the padding/causal mask added after splitting heads again."""
-
-    name = "Attention(flat heads, ALiBi)"
-    exports = ()
-    pattern = _flat_attention()
-
-    def attributes(self, graph: GraphIndex, match: Match) -> dict:
-        q, k, v = match.value("q"), match.value("k"), match.value("v")
-        batch, heads, q_len, head_dim = _dims(graph, q, 4, "q")
-        _, kv_heads, kv_len, k_dim = _dims(graph, k, 4, "k")
-        _, v_heads, v_len, v_dim = _dims(graph, v, 4, "v")
-        if not all(isinstance(d, int) for d in (heads, head_dim, kv_heads, v_dim)):
-            raise Refuse("head counts and head sizes must be static")
-        if kv_heads != heads or v_heads != heads or k_dim != head_dim:
-            raise Refuse("flat-heads attention needs q, k and v with the same heads")
-        elem = graph.elem_type(q)
-        if elem not in common.FLOAT_TYPES or graph.elem_type(k) != elem or graph.elem_type(v) != elem:
-            raise Refuse("q, k and v must share one float type")
-        for tag in ("q", "k", "v"):  # [B, N, S, D] -> [B*N, S, D]: only the two leading dims merge
-            source = graph.shape(match.value(tag))
-            flat = common.reshaped_dims(graph, match.node(f"{tag}_flat"))
-            if flat is None or len(flat) != 3 or not common.shapes_equal(flat[1:], source[2:]):
-                raise Refuse(f"{tag} is reshaped to {flat}, not [B*N, S, D]")
-        expected = {"scores_unflat": (4, [batch, heads, q_len, None]),
-                    "out_unflat": (4, [batch, heads, q_len, v_dim])}
-        for bind, (rank, dims) in expected.items():
-            got = common.reshaped_dims(graph, match.node(bind))
-            if got is None or len(got) != rank or not all(
-                    want is None or common.dims_equal(have, want) for have, want in zip(got, dims)):
-                raise Refuse(f"{bind} reshapes to {got}, not {dims}")
-        probs_flat = common.reshaped_dims(graph, match.node("probs_flat"))
-        if probs_flat is None or len(probs_flat) != 3 or not common.dims_equal(probs_flat[1], q_len):
-            raise Refuse(f"the probabilities are reshaped to {probs_flat}, not [B*N, Sq, Skv]")
-        self._check_softmax(graph, match)
-        if match.has("alibi"):
-            alibi = graph.shape(match.value("alibi"))
-            if alibi is None or len(alibi) != 3 or alibi[1] != 1:
-                raise Refuse(f"the ALiBi bias has shape {alibi}, not [B*N, 1, Skv]")
-        if match.has("mask"):
-            self._check_mask(graph, match.value("mask"), (batch, heads, q_len, kv_len))
-        return {"num_heads": heads, "kv_num_heads": heads, "scale": self._scale(graph, match),
-                "layout": "BNSD", "output_layout": "BSND" if match.has("out_transpose") else "BNSD"}
-
-    def rewrite(self, ctx: RewriteContext, match: Match, root: onnx.NodeProto) -> Replacement:
-        """attn_bias = ALiBi as [B, N, 1, Skv] (+ the mask): one bias, as the graph added both."""
-        attributes = self.attributes(ctx.graph, match)
-        bias = _BiasBuilder(ctx, root)
-        if match.has("alibi"):
-            alibi = match.value("alibi")  # [B*N, 1, Skv] -> [B, N, 1, Skv]
-            tail = bias.node("Slice", [bias.node("Shape", [alibi]), bias.ints([1]), bias.ints([3])])
-            shape = bias.node("Concat", [bias.ints([-1, attributes["num_heads"]]), tail], axis=0)
-            bias.value = bias.node("Reshape", [alibi, shape])
-        mask, padding = self.mask_inputs(ctx, match, attributes)
-        if mask:
-            bias.value = bias.node("Add", [bias.value, mask]) if bias.value else mask
-        inputs = [match.value("q"), match.value("k"), match.value("v"), bias.value or "", padding]
-        while inputs and not inputs[-1]:
-            inputs.pop()
-        fused = ctx.fused_node("Attention", inputs, [root.output[0]], root, **attributes)
-        return bias.replacement(fused)
-
-
-class _BiasBuilder(PlainNodes):
-    """Plain ONNX nodes a rewrite adds in front of the fused node; ``value`` is the combined bias
-    built so far (None: no bias)."""
-
-    def __init__(self, ctx: RewriteContext, root: onnx.NodeProto):
-        super().__init__(ctx, root)
-        self.value: str | None = None
-
-    def float32(self, value: float) -> str:
-        return self.constant(np.array(value, dtype=np.float32))
-
-
-def _to_bnsd(value, tag: str):
+def to_bnsd(value, tag: str):
     return op.Transpose(value, perm=[0, 2, 1, 3], _bind=f"{tag}_to_bnsd")
 
 
@@ -568,8 +487,8 @@ class RopeAttentionBSNDRule(RopeAttentionRule):
     and v in that layout (layout BSND) and the three transposes disappear."""
 
     name = "RopeAttention(BSND)"
-    pattern = Either(*(_attention(_to_bnsd(_rope_pair(q, "q_rot"), "q"), _to_bnsd(_rope_pair(1 - q, "k_rot"), "k"),
-                                  _to_bnsd(Var("v"), "v")) for q in (0, 1)))
+    pattern = Either(*(sdpa_chain(to_bnsd(_rope_pair(q, "q_rot"), "q"), to_bnsd(_rope_pair(1 - q, "k_rot"), "k"),
+                                  to_bnsd(Var("v"), "v")) for q in (0, 1)))
 
     def q_value(self, match: Match) -> str:
         return match.node("q_to_bnsd").output[0]
@@ -587,84 +506,4 @@ class RopeAttentionBSNDRule(RopeAttentionRule):
         return match.node("v_to_bnsd").output[0]
 
 
-# -- keys the graph already holds transposed ([B, Nkv, D, S]) -------------------------------------------
-def _keys_from_bsnd():
-    """Kᵀ straight from the head split: ``key.permute(0, 2, 3, 1)`` of [B, S, Nkv, D] (GPT-2's
-    eager ``_split_heads(key, k=True)``)."""
-    return op.Transpose(Var("k"), perm=[0, 2, 3, 1], _bind="k_bsnd_transpose")
-
-
-class KeysTransposedBSNDRule(AttentionRule):
-    """q and v ``Transpose(·, [0,2,1,3])`` of [B, S, N, D] and Kᵀ the permute of [B, S, Nkv, D]:
-    the fused node reads the three in BSND (layout BSND) and the three transposes disappear."""
-
-    name = "Attention(Kᵀ from BSND)"
-    exports = ()
-    pattern = _attention(_to_bnsd(Var("q"), "q"), None, _to_bnsd(Var("v"), "v"), keys_t=_keys_from_bsnd())
-
-    def q_value(self, match: Match) -> str:
-        return match.node("q_to_bnsd").output[0]
-
-    def keys_read(self, match: Match) -> str:
-        return match.value("k")
-
-    def values_read(self, match: Match) -> str:
-        return match.node("v_to_bnsd").output[0]
-
-    def key_dims(self, graph: GraphIndex, match: Match) -> tuple:
-        batch, seq, heads, dim = _dims(graph, match.value("k"), 4, "k")
-        return batch, heads, seq, dim
-
-    def attributes(self, graph: GraphIndex, match: Match) -> dict:
-        return {**super().attributes(graph, match), "layout": "BSND"}
-
-    def inputs(self, match: Match) -> list[str]:
-        return [match.value("q"), match.value("k"), match.value("v")]
-
-
-class KeysTransposedRule(AttentionRule):
-    """Kᵀ that is not the transpose of a BNSD K in the graph: the permute of [B, S, Nkv, D] (with
-    q or v in another layout than BSND), or a [B, Nkv, D, S] graph input or cache kept transposed.
-    The rewrite puts a Transpose to BNSD in front of the fused node."""
-
-    name = "Attention(Kᵀ given)"
-    exports = ()
-    pattern = _attention(Var("q"), None, Var("v"), keys_t=Either(_keys_from_bsnd(), Var("k_t")))
-
-    def grow(self, ctx: RewriteContext, match: Match) -> Match | None:
-        """Kᵀ as any value would take every right operand (a scaled Kᵀ, a wrong transpose): only a
-        graph input or a cache kept transposed (Concat along the last axis) is a candidate, the
-        rest silently not (the other rules report their near misses)."""
-        if not match.has("k_t"):
-            return match
-        node = ctx.graph.producer.get(match.value("k_t"))
-        if node is None:
-            return match if match.value("k_t") in ctx.graph.graph_inputs else None
-        return match if node.op_type == "Concat" and attr(node, "axis") in (-1, 3) else None
-
-    def keys_read(self, match: Match) -> str:
-        return match.value("k") if match.has("k_bsnd_transpose") else match.value("k_t")
-
-    def k_new(self, match: Match) -> str:
-        return self.keys_read(match)
-
-    def key_dims(self, graph: GraphIndex, match: Match) -> tuple:
-        if match.has("k_bsnd_transpose"):
-            batch, seq, heads, dim = _dims(graph, match.value("k"), 4, "k")
-        else:
-            batch, heads, dim, seq = _dims(graph, match.value("k_t"), 4, "Kᵀ")
-        return batch, heads, seq, dim
-
-    def rewrite(self, ctx: RewriteContext, match: Match, root: onnx.NodeProto) -> Replacement:
-        replacement = super().rewrite(ctx, match, root)
-        fused = replacement.nodes[-1]
-        name = ctx.unique_name(f"{root.output[0]}/k_to_bnsd")
-        perm = [0, 2, 1, 3] if match.has("k_bsnd_transpose") else [0, 1, 3, 2]
-        transpose = onnx.helper.make_node("Transpose", [fused.input[1]], [name], name=name, perm=perm)
-        fused.input[1] = name
-        return Replacement([transpose, *replacement.nodes], replacement.initializers)
-
-
-RULES: list[Rule] = [RopeAttentionBSNDRule(), RopeAttentionRule(), AttentionRule(), FlatHeadsAttentionRule(),
-                     KeysTransposedBSNDRule(), KeysTransposedRule()]
-PASSES = [RulePass(RULES)]
+RULES: list[Rule] = [RopeAttentionBSNDRule(), RopeAttentionRule(), AttentionRule()]

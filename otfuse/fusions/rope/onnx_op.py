@@ -18,10 +18,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from otfuse.patterns import common
-from otfuse.patterns.plain_nodes import PlainNodes
+from otfuse.rewriter import checks
+from otfuse.rewriter.builder import PlainNodes
 from otfuse.rewriter.graph import GraphIndex
-from otfuse.rewriter.passes import RulePass
 from otfuse.rewriter.pattern import Either, Match, Var, attr, op
 from otfuse.rewriter.rule import Refuse, Replacement, RewriteContext, Rule
 
@@ -32,7 +31,7 @@ def _geometry(graph: GraphIndex, match: Match) -> dict:
     """Head size D, rotary width r and how the tables are indexed; refuses what is not the spec."""
     node = match.node("rope")
     x, y = match.value("x"), node.output[0]
-    reason = common.check_float_io(graph, x, y)
+    reason = checks.check_float_io(graph, x, y)
     if reason:
         raise Refuse(reason)
     shape = graph.shape(x)
@@ -63,7 +62,7 @@ def _geometry(graph: GraphIndex, match: Match) -> dict:
             raise Refuse(f"{table!r} has shape {table_shape}, expected rank {table_rank} with "
                           f"{width // 2} lanes (rotary width {width})")
         if graph.elem_type(table) not in (graph.elem_type(x), onnx.TensorProto.FLOAT):
-            raise Refuse(f"{table!r} has type {common.type_name(graph.elem_type(table))}")
+            raise Refuse(f"{table!r} has type {checks.type_name(graph.elem_type(table))}")
     if graph.elem_type(cos) != graph.elem_type(sin):
         raise Refuse("cos_cache and sin_cache have different types")
     if with_ids:
@@ -117,4 +116,3 @@ class RotaryEmbeddingOpRule(Rule):
 
 
 RULES: list[Rule] = [RotaryEmbeddingOpRule()]
-PASSES = [RulePass(RULES)]

@@ -4,56 +4,39 @@
     interleaved:  Reshape(Concat(Unsqueeze(-x[1::2]), Unsqueeze(x[0::2])))    (GPT-J stack/flatten)
     partial:      Concat(rope(x[:r]), x[r:])               (GPT-NeoX rotary_pct, Phi)
 
-(interleaved on explicit [..., D/2, 2] lane pairs, Meta's view_as_complex: rope_pairs.py)
+(interleaved on explicit [..., D/2, 2] lane pairs, Meta's view_as_complex: lane_pairs.py)
 
 cos and sin are whatever the graph multiplies by (computed once per model and shared by all
 layers); the checks prove they broadcast over x without widening it and cover the rotary lanes.
-A second pass pairs the q and k rotations of one attention into ``RotaryEmbeddingQK``.
+A later pass (pair_qk.py) pairs the q and k rotations of one attention into ``RotaryEmbeddingQK``.
 """
 
 from __future__ import annotations
 
 import onnx
 
-from otfuse.patterns import common
-from otfuse.patterns.rope_pairing import PairQKPass
+from otfuse.rewriter import checks
 from otfuse.rewriter.graph import GraphIndex
-from otfuse.rewriter.passes import RulePass
-from otfuse.rewriter.pattern import ANY, Const, Either, Match, Var, attr, op
+from otfuse.rewriter.pattern import ANY, Either, Match, Var, attr, op
 from otfuse.rewriter.rule import Refuse, Replacement, RewriteContext, Rule
+from otfuse.rewriter.spellings import slice_params, sliced, split_output, split_sizes, unsqueeze, unsqueeze_axes
 
 FAMILY = "rope"
 INT64_MAX = 2**63 - 1
 
 
-def _slice(x, bind: str) -> Either:
-    """Slice(x, starts, ends[, axes[, steps]]) with constant parameters."""
-    consts = [Const(f"{bind}.{part}") for part in ("starts", "ends", "axes", "steps")]
-    return Either(*(op.Slice(x, *consts[:count], _bind=bind) for count in (4, 3, 2)))
-
-
-def _split_output(x, index: int, bind: str):
-    """Output ``index`` of a Split of x (sizes as input, attribute, or num_outputs)."""
-    return Either(op.Split(x, Const(f"{bind}.split"), _output=index, _bind=bind),
-                  op.Split(x, _output=index, _bind=bind))
-
-
-def _unsqueeze_last(value, bind: str) -> Either:
-    return Either(op.Unsqueeze(value, Const(f"{bind}.axes"), _bind=bind), op.Unsqueeze(value, _bind=bind))
-
-
 def _rotate_half(x, tag: str = "") -> Either:
     """Concat(-x2, x1) of the two halves of x; bind names end in ``tag`` (one per section)."""
-    by_slices = op.Concat(op.Neg(_slice(x, f"second_half{tag}")), _slice(x, f"first_half{tag}"),
+    by_slices = op.Concat(op.Neg(sliced(x, f"second_half{tag}")), sliced(x, f"first_half{tag}"),
                           axis=ANY, _bind=f"rot_concat{tag}")
-    by_split = op.Concat(op.Neg(_split_output(x, 1, f"halves{tag}")), _split_output(x, 0, f"halves{tag}"),
+    by_split = op.Concat(op.Neg(split_output(x, 1, f"halves{tag}")), split_output(x, 0, f"halves{tag}"),
                          axis=ANY, _bind=f"rot_concat{tag}")
     return Either(by_slices, by_split)
 
 
 def _rotate_interleaved(x):
-    stacked = op.Concat(_unsqueeze_last(op.Neg(_slice(x, "odd")), "unsq_odd"),
-                        _unsqueeze_last(_slice(x, "even"), "unsq_even"), axis=ANY, _bind="stack")
+    stacked = op.Concat(unsqueeze(op.Neg(sliced(x, "odd")), "unsq_odd"),
+                        unsqueeze(sliced(x, "even"), "unsq_even"), axis=ANY, _bind="stack")
     return op.Reshape(stacked, Var("flat_shape"), _bind="flatten")
 
 
@@ -63,25 +46,11 @@ def _rope(x, rotate, tag: str = "") -> object:
 
 
 def _partial(rotate) -> object:
-    x_rot = _slice(Var("x"), "rot_part")
-    return op.Concat(_rope(x_rot, rotate), _slice(Var("x"), "pass_part"), axis=ANY, _bind="outer_concat")
+    x_rot = sliced(Var("x"), "rot_part")
+    return op.Concat(_rope(x_rot, rotate), sliced(Var("x"), "pass_part"), axis=ANY, _bind="outer_concat")
 
 
 # -- checks -------------------------------------------------------------------------------------
-def _slice_params(graph: GraphIndex, match: Match, bind: str) -> tuple[int, int, int | None, int]:
-    """(start, end, axis or None for 'all axes', step) of a one-axis Slice."""
-    node = match.node(bind)
-    values = [graph.constant_value(name).reshape(-1) for name in node.input[1:]]
-    starts, ends = values[0], values[1]
-    axes = values[2] if len(values) > 2 else None
-    steps = values[3] if len(values) > 3 else None
-    if len(starts) != 1 or len(ends) != 1 or (axes is not None and len(axes) != 1) or \
-            (steps is not None and len(steps) != 1):
-        raise Refuse(f"Slice {node.name!r} cuts more than one axis")
-    return (int(starts[0]), int(ends[0]), None if axes is None else int(axes[0]),
-            1 if steps is None else int(steps[0]))
-
-
 def _is_last_axis(axis: int | None, rank: int, what: str) -> None:
     if axis is None and rank == 1:
         return
@@ -90,7 +59,7 @@ def _is_last_axis(axis: int | None, rank: int, what: str) -> None:
 
 
 def _expect_slice(graph, match, bind, rank, width, start, end_at_least, step=1, end_exact=None):
-    s_start, s_end, s_axis, s_step = _slice_params(graph, match, bind)
+    s_start, s_end, s_axis, s_step = slice_params(graph, match, bind)
     _is_last_axis(s_axis, rank, f"Slice {match.node(bind).name!r}")
     if s_step != step:
         raise Refuse(f"Slice {match.node(bind).name!r} has step {s_step}, expected {step}")
@@ -125,7 +94,7 @@ def _broadcasts_over(graph: GraphIndex, table: str, x: str, width: int) -> None:
 def _check_input(graph: GraphIndex, match: Match) -> tuple[int, int]:
     """x is a float tensor of known rank >= 2 with a static head dim; the output keeps its type."""
     x, root = match.value("x"), match.covered[0].output[0]
-    reason = common.check_float_io(graph, x, root)
+    reason = checks.check_float_io(graph, x, root)
     if reason:
         raise Refuse(reason)
     shape = graph.shape(x)
@@ -153,7 +122,7 @@ class _RopeRule(Rule):
         rank, head_dim = _check_input(graph, match)
         width = head_dim
         if self.partial:
-            _, width, _, _ = _slice_params(graph, match, "rot_part")
+            _, width, _, _ = slice_params(graph, match, "rot_part")
             if not 0 < width < head_dim:
                 raise Refuse(f"partial rotary width {width} is not inside (0, {head_dim})")
             _expect_slice(graph, match, "rot_part", rank, head_dim, 0, 0, end_exact=width)
@@ -165,7 +134,7 @@ class _RopeRule(Rule):
         for table in ("cos", "sin"):
             _broadcasts_over(graph, match.value(table), xr, width)
             if graph.elem_type(match.value(table)) not in (graph.elem_type(x), onnx.TensorProto.FLOAT):
-                raise Refuse(f"{table} has type {common.type_name(graph.elem_type(match.value(table)))}")
+                raise Refuse(f"{table} has type {checks.type_name(graph.elem_type(match.value(table)))}")
         if graph.shape(match.value("cos")) != graph.shape(match.value("sin")):
             raise Refuse("cos and sin have different shapes")
 
@@ -177,12 +146,9 @@ class _RopeRule(Rule):
             axis = attr(node, "axis", 0)
             if axis not in (-1, rank - 1):
                 raise Refuse(f"Split {node.name!r} splits axis {axis}, not the last axis")
-            if match.has(f"halves{tag}.split"):
-                sizes = [int(v) for v in graph.constant_value(match.value(f"halves{tag}.split")).reshape(-1)]
-            else:
-                sizes = list(attr(node, "split", []) or [])
-                if not sizes and attr(node, "num_outputs", len(node.output)) == 2 == len(node.output):
-                    sizes = [half, half]
+            sizes = split_sizes(graph, match, f"halves{tag}")
+            if sizes is None:
+                sizes = [half, half] if attr(node, "num_outputs", len(node.output)) == 2 == len(node.output) else []
             if sizes != [half, half]:
                 raise Refuse(f"Split {node.name!r} cuts {sizes}, not two halves of {width}")
             return
@@ -220,8 +186,7 @@ class InterleavedRule(_RopeRule):
         _expect_slice(graph, match, "odd", rank, width, 1, width, step=2)
         for bind in ("unsq_odd", "unsq_even"):
             node = match.node(bind)
-            axes = ([int(a) for a in graph.constant_value(match.value(f"{bind}.axes")).reshape(-1)]
-                    if match.has(f"{bind}.axes") else list(attr(node, "axes", [])))
+            axes = unsqueeze_axes(graph, match, bind)
             if axes not in ([-1], [rank]):
                 raise Refuse(f"Unsqueeze {node.name!r} adds axis {axes}, not a new last axis")
         stack = match.node("stack")
@@ -234,7 +199,7 @@ class InterleavedRule(_RopeRule):
         shape_source = graph.producer.get(match.value("flat_shape"))
         restores_by_construction = (shape_source is not None and shape_source.op_type == "Shape"
                                     and list(shape_source.input) == [xr] and not shape_source.attribute)
-        if not restores_by_construction and not common.shapes_equal(flat_shape, graph.shape(xr)):
+        if not restores_by_construction and not checks.shapes_equal(flat_shape, graph.shape(xr)):
             raise Refuse(f"Reshape {match.node('flatten').name!r} does not restore x's shape")
 
 
@@ -247,7 +212,7 @@ class PartialInterleavedRule(InterleavedRule):
 def _sections(count: int):
     """Concat over sections of x, each rotated (rotate_half) with its own cos/sin."""
     def section(i: int):
-        return Either(_slice(Var("x"), f"section{i}"), _split_output(Var("x"), i, "section_split"))
+        return Either(sliced(Var("x"), f"section{i}"), split_output(Var("x"), i, "section_split"))
     return op.Concat(*(_rope(section(i), _rotate_half, tag=str(i)) for i in range(count)), axis=ANY,
                      _bind="outer_concat")
 
@@ -265,15 +230,13 @@ class SectionsRule(_RopeRule):
             node = match.node("section_split")
             if attr(node, "axis", 0) not in (-1, rank - 1):
                 raise Refuse(f"Split {node.name!r} does not cut the last axis")
-            if match.has("section_split.split"):
-                return [int(v) for v in graph.constant_value(match.value("section_split.split")).reshape(-1)]
-            sizes = list(attr(node, "split", []) or [])
-            if not sizes:
+            sizes = split_sizes(graph, match, "section_split")
+            if sizes is None:
                 raise Refuse(f"Split {node.name!r} has no explicit section sizes")
             return sizes
         widths, position = [], 0
         for i in range(self.count):
-            start, end, axis, step = _slice_params(graph, match, f"section{i}")
+            start, end, axis, step = slice_params(graph, match, f"section{i}")
             _is_last_axis(axis, rank, f"section Slice {match.node(f'section{i}').name!r}")
             last = i == self.count - 1
             if step != 1 or start != position or (end < head_dim if last else end <= start):
@@ -323,4 +286,3 @@ class SectionsRule(_RopeRule):
 
 RULES: list[Rule] = [PartialRotateHalfRule(), RotateHalfRule(), PartialInterleavedRule(), InterleavedRule(),
                      SectionsRule(4), SectionsRule(3), SectionsRule(2)]
-PASSES = [RulePass(RULES), PairQKPass()]

@@ -27,11 +27,10 @@ import math
 import numpy as np
 import onnx
 
-from otfuse.patterns import common
-from otfuse.patterns.masks import classify_bool_mask, classify_mask
-from otfuse.patterns.plain_nodes import PlainNodes
+from otfuse.fusions.attention.masks import classify_bool_mask, classify_mask
+from otfuse.rewriter import checks
+from otfuse.rewriter.builder import PlainNodes
 from otfuse.rewriter.graph import GraphIndex
-from otfuse.rewriter.passes import RulePass
 from otfuse.rewriter.pattern import Absent, Const, Either, Match, Var, attr, op
 from otfuse.rewriter.rule import Refuse, Replacement, RewriteContext, Rule
 
@@ -98,7 +97,7 @@ class AttentionOpRule(Rule):
         if any(len(shape) != rank for shape in shapes):
             raise Refuse("Q, K and V have different ranks")
         elem = graph.elem_type(q)
-        if elem not in common.FLOAT_TYPES or any(graph.elem_type(x) != elem for x in (k, v, node.output[0])):
+        if elem not in checks.FLOAT_TYPES or any(graph.elem_type(x) != elem for x in (k, v, node.output[0])):
             raise Refuse("Q, K, V and Y must share one float type")
         if rank == 4:
             (batch, heads, q_len, head_dim), (_, kv_heads, kv_len, k_dim), (_, v_heads, _, v_dim) = shapes
@@ -138,10 +137,10 @@ class AttentionOpRule(Rule):
             attributes["softcap"] = float(softcap)
         precision = attr(node, "softmax_precision")
         if precision not in (None, onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, elem):
-            raise Refuse(f"softmax_precision {common.type_name(precision)} is below otfuse's float32")
+            raise Refuse(f"softmax_precision {checks.type_name(precision)} is below otfuse's float32")
         if attr(node, "is_causal", 0):
             # ONNX: key j <= i + P (the past length); otfuse: j <= i + (P + S) - Sq. Equal iff Sq == S.
-            if not common.dims_equal(q_len, kv_len):
+            if not checks.dims_equal(q_len, kv_len):
                 raise Refuse(f"is_causal with {q_len} queries and {kv_len} new keys: ONNX aligns the "
                               f"causal mask to the past length, otfuse to the bottom right")
             attributes["causal"] = 1
@@ -172,10 +171,10 @@ class AttentionOpRule(Rule):
                     if match.has(f"{tag}_unsq_axes") else list(attr(unsq, "axes", [])))
             rep = heads // source[1] if source[1] and heads % source[1] == 0 else 0
             expanded = graph.shape(match.node(f"{tag}_expand").output[0])
-            merged = common.reshaped_dims(graph, match.node(f"{tag}_merge"))
+            merged = checks.reshaped_dims(graph, match.node(f"{tag}_merge"))
             if axes != [2] or not rep or \
-                    not common.shapes_equal(expanded, [source[0], source[1], rep, source[2], source[3]]) or \
-                    not common.shapes_equal(merged, [source[0], heads, source[2], source[3]]):
+                    not checks.shapes_equal(expanded, [source[0], source[1], rep, source[2], source[3]]) or \
+                    not checks.shapes_equal(merged, [source[0], heads, source[2], source[3]]):
                 raise Refuse(f"the {tag} repeat is not repeat_kv: {list(source)} -> {expanded} -> {merged}")
             if kv_heads not in (None, source[1]):
                 raise Refuse("k and v are repeated from different head counts")
@@ -201,10 +200,10 @@ class AttentionOpRule(Rule):
     def _check_mask(self, graph, mask, elem, target) -> None:
         shape, mask_type = graph.shape(mask), graph.elem_type(mask)
         if mask_type not in (onnx.TensorProto.BOOL, elem, onnx.TensorProto.FLOAT):
-            raise Refuse(f"attn_mask has type {common.type_name(mask_type)}, not bool or float")
+            raise Refuse(f"attn_mask has type {checks.type_name(mask_type)}, not bool or float")
         if shape is None or not 1 <= len(shape) <= 4:
             raise Refuse(f"attn_mask {mask!r} has an unknown rank or one above 4")
-        if not common.dims_equal(shape[-1], target[-1]):
+        if not checks.dims_equal(shape[-1], target[-1]):
             raise Refuse(f"attn_mask's last dim {shape[-1]} is not provably the key count {target[-1]} "
                           f"(ONNX pads a shorter mask with -inf)")
         for dim, want in zip(reversed(shape[:-1]), reversed(target[:-1])):
@@ -244,4 +243,3 @@ class AttentionOpRule(Rule):
 
 
 RULES: list[Rule] = [AttentionOpRule()]
-PASSES = [RulePass(RULES)]
