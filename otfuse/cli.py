@@ -240,11 +240,17 @@ def _print_fuse_report(console: Console, model: Path, report, verbose: bool) -> 
               help="Where FUSED runs: otfuse's CPU kernels, or the CANN EP with its Ascend kernels (falls back "
                    "to CPU with a warning when onnxruntime-cann, CANN or the NPU is missing). ORIGINAL runs on CPU.")
 @click.option("--device-id", type=int, default=0, show_default=True, help="NPU index (--provider cann).")
-def diff_command(original, fused, inputs, dims, seed, rtol, atol, per_fusion, json_path, provider, device_id):
-    """Run ORIGINAL (ORT optimisations off) and FUSED on the same inputs and compare the outputs.
+@click.option("--ort-opt", "opt_level", type=click.Choice(["disabled", "basic", "extended", "all"]),
+              default="disabled", show_default=True,
+              help="ONNX Runtime's graph optimisation level, the same for both models.")
+def diff_command(original, fused, inputs, dims, seed, rtol, atol, per_fusion, json_path, provider, device_id,
+                 opt_level):
+    """Run ORIGINAL and FUSED on the same inputs and compare the outputs.
 
-    An element passes when |fused - original| <= atol + rtol * |original|. Exit 0 when every
-    output is within tolerance, 1 when one is not.
+    Both run at the same ORT graph optimisation level (--ort-opt; default: as written), so ORT's
+    own rewrites cannot pass for otfuse's. An element passes when |fused - original| <= atol +
+    rtol * |original|, with the tolerances of the type each output was computed in. Exit 0 when
+    every output is within tolerance, 1 when one is not.
     """
     import warnings
 
@@ -257,7 +263,7 @@ def diff_command(original, fused, inputs, dims, seed, rtol, atol, per_fusion, js
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
         outcome = diff(original, fused, inputs=inputs, dims=parse_dims(dims), rtol=rtol, atol=atol,
-                       seed=seed, per_fusion=per_fusion, providers=providers)
+                       seed=seed, per_fusion=per_fusion, providers=providers, opt_level=opt_level)
     for w in caught:  # the CPU fallback of --provider cann: one line, before the tables
         print(f"otfuse: warning: {_one_line(w.message)}", file=sys.stderr)
     console = _console()
@@ -303,6 +309,7 @@ def _fusions_table(rows) -> Table:
 
 
 def _print_diff(console: Console, outcome, per_fusion: bool = False) -> None:
+    console.print(f"ORT graph optimisations: {outcome.opt_level} (both models)", soft_wrap=True, markup=False)
     console.print(_outputs_table(outcome.outputs))
     for r in outcome.outputs:
         if r.note:
