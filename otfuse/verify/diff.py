@@ -28,7 +28,7 @@ from otfuse.run.session import open_session, run, session_options
 from otfuse.verify.interface import check_same_interface
 
 # docs/ops.md "Numerical tolerances used by otfuse diff": (rtol, atol). Keep the two in sync
-# (tests/test_compare.py checks).
+# (tests/verify/test_diff.py checks).
 TOLERANCES = {
     "float32": (1e-4, 1e-4),
     "float16": (1e-2, 1e-2),
