@@ -16,14 +16,15 @@ from fixtures import fixture_path
 from kernels.norm.test_cpu import build_model
 
 import otfuse
+import otfuse.ascend_ep
 import otfuse.run.session
-from otfuse.run import ascend as ascend_ep
-from otfuse.verify import reference
-from otfuse.verify import ops_on_npu as verify
-from otfuse.run.cann_runtime import DEFAULT_DIRS, find_cann_runtime
 from otfuse.cli import cli
 from otfuse.errors import OtfuseError
+from otfuse.run import ascend as ascend_ep
+from otfuse.run.cann_runtime import DEFAULT_DIRS, find_cann_runtime
 from otfuse.run.feeds import make_feeds
+from otfuse.verify import ops_on_npu as verify
+from otfuse.verify import reference
 
 HAS_CANN_PROVIDER = ascend_ep.CANN_PROVIDER in __import__("onnxruntime").get_available_providers()
 HAS_TORCH_NPU = importlib.util.find_spec("torch_npu") is not None
@@ -39,6 +40,13 @@ def _runtime_dir(tmp_path, name):
 
 
 # ----------------------------------------------------------------------------- discovery
+
+
+def test_the_public_name_is_an_alias_of_run_ascend():
+    """README documents ``otfuse.ascend_ep.create_session``: the same objects as otfuse.run.ascend."""
+    for name in [*ascend_ep.__all__, "FAKE_MODE_KEY", "FAKE_MODE_ENV", "FP32_ATTENTION_KEY", "FP32_ATTENTION"]:
+        assert getattr(otfuse.ascend_ep, name) is getattr(ascend_ep, name), name
+    assert otfuse.ascend_ep.FAKE_MODE_KEY == "otfuse.ascend_ep.fake_mode"  # the key the library reads
 
 
 def test_search_order(tmp_path):
