@@ -37,8 +37,9 @@ from otfuse.rewriter import checks
 from otfuse.rewriter.allow_list import OpAllowList, only, require_allowed
 from otfuse.rewriter.builder import PlainNodes
 from otfuse.rewriter.graph import GraphIndex
-from otfuse.rewriter.pattern import Absent, Const, Either, Match, Var, attr, op
+from otfuse.rewriter.pattern import Absent, Either, Match, Var, attr, op
 from otfuse.rewriter.rule import Refuse, Replacement, RewriteContext, Rule
+from otfuse.rewriter.spellings import unsqueeze, unsqueeze_axes
 
 FAMILY = "attention"
 _OPTIONAL_INPUTS = ("mask", "past_k", "past_v", "nonpad_kv_seqlen")
@@ -56,8 +57,7 @@ ATTENTION_OP = OpAllowList(
 
 def _repeat_kv(tag: str):
     """repeat_kv(x): Unsqueeze(axis 2) -> Expand -> Reshape merging (Nkv, rep) into the heads."""
-    unsqueezed = Either(op.Unsqueeze(Var(tag), Const(f"{tag}_unsq_axes"), _bind=f"{tag}_unsq"),
-                        op.Unsqueeze(Var(tag), _bind=f"{tag}_unsq"))
+    unsqueezed = unsqueeze(Var(tag), f"{tag}_unsq")
     return op.Reshape(op.Expand(unsqueezed, Var(f"{tag}_expand_shape"), _bind=f"{tag}_expand"),
                       Var(f"{tag}_merge_shape"), _bind=f"{tag}_merge")
 
@@ -200,9 +200,7 @@ class AttentionOpRule(Rule):
             source = graph.shape(match.value(tag))
             if source is None or len(source) != 4 or not isinstance(source[1], int):
                 raise Refuse(f"the {tag} before repeat_kv has shape {source}")
-            unsq = match.node(f"{tag}_unsq")
-            axes = ([int(a) for a in graph.constant_value(match.value(f"{tag}_unsq_axes")).reshape(-1)]
-                    if match.has(f"{tag}_unsq_axes") else list(attr(unsq, "axes", [])))
+            axes = unsqueeze_axes(graph, match, f"{tag}_unsq")
             rep = heads // source[1] if source[1] and heads % source[1] == 0 else 0
             expanded = graph.shape(match.node(f"{tag}_expand").output[0])
             merged = checks.reshaped_dims(graph, match.node(f"{tag}_merge"))
