@@ -26,6 +26,7 @@ const CustomOpList& CpuOps() {
     cpu::AppendNormLinearOps(list);
     cpu::AppendRotaryOps(list);
     cpu::AppendAttentionOps(list);
+    cpu::AppendActivationOps(list);
     return list;
   }();
   return ops;

@@ -16,6 +16,7 @@ void AppendNormOps(CustomOpList& ops);  // RMSNorm, AddRMSNorm, LayerNorm, AddLa
 void AppendNormLinearOps(CustomOpList& ops);  // RMSNormLinear, AddRMSNormLinear, LayerNormLinear, AddLayerNormLinear
 void AppendRotaryOps(CustomOpList& ops);  // RotaryEmbedding, RotaryEmbeddingQK
 void AppendAttentionOps(CustomOpList& ops);  // Attention, RopeAttention
+void AppendActivationOps(CustomOpList& ops);  // Gelu, QuickGelu, SiLU, SwiGLU, GeGLU
 }  // namespace cpu
 
 // Ascend (CANN) kernels: registered for the CANN EP, so ORT only runs them in sessions that have
