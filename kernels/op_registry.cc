@@ -16,6 +16,7 @@ void AppendAscendOps(CustomOpList& list, ascend::Placement placement, ascend::At
   ascend::AppendAscendRotaryOps(list, placement);
   ascend::AppendAscendAttentionOps(list, placement, fp32);
   ascend::AppendAscendNormLinearOps(list, placement);
+  ascend::AppendAscendActivationOps(list, placement);
 }
 
 // The CPU kernels of every family.

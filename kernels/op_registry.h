@@ -28,6 +28,7 @@ void AppendAscendNormOps(CustomOpList& ops, Placement placement);  // RMSNorm, A
 void AppendAscendRotaryOps(CustomOpList& ops, Placement placement);  // RotaryEmbedding, RotaryEmbeddingQK
 void AppendAscendAttentionOps(CustomOpList& ops, Placement placement, AttentionFp32 fp32);  // Attention, RopeAttention
 void AppendAscendNormLinearOps(CustomOpList& ops, Placement placement);  // RMSNormLinear, AddRMSNormLinear, LayerNormLinear, AddLayerNormLinear
+void AppendAscendActivationOps(CustomOpList& ops, Placement placement);  // Gelu, QuickGelu, SiLU, SwiGLU, GeGLU
 }  // namespace ascend
 
 }  // namespace otfuse
