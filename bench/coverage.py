@@ -266,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write every result as JSON")
     parser.add_argument("--top", type=int, default=25, help="failure classes to list")
     parser.add_argument("--quiet", action="store_true", help="totals only, no per-model table")
+    parser.add_argument("--cache", type=Path, help="keep results here (JSON) and reuse those of unchanged models "
+                        "(same path, size and mtime): a grown corpus costs only its new models")
     opts = parser.parse_args(argv)
     if not opts.folder.is_dir():
         print(f"coverage: error: {opts.folder} is not a folder", file=sys.stderr)
@@ -276,8 +278,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     facts = machine_info()
     print(f"{facts['date']}, CPU {facts['cpu_model']}, nproc {facts['nproc']}, Python {facts['python']}")
+    cache = json.loads(opts.cache.read_text()) if opts.cache and opts.cache.exists() else {}
     results = []
     for i, (name, path, expected) in enumerate(models, 1):
+        stamp = f"{path.stat().st_size}:{path.stat().st_mtime_ns}:{opts.no_openvino}"
+        if cache.get(name, {}).get("stamp") == stamp:
+            results.append(Result(**{k: v for k, v in cache[name].items() if k != "stamp"}))
+            continue
         print(f"[{i}/{len(models)}] {name}", file=sys.stderr, flush=True)
         result = Result(name, {k: int(expected.get(k, 0)) for k in KINDS})
         # A folder per model: the matrix's variants share one weights.bin, which otfuse copies beside OUT.
@@ -287,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
             run_openvino(path, result)
         charge(result)
         results.append(result)
+        if opts.cache:
+            cache[name] = {**result.__dict__, "stamp": stamp}
+            opts.cache.write_text(json.dumps(cache))
     totals = summarise(results, not opts.quiet)
     failures = group_failures(results, opts.top)
     errors = sum(1 for r in results if r.error)

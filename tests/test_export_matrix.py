@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import onnx
@@ -29,6 +30,7 @@ def _coverage_module():
     """bench/coverage.py: how fused ops count as sites (one definition for the bench and the tests)."""
     spec = importlib.util.spec_from_file_location("otfuse_bench_coverage", REPO / "bench" / "coverage.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
