@@ -19,7 +19,8 @@ near-miss classes of the family that missed them (split evenly), or to "no near 
 
 OpenVINO: `compile_model(read_model(MODEL), "CPU", {INFERENCE_PRECISION_HINT: f32})`, and its
 fused nodes counted in `get_runtime_model()` by layerType: RoPE (one per rotated tensor: 2 per
-site), ScaledDotProductAttention / ScaledAttn / SDPA, RMS, MVN (its LayerNorm). It has no fused
+site), ScaledDotProductAttention / ScaledAttn / SDPA and Snippets `Subgraph`s holding a Softmax
+(its tokenised MHA), RMS, MVN (its LayerNorm). It has no fused
 residual norm, so that column is otfuse's alone.
 """
 
@@ -42,7 +43,7 @@ KINDS = ("rope", "attention", "norm", "residual_norm")
 FAMILY_OF_KIND = {"rope": ("rope", "attention"), "attention": ("attention",), "norm": ("norm",),
                   "residual_norm": ("norm",)}
 NORM_OPS = ("RMSNorm", "AddRMSNorm", "LayerNorm", "AddLayerNorm")
-OV_KINDS = {"rope": ("RoPE",), "attention": ("ScaledDotProductAttention", "ScaledAttn", "SDPA"),
+OV_KINDS = {"rope": ("RoPE",), "attention": ("ScaledDotProductAttention", "ScaledAttn", "SDPA", "MHA"),
             "norm": ("RMS", "MVN", "LayerNorm", "RMSNorm")}
 OTFUSE_TIMEOUT = 300
 
@@ -143,6 +144,16 @@ def run_otfuse(command: str | None, model: Path, result: Result, workdir: Path) 
         result.error = f"exit {returncode}: {stderr[:300]}"
 
 
+def ov_layer_kind(rt_info) -> str:
+    """The runtime node's layerType; a Snippets `Subgraph` that swallowed a Softmax is the CPU
+    plugin's tokenised MHA (what it makes of an SDPA it does not run as ScaledAttn): `MHA`."""
+    kind = rt_info["layerType"].astype(str)
+    if kind == "Subgraph" and "originalLayersNames" in rt_info.keys():
+        if "Softmax" in rt_info["originalLayersNames"].astype(str):
+            return "MHA"
+    return kind
+
+
 def run_openvino(model: Path, result: Result) -> None:
     try:
         import openvino as ov
@@ -152,7 +163,7 @@ def run_openvino(model: Path, result: Result) -> None:
     try:
         core = ov.Core()
         compiled = core.compile_model(core.read_model(str(model)), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
-        types = Counter(op.get_rt_info()["layerType"].astype(str) for op in compiled.get_runtime_model().get_ops())
+        types = Counter(ov_layer_kind(op.get_rt_info()) for op in compiled.get_runtime_model().get_ops())
     except Exception as exc:  # a model OpenVINO cannot read or compile: its failure, reported
         result.ov_error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
         return
