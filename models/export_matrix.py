@@ -25,6 +25,7 @@ never from otfuse. Every export that fails is recorded under `failed` in the man
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import io
@@ -32,6 +33,7 @@ import json
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -402,9 +404,29 @@ def apply_chain(chain: str, base: Path, out: Path) -> None:
         # Cast kept in float32 (blocked): with the default list the converter retypes a Cast(to=FLOAT)'s
         # output as float16 and ONNX Runtime refuses the model (every RMSNorm here has one).
         blocked = [*float16.DEFAULT_OP_BLOCK_LIST, "Cast"]
-        onnx.save(float16.convert_float_to_float16(onnx.load(base), keep_io_types=True, op_block_list=blocked), out)
+        with time_limit(CHAIN_SECONDS, "onnxconverter-common's float16 conversion"):  # TorchScript: no end seen
+            model = float16.convert_float_to_float16(onnx.load(base), keep_io_types=True, op_block_list=blocked)
+        onnx.save(model, out)
     else:
         raise ValueError(f"unknown chain {chain!r}")
+
+
+CHAIN_SECONDS = 180
+
+
+@contextlib.contextmanager
+def time_limit(seconds: int, what: str):
+    """Raise TimeoutError in the (pure Python) tool after `seconds`, so the export is recorded as failed."""
+    def expire(signum, frame):
+        raise TimeoutError(f"{what} did not finish in {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def check_against(base: Path, derived: Path, feeds: dict[str, Any], tol: float) -> float:
