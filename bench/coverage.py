@@ -27,8 +27,10 @@ residual norm, so that column is otfuse's alone.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -91,6 +93,17 @@ def find_models(folder: Path) -> list[tuple[str, Path, dict]]:
             if "expected" in entry:
                 found.append((str(model.relative_to(folder).with_suffix("")), model, entry["expected"]))
     return found
+
+
+def materialise(model: Path, folder: Path) -> Path:
+    """A runnable copy of a packed matrix model (models/matrix_pack.py): `<variant>.onnx.gz` is
+    unpacked into `folder` with its family's `weights.bin` beside it. Plain .onnx: returned as is."""
+    if model.suffix != ".gz":
+        return model
+    target = folder / model.name.removesuffix(".gz")
+    target.write_bytes(gzip.decompress(model.read_bytes()))
+    shutil.copyfile(model.parent / "weights.bin", folder / "weights.bin")
+    return target
 
 
 def cli_in_process(args: list[str]) -> tuple[int, str]:
@@ -300,9 +313,12 @@ def main(argv: list[str] | None = None) -> int:
         result = Result(name, {k: int(expected.get(k, 0)) for k in KINDS})
         # A folder per model: the matrix's variants share one weights.bin, which otfuse copies beside OUT.
         with tempfile.TemporaryDirectory(prefix="otfuse-coverage-") as tmp:
-            run_otfuse(opts.otfuse, path, result, Path(tmp))
-        if not opts.no_openvino:
-            run_openvino(path, result)
+            (Path(tmp) / "in").mkdir()
+            (Path(tmp) / "out").mkdir()
+            model = materialise(path, Path(tmp) / "in")
+            run_otfuse(opts.otfuse, model, result, Path(tmp) / "out")
+            if not opts.no_openvino:
+                run_openvino(model, result)
         charge(result)
         results.append(result)
         if opts.cache:
