@@ -292,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet", action="store_true", help="totals only, no per-model table")
     parser.add_argument("--cache", type=Path, help="keep results here (JSON) and reuse those of unchanged models "
                         "(same path, size and mtime): a grown corpus costs only its new models")
+    parser.add_argument("--cached-only", action="store_true", help="report the models in --cache only (merge "
+                        "the caches of several runs over parts of a folder, then print their totals)")
     opts = parser.parse_args(argv)
     if not opts.folder.is_dir():
         print(f"coverage: error: {opts.folder} is not a folder", file=sys.stderr)
@@ -308,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         stamp = f"{path.stat().st_size}:{path.stat().st_mtime_ns}:{opts.no_openvino}"
         if cache.get(name, {}).get("stamp") == stamp:
             results.append(Result(**{k: v for k, v in cache[name].items() if k != "stamp"}))
+            continue
+        if opts.cached_only:
             continue
         print(f"[{i}/{len(models)}] {name}", file=sys.stderr, flush=True)
         result = Result(name, {k: int(expected.get(k, 0)) for k in KINDS})

@@ -18,7 +18,6 @@ import onnx
 import pytest
 
 import otfuse
-from otfuse.errors import NothingToFuse
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = REPO / "models" / "fixtures" / "matrix"
@@ -39,8 +38,48 @@ def _coverage_module():
 COVERAGE = _coverage_module()
 KINDS = COVERAGE.KINDS
 
-# variant -> why it does not fuse every site today (otfuse's near miss or error, as it reports it).
-XFAIL: dict[str, str] = {}
+# variant -> why it does not fuse every site today: the first site kind short and otfuse's near miss for it
+# (or "no near miss reported", itself a bug: issue 10 wants every site left unfused in the report).
+XFAIL: dict[str, str] = {
+    'bert/dynamo_pos_dyn.ort_extended': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
+    'bert/dynamo_pos_dyn.unoptimised': "attention 0/2 fused: Attention: 'kt_mul' is not a constant",
+    'bert/ts14_nopos_dyn': 'attention 0/2 fused: Attention(Kᵀ from BSND): head counts and head sizes must be static',
+    'bert/ts17_nopos_dyn': 'attention 0/2 fused: Attention(Kᵀ from BSND): head counts and head sizes must be static',
+    'bert/ts20_nopos_dyn': 'attention 0/2 fused: Attention(Kᵀ from BSND): head counts and head sizes must be static',
+    'bloom/dynamo_nopos_dyn.ort_extended': 'attention 0/2 fused: Attention(flat heads, ALiBi): expected MatMul, found Reshape (node_view)',
+    'bloom/dynamo_nopos_dyn.unoptimised': 'attention 0/2 fused: no near miss reported',
+    'bloom/dynamo_nopos_static': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
+    'bloom/optimum_nopast': 'attention 0/2 fused: no near miss reported',
+    'bloom/optimum_past': 'attention 0/2 fused: no near miss reported',
+    'bloom/ts14_nopos_dyn': 'attention 0/2 fused: no near miss reported',
+    'bloom/ts14_nopos_static': 'attention 0/2 fused: no near miss reported',
+    'bloom/ts17_nopos_dyn': 'attention 0/2 fused: no near miss reported',
+    'bloom/ts17_nopos_static': 'attention 0/2 fused: no near miss reported',
+    'bloom/ts20_nopos_dyn': 'attention 0/2 fused: no near miss reported',
+    'bloom/ts20_nopos_static': 'attention 0/2 fused: no near miss reported',
+    'gpt2/dynamo_pos_dyn.ort_extended': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
+    'gpt2/dynamo_pos_dyn.unoptimised': "attention 0/2 fused: Attention: 'kt_mul' is not a constant",
+    'gpt_neox/dynamo_pos_dyn.ort_extended': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
+    'gpt_neox/dynamo_pos_dyn.unoptimised': "attention 0/2 fused: Attention: 'kt_mul' is not a constant",
+    'gptj/dynamo_pos_dyn.ort_extended': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
+    'gptj/dynamo_pos_dyn.unoptimised': "rope 0/2 fused: RotaryEmbedding(interleaved): 'x' must be one value, but two different values meet here",
+    'gptj/optimum_nopast': 'attention 0/2 fused: RopeAttention(BSND): expected Cast, found Slice (/transformer/h.0/attn/Slice_12)',
+    'gptj/optimum_past': 'attention 0/2 fused: RopeAttention(BSND): expected Cast, found Slice (/transformer/h.0/attn/Slice_12)',
+    'llama/dynamo_nopos_static': "attention 0/2 fused: Attention: k 'expand_1' must have a known rank-4 shape, has (2, 2, 2, 7, 16)",
+    'llama/dynamo_pos_dyn.ort_extended': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
+    'llama/dynamo_pos_dyn.unoptimised': "attention 0/2 fused: Attention: 'kt_mul' is not a constant",
+    'llama/dynamo_pos_static': "attention 0/2 fused: Attention: k 'expand_1' must have a known rank-4 shape, has (2, 2, 2, 7, 16)",
+    'mistral/dynamo_nopos_static': "attention 0/2 fused: Attention: k 'expand_1' must have a known rank-4 shape, has (2, 2, 2, 7, 16)",
+    'mistral/dynamo_pos_dyn.ort_extended': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
+    'mistral/dynamo_pos_dyn.unoptimised': "attention 0/2 fused: Attention: 'kt_mul' is not a constant",
+    'mistral/dynamo_pos_static': "attention 0/2 fused: Attention: k 'expand_1' must have a known rank-4 shape, has (2, 2, 2, 7, 16)",
+    'phi/dynamo_pos_dyn.ort_extended': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
+    'phi/dynamo_pos_dyn.unoptimised': "attention 0/2 fused: Attention: 'kt_mul' is not a constant",
+    'qwen2/dynamo_nopos_static': "attention 0/2 fused: Attention: k 'expand_1' must have a known rank-4 shape, has (2, 2, 2, 7, 16)",
+    'qwen2/dynamo_pos_dyn.ort_extended': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
+    'qwen2/dynamo_pos_dyn.unoptimised': "attention 0/2 fused: Attention: 'kt_mul' is not a constant",
+    'qwen2/dynamo_pos_static': "attention 0/2 fused: Attention: k 'expand_1' must have a known rank-4 shape, has (2, 2, 2, 7, 16)",
+}
 
 
 def dims_for(entry: dict) -> dict[str, int]:
@@ -60,10 +99,7 @@ def test_variant_fuses_every_site_with_a_clean_diff(tmp_path, key):
     (tmp_path / "in").mkdir()
     path = COVERAGE.materialise(MATRIX / entry["file"], tmp_path / "in")
     out = tmp_path / "fused.onnx"
-    try:
-        report = otfuse.fuse(path, out)
-    except NothingToFuse as exc:
-        pytest.fail(f"nothing fused; near misses: {[m['reason'] for m in exc.report.near_misses]}")
+    report = otfuse.fuse(path, out)
     fused = COVERAGE.fused_sites(report.fusions)
     expected = {kind: entry["expected"][kind] for kind in KINDS}
     misses = [f"{m.get('pattern')}: {m.get('reason')}" for m in report.near_misses]
