@@ -19,7 +19,7 @@ import pytest
 
 import otfuse
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MATRIX = REPO / "models" / "fixtures" / "matrix"
 MANIFEST = json.loads((MATRIX / "manifest.json").read_text())
 ENTRIES = MANIFEST["models"]
