@@ -185,16 +185,18 @@ def run_openvino(model: Path, result: Result) -> None:
 
 
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+_NODE = re.compile(r"\((?:/|node_|val_)[^()]*\)")  # "(/model/.../Add_1)": a node named in passing
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(\.\d+)?(e-?\d+)?")
 
 
 def failure_class(text: str) -> str:
     """Near misses that differ only in tensor names and numbers are one class."""
-    return _NUMBER.sub("N", _QUOTED.sub("'…'", text)).strip()
+    return _NUMBER.sub("N", _NODE.sub("(…)", _QUOTED.sub("'…'", text))).strip()
 
 
 def charge(result: Result) -> None:
     """Charge each missed site to the failure classes that explain it."""
+    result.costs = {}
     if result.error:
         result.costs[f"internal error: {failure_class(result.error)}"] = float(sum(result.expected[k] for k in KINDS))
         return
@@ -310,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         stamp = f"{path.stat().st_size}:{path.stat().st_mtime_ns}:{opts.no_openvino}"
         if cache.get(name, {}).get("stamp") == stamp:
             results.append(Result(**{k: v for k, v in cache[name].items() if k != "stamp"}))
+            charge(results[-1])  # the classes as this version of the bench groups them
             continue
         if opts.cached_only:
             continue
