@@ -16,6 +16,7 @@ from otfuse import OP_DOMAIN, __version__
 from otfuse.errors import ModelLoadError, NothingToFuse, OtfuseError, OutputWriteError
 from otfuse.patterns import FAMILIES, select_families
 from otfuse.rewriter.model_io import check_model, load_model, save_model
+from otfuse.rewriter.passes import unique_sites
 
 
 @dataclass
@@ -58,11 +59,13 @@ def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = 
     nodes_before = len(model.graph.node)
 
     already_fused = _fused_op_census(model)
-    near_misses: list[dict] = []
+    found = []
     for family in families:
         for family_pass in FAMILIES[family]:
             result = family_pass.run(model, loaded.base_dir)
-            near_misses += [dict(miss.to_dict(), family=family) for miss in result.near_misses]
+            found += [(family, miss) for miss in result.near_misses]
+    final_nodes = {node.name for node in model.graph.node}
+    near_misses = [dict(miss.to_dict(), family=family) for family, miss in unique_sites(found, final_nodes)]
     # Counted on the result: a later pass may absorb what an earlier one fused (RoPE into attention).
     fusions = _fused_op_census(model) - already_fused
 

@@ -1,0 +1,185 @@
+"""Equalities between dims learned from a graph, and the canonical form they imply.
+
+A learned ``a == b`` is solved for one atom when it occurs linearly with a one-term coefficient
+(``u * 64 == batch * seq * 64`` binds ``u := batch * seq``; ``16 * (4*b*s)//(b*t) * t == 64 * t``
+binds the quotient to 4), preferring to eliminate fresh unknowns, then quotients and max/min,
+then the latest named dims. Dividing by a symbolic coefficient takes it as non-zero. What cannot be
+solved (``a * b == c * d``) joins an equality class of whole expressions (union-find),
+represented by its simplest member.
+``canonical`` substitutes the bindings, re-simplifies (a quotient may become exact) and maps a
+class member to its representative, so two dims are proven equal exactly when their canonical
+forms are the same expression.
+"""
+
+from __future__ import annotations
+
+from otfuse.rewriter.dims import expr as E
+from otfuse.rewriter.dims.expr import Expr, FloorDiv, Func, Sym
+
+
+class Facts:
+    def __init__(self):
+        self.symbols: dict[str, Expr] = {}  # symbol name -> what it equals
+        self.atoms: dict = {}  # quotient / max / min atom (canonical when bound) -> what it equals
+        self.classes: dict[Expr, Expr] = {}  # compound expression -> its class's representative
+        self.rank: dict[str, tuple[int, int]] = {}  # symbol -> (kind, order); smaller is kept
+        self.conflicts: list[tuple[Expr, Expr]] = []  # two different numbers claimed equal
+        self._cache: dict[Expr, Expr] = {}
+        self._bindings = 0  # symbols bound so far; atoms and classes were keyed canonically at ...
+        self._keyed_at = 0  # ... this many
+        self._rekeying = False
+
+    # -- symbols -------------------------------------------------------------------------------
+    def register(self, name: str, fresh: bool) -> None:
+        """Named dims (kind 0) are preferred over fresh unknowns (kind 1) as representatives."""
+        if name not in self.rank:
+            self.rank[name] = (1 if fresh else 0, len(self.rank))
+
+    def is_fresh(self, name: str) -> bool:
+        return self.rank.get(name, (0, 0))[0] == 1
+
+    def _preference(self, name: str) -> tuple[int, int]:
+        return self.rank.get(name, (0, len(self.rank)))
+
+    # -- canonical form ------------------------------------------------------------------------
+    def canonical(self, e: Expr) -> Expr:
+        if e.is_const or (not self.symbols and not self.atoms and not self.classes):
+            return e
+        if self._keyed_at != self._bindings and not self._rekeying and (self.atoms or self.classes):
+            self._rekey()
+        cached = self._cache.get(e)
+        if cached is not None:
+            return cached
+        result = self._substituted(e)
+        seen = set()
+        while result in self.classes and result not in seen:
+            seen.add(result)
+            result = self.canonical(self.classes[result])
+        self._cache[e] = result
+        return result
+
+    def _substituted(self, e: Expr) -> Expr:
+        changed = False
+        total = E.ZERO
+        for mono, c in e.terms:
+            term = E.const(c)
+            for atom, power in mono:
+                replaced = self._atom(atom)
+                if replaced is None:
+                    replaced = E.of_atom(atom)
+                else:
+                    changed = True
+                for _ in range(power):
+                    term = E.mul(term, replaced)
+            total = E.add(total, term)
+        return total if changed else e
+
+    def _atom(self, atom) -> Expr | None:
+        """The canonical expression for ``atom``, or None when it stays as it is."""
+        if isinstance(atom, Sym):
+            target = self.symbols.get(atom.name)
+            if target is None:
+                return None
+            resolved = self.canonical(target)
+            self.symbols[atom.name] = resolved  # path compression
+            return resolved
+        rebuilt = None
+        if isinstance(atom, FloorDiv):
+            num, den = self.canonical(atom.num), self.canonical(atom.den)
+            if num != atom.num or den != atom.den:
+                rebuilt = E.floordiv(num, den)
+        elif isinstance(atom, Func):
+            args = [self.canonical(a) for a in atom.args]
+            if args != list(atom.args):
+                rebuilt = {"max": E.maximum, "min": E.minimum, "broadcast": E.broadcast}[atom.fn](*args)
+        single = atom if rebuilt is None else E._single_atom(rebuilt)
+        if single is not None and single in self.atoms:
+            return self.canonical(self.atoms[single])
+        return rebuilt
+
+    def equal(self, a: Expr, b: Expr) -> bool:
+        return self.canonical(a) == self.canonical(b)
+
+    # -- learning ------------------------------------------------------------------------------
+    def learn(self, a: Expr, b: Expr) -> bool:
+        """Record ``a == b``; False when it contradicts what is known (two different numbers)."""
+        a, b = self.canonical(a), self.canonical(b)
+        if a == b:
+            return True
+        if a.is_const and b.is_const:
+            self.conflicts.append((a, b))
+            return False
+        difference = E.sub(a, b)
+        top = list(dict.fromkeys(atom for atom in difference.atoms()))
+        symbols = sorted((x for x in top if isinstance(x, Sym)), key=lambda x: self._preference(x.name),
+                         reverse=True)
+        fresh = [x for x in symbols if self.is_fresh(x.name)]
+        named = [x for x in symbols if not self.is_fresh(x.name)]
+        for atom in fresh + [x for x in top if not isinstance(x, Sym)] + named:
+            solution = _solve(difference, atom)
+            if solution is None:
+                continue
+            if isinstance(atom, Sym):
+                self.symbols[atom.name] = solution
+                self._bindings += 1
+            else:
+                self.atoms[atom] = solution
+            self._cache.clear()
+            return True
+        keep, other = sorted((a, b), key=self._score)
+        self.classes[other] = keep
+        self._cache.clear()
+        return True
+
+    def _score(self, e: Expr) -> tuple:
+        fresh = sum(1 for name in e.symbols() if self.is_fresh(name))
+        return fresh, len(e.terms) + sum(1 for _ in e.atoms()), len(e.text), e.text
+
+    def _rekey(self) -> None:
+        """After new symbol bindings, bound atoms and class members may no longer be canonical:
+        learn them again."""
+        self._rekeying = True
+        try:
+            while self._keyed_at != self._bindings:
+                self._keyed_at = self._bindings
+                pairs = [(E.of_atom(atom), value) for atom, value in self.atoms.items()]
+                pairs += list(self.classes.items())
+                self.atoms.clear()
+                self.classes.clear()
+                self._cache.clear()
+                for member, representative in pairs:
+                    self.learn(member, representative)
+        finally:
+            self._rekeying = False
+
+
+def _solve(difference: Expr, x) -> Expr | None:
+    """Atom x from ``difference == 0`` when it is ``x * P + R`` with P one term dividing R exactly
+    and x nowhere else (not in R, not inside another atom)."""
+    inside = x.symbols() if not isinstance(x, Sym) else {x.name}
+    coefficient: list = []
+    rest: dict = {}
+    for mono, c in difference.terms:
+        power = 0
+        others = []
+        for atom, p in mono:
+            if atom == x:
+                power = p
+            elif isinstance(x, Sym) and x.name in atom.symbols():
+                return None
+            else:
+                others.append((atom, p))
+        if power > 1:
+            return None
+        if power == 1:
+            coefficient.append((tuple(others), c))
+        else:
+            rest[mono] = c
+    if len(coefficient) != 1 or not inside:
+        return None
+    p = Expr((coefficient[0],))
+    r = Expr(tuple(sorted(rest.items(), key=lambda t: E._mono_key(t[0]))))
+    solution = E.exact_div(E.neg(r), p)
+    if solution is not None and not isinstance(x, Sym) and any(a == x for a in solution.atoms()):
+        return None
+    return solution
