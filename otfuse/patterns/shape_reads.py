@@ -18,7 +18,7 @@ from pathlib import Path
 import onnx
 
 from otfuse import OP_DOMAIN
-from otfuse.rewriter.graph import GraphIndex
+from otfuse.rewriter.graph import GraphIndex, index_for
 from otfuse.rewriter.passes import PassResult
 from otfuse.rewriter.pattern import attr
 
@@ -85,7 +85,7 @@ class ShapeReadsPass:
     """Moves the ``Shape`` reads of rank-4 tensors to equal-dimensioned ancestors (see above)."""
 
     def run(self, model: onnx.ModelProto, base_dir: Path | None) -> PassResult:
-        graph = GraphIndex(model, base_dir)
+        graph = index_for(model, base_dir)
         for node in model.graph.node:
             if node.op_type != "Shape" or node.domain not in ("", "ai.onnx") or graph.rank(node.input[0]) != 4:
                 continue

@@ -7,6 +7,8 @@ external data are read tensor by tensor from their file, never as a whole model.
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -185,7 +187,7 @@ class GraphIndex:
             elem = onnx.helper.np_dtype_to_tensor_dtype(tensor.dtype)
             return elem, tuple(tensor.shape), tensor if tensor.size <= MAX_VALUE_ITEMS else None
         dims = tuple(int(d) for d in tensor.dims)
-        small = int(np.prod(dims, dtype=np.int64)) <= MAX_VALUE_ITEMS
+        small = math.prod(dims) <= MAX_VALUE_ITEMS
         readable = tensor.data_type in _SHAPE_LIKE_TYPES and small
         return tensor.data_type, dims, self.constant_value(name) if readable else None
 
@@ -214,6 +216,46 @@ class GraphIndex:
         return None if shape is None else len(shape)
 
 
+_last_index: tuple | None = None  # (nodes, fingerprint, index) of the graph indexed last
+
+
+def _fingerprint(model: onnx.ModelProto, base_dir: Path | None) -> tuple:
+    """What a GraphIndex depends on besides the node objects (rules key on their identity): their
+    contents, the interface, declared types and initializer names. The initializers' bytes are not
+    read: a pass only adds or drops initializers, never rewrites one in place."""
+    graph = model.graph
+    return (id(model), str(base_dir), b"".join(n.SerializeToString() for n in graph.node),
+            b"".join(v.SerializeToString() for v in graph.input),
+            b"".join(v.SerializeToString() for v in graph.output),
+            b"".join(v.SerializeToString() for v in graph.value_info),
+            tuple(t.name for t in graph.initializer), tuple((e.domain, e.version) for e in model.opset_import))
+
+
+def index_for(model: onnx.ModelProto, base_dir: Path | None = None) -> GraphIndex:
+    """A GraphIndex of ``model``: the last one built when the graph has not changed since (a pass
+    that fused nothing), so each pass starts from an index of the graph as it is."""
+    global _last_index
+    nodes = list(model.graph.node)
+    fingerprint = _fingerprint(model, base_dir)
+    if _last_index is not None and len(_last_index[0]) == len(nodes) and \
+            all(a is b for a, b in zip(_last_index[0], nodes)) and _last_index[1] == fingerprint:
+        return _last_index[2]
+    index = GraphIndex(model, base_dir)
+    _last_index = (nodes, fingerprint, index)
+    return index
+
+
+def forget_indexes() -> None:
+    """Drop the index kept by ``index_for`` (and the model it holds)."""
+    global _last_index
+    _last_index = None
+
+
+# Small external tensors (shapes, axes) are read by every pass's index: kept by file identity.
+_SMALL_EXTERNAL_ELEMENTS = 4096
+_small_external: dict[tuple, np.ndarray] = {}
+
+
 def read_external_tensor(tensor: onnx.TensorProto, base_dir: Path | None) -> np.ndarray:
     """Read one external tensor's bytes (offset/length) from its data file."""
     if base_dir is None:
@@ -222,7 +264,19 @@ def read_external_tensor(tensor: onnx.TensorProto, base_dir: Path | None) -> np.
     offset = int(info.get("offset", 0))
     dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
     count = int(np.prod(tensor.dims, dtype=np.int64)) if tensor.dims else 1
-    with open(Path(base_dir) / info["location"], "rb") as handle:
+    path = Path(base_dir) / info["location"]
+    key = None
+    if count <= _SMALL_EXTERNAL_ELEMENTS:
+        stat = os.stat(path)
+        key = (str(path), stat.st_ino, stat.st_mtime_ns, stat.st_size, offset, count, tensor.data_type,
+               tuple(tensor.dims))
+        cached = _small_external.get(key)
+        if cached is not None:
+            return cached.copy()
+    with open(path, "rb") as handle:
         handle.seek(offset)
         data = handle.read(count * np.dtype(dtype).itemsize)
-    return np.frombuffer(data, dtype=dtype).reshape(tuple(tensor.dims)).copy()
+    value = np.frombuffer(data, dtype=dtype).reshape(tuple(tensor.dims)).copy()
+    if key is not None and len(_small_external) < 100_000:
+        _small_external[key] = value.copy()
+    return value

@@ -19,7 +19,7 @@ from typing import Protocol
 import onnx
 
 from otfuse import OP_DOMAIN, OP_DOMAIN_VERSION
-from otfuse.rewriter.graph import GraphIndex
+from otfuse.rewriter.graph import GraphIndex, index_for
 from otfuse.rewriter.pattern import Failure, Match, Matcher
 from otfuse.rewriter.rule import Refuse, Replacement, RewriteContext, Rule
 
@@ -253,7 +253,7 @@ def run_pass(model: onnx.ModelProto, rules: Sequence[Rule], base_dir: Path | Non
     result = PassResult()
     if not rules:
         return result
-    graph = GraphIndex(model, base_dir)
+    graph = index_for(model, base_dir)
     ctx = RewriteContext(graph)
     nodes = list(model.graph.node)
     claimed: set[int] = set()

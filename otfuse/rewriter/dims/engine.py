@@ -233,7 +233,7 @@ class DimEngine:
                 shape = stated
             elif stated is not None and len(stated) == len(shape):
                 for have, want in zip(shape, stated):
-                    if want is not None:  # the exporter's word, like an input's dim names
+                    if want is not None and want != have:  # the exporter's word, like an input's dim names
                         self.facts.learn(have, want)
                         self.assumed.learn(have, want)
         self.elems[name] = elem

@@ -105,12 +105,19 @@ def _mono_key(mono: Mono) -> tuple:
 class Expr:
     """An immutable canonical polynomial: ``terms`` is ((mono, coefficient), ...), sorted."""
 
-    __slots__ = ("terms", "_hash", "_text")
+    __slots__ = ("terms", "_hash", "_text", "value", "is_const")
 
     def __init__(self, terms: tuple):
         self.terms = terms
         self._hash = hash(terms)
         self._text: str | None = None
+        if not terms:
+            self.value: int | None = 0
+        elif len(terms) == 1 and not terms[0][0]:
+            self.value = terms[0][1]
+        else:
+            self.value = None
+        self.is_const = self.value is not None
 
     # -- identity ------------------------------------------------------------------------------
     def __eq__(self, other) -> bool:
@@ -121,19 +128,6 @@ class Expr:
 
     def __repr__(self) -> str:
         return self.text
-
-    @property
-    def is_const(self) -> bool:
-        return not self.terms or (len(self.terms) == 1 and not self.terms[0][0])
-
-    @property
-    def value(self) -> int | None:
-        """The number, when the expression is constant."""
-        if not self.terms:
-            return 0
-        if len(self.terms) == 1 and not self.terms[0][0]:
-            return self.terms[0][1]
-        return None
 
     def symbols(self) -> set[str]:
         names: set[str] = set()
@@ -530,9 +524,23 @@ class _Parser:
         raise ValueError(text)
 
 
+_PARSED: dict[str, Expr] = {}
+
+
 def parse(text: str) -> Expr:
     """A dim_param as an expression: ``'past_seq + seq'``, ``'2*s0'``, ``'batch'``; text that is
     not an expression (``'seq len'``) is one symbol of that name."""
+    parsed = _PARSED.get(text)
+    if parsed is None:
+        parsed = _parse(text)
+        if len(_PARSED) < 100_000:
+            _PARSED[text] = parsed
+    return parsed
+
+
+def _parse(text: str) -> Expr:
+    if _PLAIN_NAME.fullmatch(text):
+        return sym(text)
     try:
         parser = _Parser(text)
         result = parser.expr()

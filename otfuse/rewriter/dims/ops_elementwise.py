@@ -25,6 +25,8 @@ def broadcast_shapes(ctx: NodeContext, shapes: list[Shape | None]) -> Shape | No
     broadcast(a, b), which the assumed view reads as a."""
     if any(s is None for s in shapes):
         return None
+    if all(s == shapes[0] for s in shapes[1:]):
+        return shapes[0]
     rank = max((len(s) for s in shapes), default=0)
     out = []
     for axis in range(rank):
