@@ -145,7 +145,7 @@ class DimEngine:
         self._constant = constant
         self.opsets = {e.domain or "": e.version for e in model.opset_import}
         self.opsets.setdefault("", self.opsets.get("ai.onnx", 0))
-        self.declared = {vi.name: vi for vi in itertools.chain(self.graph.value_info, self.graph.output)}
+        self.declared = {vi.name: vi for vi in itertools.chain(self.graph.output, self.graph.value_info)}
         self.unmodelled: set[str] = set()  # op types whose outputs came from onnx or declarations
         self._read_inputs()
         for node in self.graph.node:

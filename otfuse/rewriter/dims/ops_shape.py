@@ -116,14 +116,14 @@ def _reshape(ctx: NodeContext):
         elif t.value is not None and t.value < 0:
             return [(elem, None, None)]  # not a valid target
         dims.append(t)
-    if source is not None:
-        total = E.product(source)
-        if len(holes) == 1:
-            known = E.product(d for d in dims if d is not None)
-            dims[holes[0]] = E.floordiv(total, known)
-        elif not holes:
-            ctx.learn(total, E.product(dims))
+    solved = False
+    if source is not None and len(holes) == 1:
+        known = E.product(d for d in dims if d is not None)
+        dims[holes[0]] = E.floordiv(E.product(source), known)
+        solved = dims[holes[0]] is not None
     out = _fill(ctx, [None if d is None else ctx.canonical(d) for d in dims])
+    if source is not None and not solved:
+        ctx.learn(E.product(source), E.product(out))  # the element count is kept
     return [(elem, out, _reshaped_value(ctx, out))]
 
 
@@ -320,6 +320,11 @@ def slice_length(dim: Expr, start: Expr, end: Expr, step: int) -> Expr | None:
         return E.const(len(range(*slice(s, e, step).indices(dim.value))))
     if step <= 0:
         return None
+    if start.value is not None and (end.value or 0) >= _HUGE:
+        if start.value >= 0:  # x[k:]
+            return E.maximum(E.sub(dim, start), E.ZERO) if start.value else dim
+        if start.value > -_HUGE:  # x[-k:]
+            return E.minimum(E.const(-start.value), dim)
     lo, hi = _clamped(start, dim), _clamped(end, dim)
     if lo is None or hi is None:
         return None
