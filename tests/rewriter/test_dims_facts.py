@@ -68,3 +68,22 @@ def test_a_named_dim_equal_to_a_number_becomes_the_number():
     facts = _facts()
     facts.learn(parse("heads"), E.const(8))
     assert facts.canonical(parse("2*heads")) == E.const(16)
+
+
+def test_a_broadcast_is_settled_by_a_product_of_its_arguments():
+    """[b1, s1] + [b2, s2] reshaped to [b2, s1] (no -1): the sum did not broadcast."""
+    facts = _facts()
+    b1, b2, s1, s2 = (parse(n) for n in ("batch", "past", "seq", "heads"))
+    total = E.product([E.broadcast(b1, b2), E.broadcast(s1, s2), E.const(64)])
+    facts.learn(total, E.product([b2, s1, E.const(64)]))
+    assert facts.canonical(E.broadcast(b1, b2)) == b2
+    assert facts.canonical(E.broadcast(s1, s2)) == s1
+    assert not facts.equal(b1, b2)  # b1 may still be 1
+
+
+def test_a_product_that_does_not_name_the_arguments_says_only_what_the_broadcast_is():
+    facts = _facts()
+    b1, b2, s1 = parse("batch"), parse("past"), parse("seq")
+    facts.learn(E.mul(E.broadcast(b1, b2), s1), E.mul(parse("heads"), s1))
+    assert facts.canonical(E.broadcast(b1, b2)) == parse("heads")
+    assert not facts.equal(b1, parse("heads")) and not facts.equal(b2, parse("heads"))

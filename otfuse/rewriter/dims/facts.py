@@ -126,6 +126,12 @@ class Facts:
                 self.atoms[atom] = solution
             self._cache.clear()
             return True
+        settled = _broadcasts_settled(a, b) or _broadcasts_settled(b, a)
+        if settled:
+            for atom, value in settled:
+                self.atoms[atom] = value
+            self._cache.clear()
+            return True
         keep, other = sorted((a, b), key=self._score)
         self.classes[other] = keep
         self._cache.clear()
@@ -151,6 +157,42 @@ class Facts:
                     self.learn(member, representative)
         finally:
             self._rekeying = False
+
+
+def _monomial(e: Expr) -> tuple[int, list] | None:
+    """(coefficient, factors with repetition) of a one-term expression."""
+    if len(e.terms) != 1:
+        return None
+    mono, c = e.terms[0]
+    return c, [atom for atom, power in mono for _ in range(power)]
+
+
+def _broadcasts_settled(a: Expr, b: Expr) -> list | None:
+    """``a == b`` with a a product of broadcast(x, y) atoms (and factors b shares), b a product of
+    one argument of each: every broadcast is that argument. A broadcast is one of its arguments,
+    the others 1 or equal to it, so it is >= each when dims are >= 1; a product of such factors
+    equals the product of what they bound only when each does. (A Reshape of the sum of
+    ``[b1, s1] + [b2, s2]`` to ``[b2, s1]``: the sum did not broadcast.)"""
+    ma, mb = _monomial(a), _monomial(b)
+    if ma is None or mb is None or ma[0] != mb[0] or ma[0] <= 0:
+        return None
+    left, right = list(ma[1]), list(mb[1])
+    for atom in list(left):
+        if atom in right:
+            left.remove(atom)
+            right.remove(atom)
+    if not left or len(left) != len(right):
+        return None
+    settled = []
+    for atom in left:
+        if not (isinstance(atom, Func) and atom.fn == "broadcast"):
+            return None
+        match = next((x for x in right if E.of_atom(x) in atom.args), None)
+        if match is None:
+            return None
+        right.remove(match)
+        settled.append((atom, E.of_atom(match)))
+    return settled
 
 
 def _solve(difference: Expr, x) -> Expr | None:
