@@ -62,6 +62,20 @@ def shape_mismatch(a, b) -> str:
     return "equal"
 
 
+def broadcast_mismatch(shape, target) -> str:
+    """The first dim of ``shape`` (aligned right) that is neither 1 nor proven to be ``target``'s."""
+    for axis, (dim, want) in enumerate(zip(reversed(list(shape)), reversed(list(target)))):
+        if dim != 1 and not dims_equal(dim, want):
+            return f"dim -{axis + 1}: {_dim_text(dim)} vs {_dim_text(want)} not proven equal"
+    return "broadcasts"
+
+
+def not_static(**dims) -> str | None:
+    """Which of the named dims is not a number, for a refusal; None when all are."""
+    loose = [f"{name} {_dim_text(dim)}" for name, dim in dims.items() if not isinstance(dim, int)]
+    return ", ".join(loose) + " not static" if loose else None
+
+
 def _dim_text(dim) -> str:
     return "?" if dim is None else str(dim)
 

@@ -118,8 +118,9 @@ def _broadcasts_over(graph: GraphIndex, table: str, x: str, width: int) -> None:
     if shape[-1] != width:
         raise Refuse(f"{table!r} has {shape[-1]} lanes, the rotation needs {width}")
     for dim, x_dim in zip(reversed(shape[:-1]), reversed(x_shape[:-1])):
-        if dim != 1 and (dim is None or dim != x_dim):
-            raise Refuse(f"{table!r} shape {list(shape)} does not broadcast over x {list(x_shape)}")
+        if dim != 1 and (dim is None or not common.dims_equal(dim, x_dim)):
+            raise Refuse(f"{table!r} shape {list(shape)} does not broadcast over x {list(x_shape)} "
+                         f"({common.broadcast_mismatch(shape[:-1], x_shape[:-1])})")
 
 
 def _check_input(graph: GraphIndex, match: Match) -> tuple[int, int]:
@@ -235,7 +236,8 @@ class InterleavedRule(_RopeRule):
         restores_by_construction = (shape_source is not None and shape_source.op_type == "Shape"
                                     and list(shape_source.input) == [xr] and not shape_source.attribute)
         if not restores_by_construction and not common.shapes_equal(flat_shape, graph.shape(xr)):
-            raise Refuse(f"Reshape {match.node('flatten').name!r} does not restore x's shape")
+            raise Refuse(f"Reshape {match.node('flatten').name!r} does not restore x's shape "
+                         f"({common.shape_mismatch(flat_shape, graph.shape(xr))})")
 
 
 class PartialInterleavedRule(InterleavedRule):

@@ -116,10 +116,12 @@ def _geometry(graph: GraphIndex, match: Match) -> dict:
     # The stacked pairs have p's shape and the output is p.shape[:-2] + [D]: what the rewrite's
     # Reshape(p, [0, .., 0, D]) gives, so X and Y line up lane for lane.
     if not common.shapes_equal(graph.shape(stack.output[0]), shape):
-        raise Refuse(f"the stacked pairs {graph.shape(stack.output[0])} do not have the shape of {pairs!r} {shape}")
+        raise Refuse(f"the stacked pairs {graph.shape(stack.output[0])} do not have the shape of {pairs!r} {shape} "
+                     f"({common.shape_mismatch(graph.shape(stack.output[0]), shape)})")
     flat = graph.shape(root)
     if flat is None or not common.shapes_equal(list(flat), list(shape[:-2]) + [2 * half]):
-        raise Refuse(f"Reshape {match.node('flatten').name!r} gives {flat}, not {list(shape[:-2])} + [{2 * half}]")
+        raise Refuse(f"Reshape {match.node('flatten').name!r} gives {flat}, not {list(shape[:-2])} + [{2 * half}] "
+                     f"({common.shape_mismatch(flat, list(shape[:-2]) + [2 * half])})")
     lane_shape = list(shape[:-1]) + ([1] if kept else [])
     covered = {id(n) for n in match.covered}
     for table in ("cos", "sin"):
@@ -165,7 +167,8 @@ def _broadcasts_over_shape(table: str, shape, x_shape, width: int) -> None:
         raise Refuse(f"{table!r} has {shape[-1]} lanes, the rotation needs {width}")
     for dim, x_dim in zip(reversed(shape[:-1]), reversed(x_shape[:-1])):
         if dim != 1 and (dim is None or not common.dims_equal(dim, x_dim)):
-            raise Refuse(f"{table!r} shape {list(shape)} does not broadcast over the lanes {list(x_shape)}")
+            raise Refuse(f"{table!r} shape {list(shape)} does not broadcast over the lanes {list(x_shape)} "
+                         f"({common.broadcast_mismatch(shape[:-1], x_shape[:-1])})")
 
 
 class PairLanesRule(Rule):

@@ -123,7 +123,8 @@ class GraphIndex:
             size = self.constant_size(name)
             return self.constant_value(name) if size is not None and size <= MAX_FOLDED_ELEMENTS else None
 
-        folded = fold_static_values(list(self.graph.node), small_constant, self.dims.known_value)
+        folded = fold_static_values(list(self.graph.node), small_constant, self.dims.known_value,
+                                    lambda name: name in self._constant_tensors)
         names = set()
         for name, value in folded.items():
             if name not in self._constant_tensors:
@@ -263,7 +264,7 @@ def read_external_tensor(tensor: onnx.TensorProto, base_dir: Path | None) -> np.
     info = external_info(tensor)
     offset = int(info.get("offset", 0))
     dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
-    count = int(np.prod(tensor.dims, dtype=np.int64)) if tensor.dims else 1
+    count = math.prod(tensor.dims)
     path = Path(base_dir) / info["location"]
     key = None
     if count <= _SMALL_EXTERNAL_ELEMENTS:

@@ -265,8 +265,9 @@ def run_pass(model: onnx.ModelProto, rules: Sequence[Rule], base_dir: Path | Non
         rule, match, replacement, failure = _try_root(graph, ctx, rules, root, claimed)
         if rule is not None and failure is not None:
             larger, refused = failure
+            kept = [n.op_type for n in refused.covered if n.domain == OP_DOMAIN] + [rule.fused_op]
             misses.append(NearMiss(larger.name, _node_label(root), refused.reason,
-                                   tuple(n.name for n in refused.covered), fused_as=rule.fused_op,
+                                   tuple(n.name for n in refused.covered), fused_as=" + ".join(kept),
                                    fused_nodes=_fused_names(refused.covered)))
         if rule is not None:
             claimed.update(id(node) for node in match.covered)

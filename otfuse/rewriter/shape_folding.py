@@ -73,10 +73,12 @@ _FOLDERS: dict[str, Callable] = {
 }
 
 
-def fold_static_values(nodes: list[onnx.NodeProto], constant: Lookup, known: Lookup) -> dict[str, np.ndarray]:
+def fold_static_values(nodes: list[onnx.NodeProto], constant: Lookup, known: Lookup,
+                       is_constant: Callable[[str], bool]) -> dict[str, np.ndarray]:
     """Values computable now: what the dimension engine knows as numbers (``known``: Shape of
     static dims, static dims picked out of a partly known shape, shape arithmetic), and outputs of
-    foldable nodes whose inputs are constants or folded (float scales: ``Sqrt(Cast(...))``)."""
+    foldable nodes whose inputs are constants or folded (float scales: ``Sqrt(Cast(...))``); a
+    constant is read (``constant``) only when every input is one (``is_constant``)."""
     folded: dict[str, np.ndarray] = {}
 
     def value_of(name: str) -> np.ndarray | None:
@@ -88,10 +90,11 @@ def fold_static_values(nodes: list[onnx.NodeProto], constant: Lookup, known: Loo
         if node.domain not in ("", "ai.onnx") or len(node.output) != 1:
             continue
         result = known(node.output[0])
-        if result is None and node.op_type in _FOLDERS:
+        required = node.input if node.op_type != "Slice" else node.input[:3]
+        if result is None and node.op_type in _FOLDERS and \
+                all(name in folded or is_constant(name) for name in required):  # read nothing otherwise
             values = [value_of(name) for name in node.input]
-            required = values if node.op_type != "Slice" else values[:3]
-            if not values or any(v is None for v in required):
+            if not values or any(v is None for v in (values if node.op_type != "Slice" else values[:3])):
                 continue
             if any(v.size > MAX_FOLDED_ELEMENTS for v in values if v is not None):
                 continue

@@ -147,6 +147,7 @@ class DimEngine:
         self.opsets.setdefault("", self.opsets.get("ai.onnx", 0))
         self.declared = {vi.name: vi for vi in itertools.chain(self.graph.output, self.graph.value_info)}
         self.unmodelled: set[str] = set()  # op types whose outputs came from onnx or declarations
+        self._named: set[Expr] = set()  # declared dims whose symbols are registered
         self._read_inputs()
         for node in self.graph.node:
             self._visit(node)
@@ -161,12 +162,15 @@ class DimEngine:
         self.assumed.register(name, fresh)
 
     def _declared_dim(self, dim: onnx.TensorShapeProto.Dimension, where: str, fresh_blank: bool) -> Expr | None:
-        if dim.HasField("dim_value") and dim.dim_value > 0:
+        kind = dim.WhichOneof("value")
+        if kind == "dim_value" and dim.dim_value > 0:
             return E.const(dim.dim_value)
-        if dim.HasField("dim_param") and not _is_blank_param(dim.dim_param):
+        if kind == "dim_param" and not _is_blank_param(dim.dim_param):
             parsed = E.parse(dim.dim_param)
-            for name in parsed.symbols():
-                self._register(name, fresh=False)
+            if parsed not in self._named:
+                self._named.add(parsed)
+                for name in parsed.symbols():
+                    self._register(name, fresh=False)
             return parsed
         return self.fresh(where) if fresh_blank else None
 
@@ -174,7 +178,7 @@ class DimEngine:
         tensor = type_proto.tensor_type
         if not tensor.HasField("shape"):
             return None
-        return tuple(self._declared_dim(d, f"{name}.dim{axis}", fresh_blank) for axis, d in enumerate(tensor.shape.dim))
+        return tuple([self._declared_dim(d, f"{name}.dim{axis}", fresh_blank) for axis, d in enumerate(tensor.shape.dim)])
 
     def _read_inputs(self) -> None:
         for vi in self.graph.input:
