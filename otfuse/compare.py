@@ -25,7 +25,7 @@ from otfuse.errors import ModelLoadError, OtfuseError
 from otfuse.feeds import check_feeds, input_specs, load_feeds, make_feeds
 from otfuse.model_io_check import check_same_interface
 from otfuse.rewriter.model_io import LoadedModel, load_model
-from otfuse.session import open_session, run
+from otfuse.session import open_session, run, session_options
 
 # docs/ops.md "Numerical tolerances used by otfuse diff": (rtol, atol). Keep the two in sync
 # (tests/test_compare.py checks).
@@ -71,6 +71,7 @@ class DiffResult:
     unmatched: list[str] = field(default_factory=list)
     # The execution providers of the fused model's session (the original always runs on CPU).
     fused_providers: list[str] = field(default_factory=list)
+    opt_level: str = "disabled"  # ORT's graph optimisation level, the same for both models
 
     @property
     def ok(self) -> bool:
@@ -96,6 +97,7 @@ class DiffResult:
             "first_divergence": first.to_dict() if first else None,
             "unmatched": self.unmatched,
             "fused_providers": self.fused_providers,
+            "ort_opt_level": self.opt_level,
         }
 
 
@@ -159,9 +161,15 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def diff(original, fused, *, inputs=None, dims=None, rtol=None, atol=None, seed=0, per_fusion=False,
-         providers=None) -> DiffResult:
+         providers=None, opt_level: str = "disabled") -> DiffResult:
     """Compare ``fused`` against ``original`` (paths). ``inputs``: an .npz path, a dict of arrays,
     or None to generate them (``dims``, ``seed``; see ``otfuse.feeds``).
+
+    Both models run at ONNX Runtime's graph optimisation level ``opt_level`` (``disabled``,
+    ``basic``, ``extended``, ``all``; default: as written), so ORT's own rewrites apply to both
+    sides or to neither. The default tolerance of an output is that of the type its value was
+    computed in: a float32 output Cast from float16 (onnxconverter-common's ``keep_io_types``)
+    is judged as float16.
 
     ``providers``: where the fused model runs (the original always runs on CPU, as written):
     None or "cpu" (otfuse's CPU kernels); "cann" (``otfuse.ascend_ep.create_session``: the CANN EP
@@ -186,18 +194,49 @@ def diff(original, fused, *, inputs=None, dims=None, rtol=None, atol=None, seed=
     extra = [t for _, _, t in probes if t not in output_names]
 
     with _with_outputs(orig_loaded, extra) as orig_path, _with_outputs(fused_loaded, extra) as fused_path:
-        got_orig, _ = _run(orig_path, original, feeds, output_names + extra, baseline=True)
-        got_fused, fused_providers = _run(fused_path, fused, feeds, output_names + extra, baseline=False,
+        got_orig, _ = _run(orig_path, original, feeds, output_names + extra, opt_level=opt_level)
+        got_fused, fused_providers = _run(fused_path, fused, feeds, output_names + extra, opt_level=opt_level,
                                           providers=providers)
+    computed_in = _computed_types(orig_model)
 
     def row(name, **where):
-        r, a = tolerance_for(got_orig[name].dtype, rtol, atol)
+        dtype = computed_in.get(name, got_orig[name].dtype)
+        r, a = tolerance_for(dtype if got_orig[name].dtype.kind == "f" else got_orig[name].dtype, rtol, atol)
         return replace(compare_arrays(name, got_orig[name], got_fused[name], r, a), **where)
 
     outputs = [row(name) for name in output_names]
     fusions = [row(tensor, node=node, op_type=op) for node, op, tensor in probes]
     return DiffResult(outputs=outputs, fusions=fusions, inputs=described, seed=seed, unmatched=unmatched,
-                      fused_providers=fused_providers)
+                      fused_providers=fused_providers, opt_level=opt_level)
+
+
+# Ops that move or reinterpret values without computing: a value's precision is that of their input.
+_VALUE_PRESERVING = {"Cast", "CastLike", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose",
+                     "Expand", "Slice", "Gather", "Concat"}
+
+
+def _computed_types(model: onnx.ModelProto) -> dict[str, np.dtype]:
+    """For each graph output, the narrowest float type on its chain of value-preserving ops back
+    to the op that computed it (``Cast(to=float32)`` of a float16 value: float16)."""
+    producer = {out: node for node in model.graph.node for out in node.output if out}
+    elem_of = {info.name: info.type.tensor_type.elem_type
+               for info in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)}
+    elem_of.update({t.name: t.data_type for t in model.graph.initializer})
+    found: dict[str, np.dtype] = {}
+    for output in model.graph.output:
+        widths, name = [], output.name
+        for _ in range(64):  # a chain, not a search: the first input of each preserving op
+            node = producer.get(name)
+            if node is None or node.op_type not in _VALUE_PRESERVING or not node.input:
+                break
+            name = node.input[0]
+            elem = elem_of.get(name, 0)
+            if elem in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16):
+                widths.append(elem)
+        if widths:
+            found[output.name] = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(
+                onnx.TensorProto.BFLOAT16 if onnx.TensorProto.BFLOAT16 in widths else onnx.TensorProto.FLOAT16))
+    return found
 
 
 def _fused_tensors(fused_model: onnx.ModelProto, orig_model: onnx.ModelProto):
@@ -249,10 +288,10 @@ def _with_outputs(loaded: LoadedModel, names: list[str]):
         tmp.unlink(missing_ok=True)
 
 
-def _open(path: Path, shown_as: Path, providers, *, baseline: bool):
-    """The session for ``path``: as written on CPU (baseline), or where ``providers`` says."""
-    if baseline or providers is None or providers == "cpu":
-        return open_session(path, baseline=baseline, shown_as=shown_as)
+def _open(path: Path, shown_as: Path, providers, *, opt_level: str):
+    """The session for ``path`` at ``opt_level``: on CPU, or where ``providers`` says."""
+    if providers is None or providers == "cpu":
+        return open_session(path, opt_level=opt_level, shown_as=shown_as)
     if providers == "cann":
         providers = ["CANNExecutionProvider"]
     if isinstance(providers, str):
@@ -261,13 +300,13 @@ def _open(path: Path, shown_as: Path, providers, *, baseline: bool):
     first = providers[0] if providers else None
     name, options = first if isinstance(first, tuple) else (first, {})
     if name != "CANNExecutionProvider":
-        return open_session(path, providers=providers, shown_as=shown_as)
+        return open_session(path, providers=providers, shown_as=shown_as, opt_level=opt_level)
     from otfuse import ascend_ep
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
         try:
-            session = ascend_ep.create_session(str(path), **dict(options))
+            session = ascend_ep.create_session(str(path), sess_options=session_options(opt_level), **dict(options))
         except OtfuseError:
             raise
         except Exception as e:  # noqa: BLE001  (any load failure: one line naming the file)
@@ -277,9 +316,9 @@ def _open(path: Path, shown_as: Path, providers, *, baseline: bool):
     return session
 
 
-def _run(path: Path, shown_as: Path, feeds, output_names, *, baseline: bool,
+def _run(path: Path, shown_as: Path, feeds, output_names, *, opt_level: str,
          providers=None) -> tuple[dict[str, np.ndarray], list[str]]:
-    session = _open(path, shown_as, providers, baseline=baseline)
+    session = _open(path, shown_as, providers, opt_level=opt_level)
     try:
         return run(session, feeds, output_names), list(session.get_providers())
     except OtfuseError:

@@ -104,7 +104,8 @@ def input_specs(model: onnx.ModelProto | str | os.PathLike) -> list[InputSpec]:
         t = vi.type.tensor_type
         if not vi.type.HasField("tensor_type") or not t.elem_type:
             raise OtfuseError(f"input '{vi.name}' is not a typed tensor; otfuse cannot generate it (pass --inputs)")
-        # A negative dim_value (paddle2onnx's -1) is a dynamic dim, as an unnamed one.
+        # paddle2onnx writes -1 for a dim it leaves open: symbolic, like a missing one. (A 0 is a
+        # real empty dim: ORT insists on it.)
         shape = tuple(
             (d.dim_value if d.dim_value >= 0 else None) if d.HasField("dim_value") else (d.dim_param or None)
             for d in t.shape.dim

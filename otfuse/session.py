@@ -89,22 +89,41 @@ class InferenceSession(ort.InferenceSession):
             raise
 
 
-def baseline_options() -> ort.SessionOptions:
-    """Options that run the graph as written: ORT's own session-time fusions would otherwise
-    fuse the "unfused" reference and hide what otfuse changed."""
+# ORT's graph optimisation levels by the names `otfuse diff --ort-opt` takes.
+OPT_LEVELS = {
+    "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+
+def session_options(opt_level: str = "disabled") -> ort.SessionOptions:
+    """Options at one of ``OPT_LEVELS``. ``otfuse diff`` runs both models at the same level, so
+    ORT's own session-time rewrites (its QDQ fusion, say) cannot show up as otfuse's."""
+    if opt_level not in OPT_LEVELS:
+        raise OtfuseError(f"unknown ORT optimisation level {opt_level!r} (use {', '.join(OPT_LEVELS)})")
     options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.graph_optimization_level = OPT_LEVELS[opt_level]
     return options
+
+
+def baseline_options() -> ort.SessionOptions:
+    """Options that run the graph as written (no ORT graph optimisations)."""
+    return session_options("disabled")
 
 
 def baseline_session(path_or_bytes, providers=None) -> InferenceSession:
     return InferenceSession(path_or_bytes, sess_options=baseline_options(), providers=providers)
 
 
-def open_session(path: str | os.PathLike, *, baseline: bool = False, providers=None, shown_as=None) -> InferenceSession:
-    """Open ``path`` for running; any failure is a one-line OtfuseError naming the file
-    (``shown_as`` when ``path`` is a temporary copy)."""
-    options = baseline_options() if baseline else None
+def open_session(path: str | os.PathLike, *, baseline: bool = False, providers=None, shown_as=None,
+                 opt_level: str | None = None) -> InferenceSession:
+    """Open ``path`` for running, at ``opt_level`` (``OPT_LEVELS``; ``baseline``: "disabled"; else
+    ORT's default); any failure is a one-line OtfuseError naming the file (``shown_as`` when
+    ``path`` is a temporary copy)."""
+    level = opt_level or ("disabled" if baseline else None)
+    options = session_options(level) if level else None
     try:
         return InferenceSession(str(path), sess_options=options, providers=providers)
     except OtfuseError:

@@ -36,7 +36,6 @@ from test_kernels_norm import (
 
 import otfuse
 from otfuse.compare import compare_arrays, tolerance_for
-from otfuse.errors import NothingToFuse
 from otfuse.feeds import make_feeds
 from otfuse.session import run
 
@@ -197,9 +196,8 @@ NORM_FIXTURES = sorted(n for n, e in fixture_entries().items()
 @pytest.mark.parametrize("name", NORM_FIXTURES)
 def test_fixture_fused_norms_on_ascend_path_match_cpu(tmp_path, library, fake, name):
     out = tmp_path / f"{name}_fused.onnx"
-    try:
-        report = otfuse.fuse(fixture_path(name), out, only=["norm"])
-    except NothingToFuse:
+    report = otfuse.fuse(fixture_path(name), out, only=["norm"])
+    if not report.fusions:
         pytest.skip("no norm to fuse")
     fused = onnx.load(out)
     feeds = make_feeds(fused, dims={"batch": 2, "seq": 7, "past": 3}, seed=0)

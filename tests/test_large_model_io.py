@@ -22,7 +22,7 @@ from onnx import TensorProto, numpy_helper
 
 import otfuse
 from otfuse.errors import ModelLoadError, OutputWriteError
-from otfuse.rewriter import model_io
+from otfuse.rewriter import output_paths
 from otfuse.rewriter.model_io import external_info, is_external, load_model
 
 HIDDEN = 64
@@ -256,7 +256,7 @@ def test_failure_after_linking_leaves_nothing_behind(tmp_path, external_model, m
     def refuse(src, dst):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(model_io.os, "replace", refuse)
+    monkeypatch.setattr(output_paths.os, "replace", refuse)
     with pytest.raises(OutputWriteError, match="Permission denied"):
         otfuse.fuse(model_path, out_dir / "fused.onnx")
     assert list(out_dir.iterdir()) == []

@@ -8,7 +8,6 @@ import pytest
 from fixtures import fixture_entries, fixture_path
 
 import otfuse
-from otfuse.errors import NothingToFuse
 
 ENTRIES = fixture_entries()
 
@@ -23,8 +22,8 @@ def _fuse(tmp_path, name):
 def test_every_norm_site_is_fused_and_outputs_match(tmp_path, name):
     expected = ENTRIES[name]["expected"]
     if expected["rmsnorm"] + expected["layernorm"] == 0:  # rope3d*: no norms, nothing may fuse
-        with pytest.raises(NothingToFuse):
-            _fuse(tmp_path, name)
+        _, report = _fuse(tmp_path, name)
+        assert not report.fusions and report.notes, report
         return
     out, report = _fuse(tmp_path, name)
     rms = report.fusions.get("RMSNorm", 0) + report.fusions.get("AddRMSNorm", 0)

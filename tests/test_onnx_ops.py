@@ -151,7 +151,7 @@ def attention_op_model(*, heads=4, kv_heads=2, head_dim=8, rank=4, past=False, p
                        is_causal=0, softcap=0.0, scale=None, qk_mode=None, qk_output=False, nonpad=False,
                        q_len="seq", kv_len="seq", softmax_precision=None, dtype=np.float32, repeat_kv=False,
                        rope=None, rope_output_used=False, out_perm=None, y_used=False,
-                       opset=23) -> onnx.ModelProto:
+                       opset=23, extra_attrs=None) -> onnx.ModelProto:
     """One ONNX Attention on graph inputs (q, k, v, attn_mask, past_key, past_value), optionally
     with the q/k rotated by ONNX RotaryEmbedding ops (``rope``: interleaved, rotary_dim) and K/V
     repeated by repeat_kv; every attribute and optional input as given."""
@@ -191,6 +191,7 @@ def attention_op_model(*, heads=4, kv_heads=2, head_dim=8, rank=4, past=False, p
     for name, value in (("scale", scale), ("qk_matmul_output_mode", qk_mode), ("softmax_precision", softmax_precision)):
         if value is not None:
             attributes[name] = value
+    attributes.update(extra_attrs or {})
     outputs = ["y"] + (["present_key", "present_value"] if present else []) + (["qk"] if qk_output else [])
     if qk_output and not present:
         outputs = ["y", "", "", "qk"]
@@ -252,6 +253,16 @@ ATTENTION_CASES = {
     "output_transpose": ({"out_perm": [0, 2, 1, 3], "past": True}, {"output_layout": b"BSND"}),
     "output_transpose_y_used": ({"out_perm": [0, 2, 1, 3], "y_used": True}, {"output_layout": b"BNSD"}),
     "output_other_perm": ({"out_perm": [0, 1, 3, 2]}, {"output_layout": b"BNSD"}),
+    # Attention-25's sliding window: keys p - left <= j <= p, i.e. otfuse's window = left + 1.
+    "window_causal": ({"opset": 25, "is_causal": 1, "extra_attrs": {"left_window_size": 2}},
+                      {"causal": 1, "window": 3}),
+    "window_right_zero": ({"opset": 25, "extra_attrs": {"left_window_size": 1, "right_window_size": 0}},
+                          {"causal": 1, "window": 2}),
+    "window_past_cache": ({"opset": 25, "past": True, "is_causal": 1,
+                           "extra_attrs": {"left_window_size": 3, "right_window_size": 5}}, {"causal": 1, "window": 4}),
+    "window_default": ({"opset": 25, "extra_attrs": {"left_window_size": -1, "right_window_size": -1}}, {}),
+    "window_and_bool_mask": ({"opset": 25, "is_causal": 1, "mask": "bool", "extra_attrs": {"left_window_size": 2}},
+                             {"causal": 1, "window": 3}),
 }
 
 
@@ -294,6 +305,11 @@ def test_bool_mask_becomes_an_additive_minus_inf_bias(tmp_path):
     ({"softmax_precision": onnx.TensorProto.FLOAT16}, "softmax_precision"),
     ({"scale": 0.0}, "scale"),
     ({"rank": 3, "kv_heads": 3}, "heads"),
+    # What the rule does not model is refused, never dropped (a dropped window changed every output).
+    ({"opset": 25, "extra_attrs": {"left_window_size": 2, "right_window_size": 1}}, "non-causal window"),
+    ({"opset": 25, "extra_attrs": {"left_window_size": 2}}, "non-causal window"),
+    ({"extra_attrs": {"frobnicate": 1}}, "attribute 'frobnicate'"),
+    ({"qk_mode": 3}, "qk_matmul_output_mode"),
 ])
 def test_attention_op_refused(tmp_path, kwargs, reason):
     fused, report = fuse_model(tmp_path, attention_op_model(**kwargs), only=["attention"])

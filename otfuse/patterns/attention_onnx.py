@@ -1,4 +1,4 @@
-"""The ONNX ``Attention`` op (opset 23) re-targeted to ``otfuse.Attention`` (docs/ops.md).
+"""The ONNX ``Attention`` op (opsets 23-25) re-targeted to ``otfuse.Attention`` (docs/ops.md).
 
 What maps directly: Q/K/V as BNSD 4-D tensors (``layout`` BNSD) or 3-D ``[B, S, heads*D]`` with
 ``q_num_heads``/``kv_num_heads`` (``layout`` BSND, our 3-D form of it); ``past_key``/``past_value``
@@ -16,8 +16,13 @@ What is translated:
   A bool mask it cannot read becomes ``Where(mask, 0, -inf)`` (plain nodes). Its last dim must be
   provably the total key length (ONNX pads a shorter mask with -inf; ORT refuses it).
 
-Refused: ``qk_matmul_output_mode`` other than 0, the ``qk_matmul_output`` output, a
-``softmax_precision`` below the inputs' type, ``nonpad_kv_seqlen`` (opset 24).
+- Attention-25's ``left_window_size`` / ``right_window_size``: a left window with the causal
+  bound (``is_causal``, or ``right_window_size = 0``) is otfuse's ``window = left + 1``.
+
+Refused (``ATTENTION_OP`` lists what is modelled; anything else, an unknown attribute or a newer
+op version included, is refused): ``qk_matmul_output_mode`` other than 0, the
+``qk_matmul_output`` output, a ``softmax_precision`` below the inputs' type, ``nonpad_kv_seqlen``
+(opset 24), a window reaching to the right of the query.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import onnx
 from otfuse.patterns import common
 from otfuse.patterns.masks import classify_bool_mask, classify_mask
 from otfuse.patterns.plain_nodes import PlainNodes
+from otfuse.rewriter.allow_list import OpAllowList, only, require_allowed
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.passes import RulePass
 from otfuse.rewriter.pattern import Absent, Const, Either, Match, Var, attr, op
@@ -37,6 +43,16 @@ from otfuse.rewriter.rule import Refuse, Replacement, RewriteContext, Rule
 
 FAMILY = "attention"
 _OPTIONAL_INPUTS = ("mask", "past_k", "past_v", "nonpad_kv_seqlen")
+
+# Everything of ONNX Attention-23/24/25 this rule translates; anything else is refused.
+ATTENTION_OP = OpAllowList(
+    "Attention", versions=frozenset({23, 24, 25}),
+    attributes={"is_causal": only(0, 1), "q_num_heads": None, "kv_num_heads": None, "scale": None,
+                "softcap": None, "softmax_precision": None, "qk_matmul_output_mode": only(0),
+                "left_window_size": None, "right_window_size": None},
+    inputs=6,  # Q, K, V, attn_mask, past_key, past_value (not nonpad_kv_seqlen, opset 24)
+    outputs=3,  # Y, present_key, present_value (not qk_matmul_output)
+)
 
 
 def _repeat_kv(tag: str):
@@ -88,6 +104,7 @@ class AttentionOpRule(Rule):
     def geometry(self, graph: GraphIndex, match: Match) -> dict:
         """The fused node's attributes (masks aside), after every check that can refuse."""
         node = match.node("attention")
+        require_allowed(graph, node, ATTENTION_OP)
         if match.has("nonpad_kv_seqlen"):
             raise Refuse("nonpad_kv_seqlen (an external cache) is not supported")
         if attr(node, "qk_matmul_output_mode", 0) != 0 or (len(node.output) > 3 and node.output[3]):
@@ -140,15 +157,32 @@ class AttentionOpRule(Rule):
         precision = attr(node, "softmax_precision")
         if precision not in (None, onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, elem):
             raise Refuse(f"softmax_precision {common.type_name(precision)} is below otfuse's float32")
-        if attr(node, "is_causal", 0):
+        causal, window = self._causal_window(node)
+        if causal:
             # ONNX: key j <= i + P (the past length); otfuse: j <= i + (P + S) - Sq. Equal iff Sq == S.
             if not common.dims_equal(q_len, kv_len):
                 raise Refuse(f"is_causal with {q_len} queries and {kv_len} new keys: ONNX aligns the "
                               f"causal mask to the past length, otfuse to the bottom right")
             attributes["causal"] = 1
+        if window:
+            attributes["window"] = window
         if match.has("mask"):
             self._check_mask(graph, match.value("mask"), elem, (batch, heads, q_len, _total(past_len, kv_len)))
         return attributes
+
+    @staticmethod
+    def _causal_window(node) -> tuple[bool, int]:
+        """(causal, otfuse window) from is_causal and Attention-25's window sizes. A query at
+        position p sees keys p - left <= j <= p + right (each bound when >= 0), and j <= p with
+        is_causal: the causal side is is_causal or right = 0, the window left + 1 (otfuse: the
+        ``window`` positions up to and including p). A window reaching to the right is refused."""
+        left, right = attr(node, "left_window_size", -1), attr(node, "right_window_size", -1)
+        causal = bool(attr(node, "is_causal", 0)) or right == 0
+        if left < -1 or right < -1:
+            raise Refuse(f"window sizes {left} / {right} (below -1)")
+        if not causal and (right > 0 or left >= 0):
+            raise Refuse(f"a non-causal window (left {left}, right {right}): otfuse's window looks left only")
+        return causal, left + 1 if left >= 0 else 0
 
     def _check_head_attributes(self, node, heads, kv_heads) -> None:
         """4-D inputs carry their heads in the shapes; stated attributes must agree with them."""
@@ -224,8 +258,9 @@ class AttentionOpRule(Rule):
         boolean = graph.elem_type(mask) == onnx.TensorProto.BOOL
         claim = (classify_bool_mask if boolean else classify_mask)(graph, mask, ctx.memo)
         if not isinstance(claim, str):
-            attributes.update(causal=int(claim.causal or attributes.get("causal", 0)), window=claim.window,
-                              empty_rows=claim.empty_rows)
+            windows = [w for w in (claim.window, attributes.get("window", 0)) if w]  # both bound the keys
+            attributes.update(causal=int(claim.causal or attributes.get("causal", 0)),
+                              window=min(windows, default=0), empty_rows=claim.empty_rows)
             return "", claim.key_padding or ""
         if not boolean:
             return mask, ""

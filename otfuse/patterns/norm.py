@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 
 from otfuse.patterns import common
+from otfuse.rewriter.allow_list import OpAllowList, only, require_allowed
 from otfuse.rewriter.pattern import ANY, Const, Either, Match, Op, Var, attr, op, scalar_equal
 from otfuse.rewriter.passes import RulePass
 from otfuse.rewriter.rule import Replacement, RewriteContext, Rule
@@ -215,20 +216,32 @@ class AddLayerNormRule(_NormRule):
                      _scaled(_layer_normalized(_residual_add()), with_bias=False))
 
 
+# Everything of the standard norm ops these rules translate; anything else is refused.
+_NORM_ATTRIBUTES = {"axis": None, "epsilon": None, "stash_type": only(1)}
+LAYER_NORMALIZATION_OP = OpAllowList(
+    "LayerNormalization", versions=frozenset({17}), attributes=_NORM_ATTRIBUTES,
+    inputs=3, outputs=1,  # X, Scale, B -> Y (not Mean, InvStdDev)
+    ort_builtin_below=17,  # ORT's own LayerNormalization of the default domain: the same attributes and math
+)
+RMS_NORMALIZATION_OP = OpAllowList(
+    "RMSNormalization", versions=frozenset({23}), attributes=_NORM_ATTRIBUTES, inputs=2, outputs=1)
+
+
 class _StandardOpRule(_NormRule):
     """The ONNX LayerNormalization / RMSNormalization ops, re-targeted to our kernels."""
 
-    onnx_op = ""
+    allow: OpAllowList
     default_epsilon = 1e-5
+
+    def check(self, ctx: RewriteContext, match: Match) -> str | None:
+        require_allowed(ctx.graph, match.node("norm"), self.allow)
+        return super().check(ctx, match)
 
     def normalised_axis(self, graph, match: Match) -> int | str:
         node = match.node("norm")
         return common.trailing_axis([attr(node, "axis", -1)], graph.rank(self.x_value(match)))
 
     def check_epsilon(self, graph, match: Match) -> str | None:
-        node = match.node("norm")
-        if attr(node, "stash_type", 1) != 1:
-            return "stash_type is not float32"
         eps = self.epsilon(graph, match)
         return None if math.isfinite(eps) and eps >= 0 else f"epsilon {eps} is not >= 0"
 
@@ -242,6 +255,7 @@ def _standard_op(onnx_op: str, x, with_bias: bool) -> Op:
 
 
 class LayerNormalizationOpRule(_StandardOpRule):
+    allow = LAYER_NORMALIZATION_OP
     name = "LayerNormalization"
     fused_op = "LayerNorm"
     pattern = Either(_standard_op("LayerNormalization", Var("x"), True),
@@ -249,6 +263,7 @@ class LayerNormalizationOpRule(_StandardOpRule):
 
 
 class AddLayerNormalizationOpRule(_StandardOpRule):
+    allow = LAYER_NORMALIZATION_OP
     name = "AddLayerNormalization"
     fused_op = "AddLayerNorm"
     residual = True
@@ -258,12 +273,14 @@ class AddLayerNormalizationOpRule(_StandardOpRule):
 
 
 class RMSNormalizationOpRule(_StandardOpRule):
+    allow = RMS_NORMALIZATION_OP
     name = "RMSNormalization"
     fused_op = "RMSNorm"
     pattern = _standard_op("RMSNormalization", Var("x"), False)
 
 
 class AddRMSNormalizationOpRule(_StandardOpRule):
+    allow = RMS_NORMALIZATION_OP
     name = "AddRMSNormalization"
     fused_op = "AddRMSNorm"
     residual = True

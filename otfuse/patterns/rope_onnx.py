@@ -20,6 +20,7 @@ import onnx
 
 from otfuse.patterns import common
 from otfuse.patterns.plain_nodes import PlainNodes
+from otfuse.rewriter.allow_list import OpAllowList, only, require_allowed
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.passes import RulePass
 from otfuse.rewriter.pattern import Either, Match, Var, attr, op
@@ -27,10 +28,19 @@ from otfuse.rewriter.rule import Refuse, Replacement, RewriteContext, Rule
 
 FAMILY = "rope"
 
+# Everything of ONNX RotaryEmbedding-23 this rule translates; anything else is refused.
+ROTARY_OP = OpAllowList(
+    "RotaryEmbedding", versions=frozenset({23}),
+    attributes={"interleaved": only(0, 1), "num_heads": None, "rotary_embedding_dim": None},
+    inputs=4,  # X, cos_cache, sin_cache, position_ids
+    outputs=1,
+)
+
 
 def _geometry(graph: GraphIndex, match: Match) -> dict:
     """Head size D, rotary width r and how the tables are indexed; refuses what is not the spec."""
     node = match.node("rope")
+    require_allowed(graph, node, ROTARY_OP)
     x, y = match.value("x"), node.output[0]
     reason = common.check_float_io(graph, x, y)
     if reason:

@@ -124,45 +124,74 @@ def exported_values(match: Match, rule: Rule) -> set[str]:
     return values
 
 
-def _reads_interior(graph: GraphIndex, match: Match, replacement: Replacement) -> str | None:
-    """Guard against the fused node reading a value computed inside the match, directly or
-    through nodes outside it that the leak check let die with the match (``Shape(interior) ->
-    ... -> mask``): those nodes stay when the fused node reads them, and would lose their input."""
-    produced = {out for node in replacement.nodes for out in node.output}
-    interior = {out for node in match.covered for out in node.output if out} - produced
-    derived = _computed_outside_from(graph, match, interior)
-    for node in replacement.nodes:
+def _reads_interior(graph: GraphIndex, match: Match, replacement: Replacement,
+                    positions: dict[int, int]) -> str | None:
+    """Why the replacement cannot take the match's place: an input of one of its nodes is
+    computed inside the match, or from a value the match computes through nodes outside it
+    (``Shape(interior) -> ... -> mask``, ``CastLike(w, residual_sum)`` as a norm's scale). The fused
+    node would read a value that disappears, or its own output: a cycle."""
+    covered = {id(node) for node in match.covered}
+    first = min(positions.get(id(node), 0) for node in match.covered)
+    made_by = {out: index for index, node in enumerate(replacement.nodes) for out in node.output if out}
+    for index, node in enumerate(replacement.nodes):
         for name in node.input:
-            if name in interior:
+            if not name or made_by.get(name, index) != index:
+                continue  # wired from another node of the replacement
+            source = _match_value_upstream(graph, name, covered, first, positions)
+            if source == name:
                 return f"the fused node would read {name!r}, which is computed inside the match"
-            if name in derived:
-                return (f"the fused node would read {name!r}, which is computed from {derived[name]!r} "
+            if source is not None:
+                return (f"the fused node would read {name!r}, which is computed from {source!r} "
                         f"inside the match")
     return None
 
 
-def _computed_outside_from(graph: GraphIndex, match: Match, interior: set[str], depth: int = 8) -> dict[str, str]:
-    """Values of nodes outside the match that read interior values (within ``depth`` steps, as
-    ``_only_feeds`` looks), each mapped to the interior value it comes from."""
-    inside = {id(node) for node in match.covered}
-    derived: dict[str, str] = {}
-    frontier = [(value, value) for value in interior]
-    for _ in range(depth):
-        following = []
-        for value, source in frontier:
-            for user in graph.uses(value):
-                if id(user) in inside:
-                    continue
-                for out in user.output:
-                    if out and out not in derived:
-                        derived[out] = source
-                        following.append((out, source))
-        frontier = following
-    return derived
+def _match_value_upstream(graph: GraphIndex, name: str, covered: set[int], first: int,
+                          positions: dict[int, int]) -> str | None:
+    """The first value produced by a covered node that ``name`` depends on, or None. Nodes placed
+    before the match's first node (in topological order) cannot depend on it: the walk stops there."""
+    pending, seen = [name], {name}
+    while pending:
+        value = pending.pop()
+        producer = graph.producer.get(value)
+        if producer is None:
+            continue
+        if id(producer) in covered:
+            return value
+        if positions.get(id(producer), first) < first:
+            continue
+        for parent in _node_reads(producer):
+            if parent not in seen:
+                seen.add(parent)
+                pending.append(parent)
+    return None
+
+
+def topological_positions(nodes: Sequence[onnx.NodeProto]) -> dict[int, int]:
+    """Each node's index in a topological order of ``nodes`` (Kahn; ties in list order). Nodes on
+    a cycle of an invalid input get no position."""
+    producer = {out: index for index, node in enumerate(nodes) for out in node.output if out}
+    waiting = [0] * len(nodes)
+    dependents: dict[int, list[int]] = {}
+    for index, node in enumerate(nodes):
+        for dep in {producer[name] for name in _node_reads(node) if name in producer}:
+            waiting[index] += 1
+            dependents.setdefault(dep, []).append(index)
+    ready = [index for index, count in enumerate(waiting) if count == 0]
+    heapq.heapify(ready)
+    positions: dict[int, int] = {}
+    while ready:
+        index = heapq.heappop(ready)
+        positions[id(nodes[index])] = len(positions)
+        for dependent in dependents.get(index, []):
+            waiting[dependent] -= 1
+            if waiting[dependent] == 0:
+                heapq.heappush(ready, dependent)
+    return positions
 
 
 def _try_root(graph: GraphIndex, ctx: RewriteContext, rules: Sequence[Rule],
-              root: onnx.NodeProto, claimed: set[int]):
+              root: onnx.NodeProto, claimed: set[int], positions: dict[int, int]):
     """The accepted (rule, match, replacement) at ``root`` that covers the most nodes (earlier
     rules win ties), and the deepest failure: the reason nothing was fused, or, next to an
     accepted match, a larger rule's refusal (a downgrade when it would have fused another op).
@@ -195,7 +224,7 @@ def _try_root(graph: GraphIndex, ctx: RewriteContext, rules: Sequence[Rule],
                                                match.covered)
                 continue
             replacement = rule.rewrite(ctx, match, root)
-            reason = _reads_interior(graph, match, replacement)
+            reason = _reads_interior(graph, match, replacement, positions)
             if reason:
                 matcher.best_failure = Failure(_CHECK_FAILURE_DEPTH + len(match.covered), reason, match.covered)
                 continue
@@ -256,13 +285,14 @@ def run_pass(model: onnx.ModelProto, rules: Sequence[Rule], base_dir: Path | Non
     graph = index_for(model, base_dir)
     ctx = RewriteContext(graph)
     nodes = list(model.graph.node)
+    positions = topological_positions(nodes)
     claimed: set[int] = set()
     replacements: dict[int, Replacement] = {}
     misses: list[NearMiss] = []
     for root in reversed(nodes):
         if id(root) in claimed or not root.output or not root.output[0]:
             continue
-        rule, match, replacement, failure = _try_root(graph, ctx, rules, root, claimed)
+        rule, match, replacement, failure = _try_root(graph, ctx, rules, root, claimed, positions)
         if rule is not None and failure is not None:
             larger, refused = failure
             kept = [n.op_type for n in refused.covered if n.domain == OP_DOMAIN] + [rule.fused_op]
