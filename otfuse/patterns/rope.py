@@ -229,15 +229,16 @@ class InterleavedRule(_RopeRule):
         if attr(stack, "axis") not in (-1, rank):
             raise Refuse(f"Concat {stack.name!r} does not stack on the new last axis")
         stacked_shape = graph.shape(stack.output[0])
-        flat_shape = graph.shape(match.node("flatten").output[0])
         if stacked_shape is None or list(stacked_shape[-2:]) != [width // 2, 2]:
             raise Refuse(f"the stacked pairs have shape {stacked_shape}, expected [..., {width // 2}, 2]")
         shape_source = graph.producer.get(match.value("flat_shape"))
         restores_by_construction = (shape_source is not None and shape_source.op_type == "Shape"
                                     and list(shape_source.input) == [xr] and not shape_source.attribute)
-        if not restores_by_construction and not common.shapes_equal(flat_shape, graph.shape(xr)):
+        # The fused op gives x's shape: proven, not by the broadcast convention (nothing checks it at run time).
+        flat_proven, x_proven = graph.proven_shape(match.node("flatten").output[0]), graph.proven_shape(xr)
+        if not restores_by_construction and not common.shapes_equal(flat_proven, x_proven):
             raise Refuse(f"Reshape {match.node('flatten').name!r} does not restore x's shape "
-                         f"({common.shape_mismatch(flat_shape, graph.shape(xr))})")
+                         f"({common.shape_mismatch(flat_proven, x_proven)})")
 
 
 class PartialInterleavedRule(InterleavedRule):

@@ -67,7 +67,7 @@ def _source(graph: GraphIndex, value: str) -> str | None:
 
 def _stand_in(graph: GraphIndex, value: str, picked: set[int]) -> str | None:
     """The nearest source (up to _MAX_HOPS) with the same rank and dims at ``picked``."""
-    shape = graph.shape(value)
+    shape = graph.proven_shape(value)  # the read's value changes unless the dims are equal in every run
     if shape is None:
         return None
     current = value
@@ -75,7 +75,7 @@ def _stand_in(graph: GraphIndex, value: str, picked: set[int]) -> str | None:
         current = _source(graph, current)
         if current is None:
             return None
-        other = graph.shape(current)
+        other = graph.proven_shape(current)
         if other is not None and len(other) == len(shape) and all(_same_dim(shape[i], other[i]) for i in picked):
             return current
     return None

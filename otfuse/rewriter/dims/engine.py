@@ -9,6 +9,15 @@ agree, Concat's other axes agree, two dims that broadcast and are provably not 1
 Reshape's element count is kept): these are the equalities ``facts.Facts`` solves. An op without
 a rule asks onnx's own inference for that one node, on the engine's shapes; declared value_info
 adds its dims as further equalities. Nothing else is read: no whole-model inference, no weights.
+
+Two views of the same facts. The *proven* one holds in every run the graph allows. The *assumed*
+one adds the exporters' convention (torch's, and ONNX Runtime's symbolic inference): two dims
+that meet in a broadcast, neither provably 1, are equal. The families see the assumed view
+(``shape``): what they derive from it (head counts, a table broadcasting over x) the fused
+kernels check at run time, so a wrong assumption is an error, never a wrong result. A check whose
+claim nothing checks at run time asks for the proven view (``proven_shape``): a residual Add the
+fused op will not broadcast, a Reshape that must restore x's shape, a Shape read moved to
+another tensor.
 """
 
 from __future__ import annotations
@@ -301,10 +310,7 @@ class DimEngine:
             outs.append((proto.tensor_type.elem_type, shape, None))
         return outs
 
-    # -- queries ----------------------------------------------------------------------------
-    # The families see the assumed view (``shape``, ``same``); a check that must not rest on the
-    # broadcast convention (a residual Add fused into an op that does not broadcast) asks for the
-    # proven one (``proven_shape``).
+    # -- queries (the two views: see the module docstring) ---------------------------------------
     def elem_type(self, name: str) -> int:
         return self.elems.get(name, 0)
 

@@ -25,8 +25,10 @@ class Facts:
         self.rank: dict[str, tuple[int, int]] = {}  # symbol -> (kind, order); smaller is kept
         self.conflicts: list[tuple[Expr, Expr]] = []  # two different numbers claimed equal
         self._cache: dict[Expr, Expr] = {}
-        self._bindings = 0  # symbols bound so far; atoms and classes were keyed canonically at ...
-        self._keyed_at = 0  # ... this many
+        # Bound atoms and class members are keyed by their canonical form at the time; binding a
+        # symbol makes the ones that contain it stale (``_uses``), to be learned again.
+        self._uses: dict[str, set] = {}  # symbol -> keys (atoms, class members) that contain it
+        self._stale: set = set()
         self._rekeying = False
 
     # -- symbols -------------------------------------------------------------------------------
@@ -45,7 +47,7 @@ class Facts:
     def canonical(self, e: Expr) -> Expr:
         if e.is_const or (not self.symbols and not self.atoms and not self.classes):
             return e
-        if self._keyed_at != self._bindings and not self._rekeying and (self.atoms or self.classes):
+        if self._stale and not self._rekeying:
             self._rekey()
         cached = self._cache.get(e)
         if cached is not None:
@@ -121,37 +123,43 @@ class Facts:
                 continue
             if isinstance(atom, Sym):
                 self.symbols[atom.name] = solution
-                self._bindings += 1
+                self._stale |= self._uses.pop(atom.name, set())
             else:
-                self.atoms[atom] = solution
+                self._keep(atom, solution)
             self._cache.clear()
             return True
         settled = _broadcasts_settled(a, b) or _broadcasts_settled(b, a)
         if settled:
             for atom, value in settled:
-                self.atoms[atom] = value
+                self._keep(atom, value)
             self._cache.clear()
             return True
         keep, other = sorted((a, b), key=self._score)
-        self.classes[other] = keep
+        self._keep(other, keep)
         self._cache.clear()
         return True
+
+    def _keep(self, key, value: Expr) -> None:
+        """Bind an atom (quotient, max/min) or join a compound expression's class."""
+        (self.classes if isinstance(key, Expr) else self.atoms)[key] = value
+        for name in key.symbols():
+            self._uses.setdefault(name, set()).add(key)
 
     def _score(self, e: Expr) -> tuple:
         fresh = sum(1 for name in e.symbols() if self.is_fresh(name))
         return fresh, len(e.terms) + sum(1 for _ in e.atoms()), len(e.text), e.text
 
     def _rekey(self) -> None:
-        """After new symbol bindings, bound atoms and class members may no longer be canonical:
-        learn them again."""
+        """Learn the stale atoms and class members again, in their canonical form now."""
         self._rekeying = True
         try:
-            while self._keyed_at != self._bindings:
-                self._keyed_at = self._bindings
-                pairs = [(E.of_atom(atom), value) for atom, value in self.atoms.items()]
-                pairs += list(self.classes.items())
-                self.atoms.clear()
-                self.classes.clear()
+            while self._stale:
+                stale, self._stale = self._stale, set()
+                pairs = []
+                for key in stale:
+                    table = self.classes if isinstance(key, Expr) else self.atoms
+                    if key in table:
+                        pairs.append((key if isinstance(key, Expr) else E.of_atom(key), table.pop(key)))
                 self._cache.clear()
                 for member, representative in pairs:
                     self.learn(member, representative)
