@@ -6,7 +6,6 @@ that sentence is what the report shows as a near miss.
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
 
 from otfuse.rewriter.dims import same_dim

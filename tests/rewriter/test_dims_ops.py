@@ -5,7 +5,6 @@ shape tensors, and what each op implies about its inputs, on small graphs with n
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -466,3 +465,23 @@ def test_unknown_domains_have_unknown_outputs():
     x = g.input("x", ["batch", 8])
     y = g.op("Mystery", x, domain="com.example")
     assert g.index().shape(y) is None
+
+
+# -- ONNX Runtime's contrib ops (offline-optimised models) ---------------------------------------------
+def test_ort_contrib_ops_keep_shapes():
+    g = G()
+    x = g.input("x", ["batch", "seq", 64])
+    skip = g.input("skip", [None, None, 64])
+    gamma = g.const(np.ones(64), np.float32)
+    y, mean, inv, total = g.op("SkipLayerNormalization", x, skip, gamma, domain="com.microsoft", outputs=4)
+    simplified = g.op("SimplifiedLayerNormalization", x, gamma, axis=-1)
+    q = g.input("q", ["batch", 4, "seq", 16])
+    k = g.input("k", ["batch", 4, "kv", 16])
+    scores = g.op("FusedMatMul", q, k, domain="com.microsoft", transB=1, alpha=0.25)
+    gelu = g.op("FastGelu", x, g.const(np.zeros(64), np.float32), domain="com.microsoft")
+    graph = g.index()
+    assert dims(graph, y) == dims(graph, total) == ["batch", "seq", 64] and dims(graph, mean) == ["batch", "seq", 1]
+    assert proven(graph, skip) == ["batch", "seq", 64]
+    assert dims(graph, simplified) == ["batch", "seq", 64]
+    assert dims(graph, scores) == ["batch", 4, "seq", "kv"]
+    assert dims(graph, gelu) == ["batch", "seq", 64]

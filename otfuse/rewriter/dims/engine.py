@@ -226,7 +226,7 @@ class DimEngine:
         if handler is not None:
             try:
                 outs = handler(NodeContext(self, node, self.opsets.get(domain, 0)))
-            except (ValueError, IndexError, TypeError, KeyError, ZeroDivisionError, OverflowError):
+            except (ValueError, IndexError, TypeError, KeyError, AttributeError, ZeroDivisionError, OverflowError):
                 outs = None  # a node that breaks the op's rules: nothing known about its outputs
         if outs is None:
             self.unmodelled.add(node.op_type)

@@ -17,6 +17,9 @@ from otfuse.rewriter.dims import expr as E
 from otfuse.rewriter.dims.expr import Expr, FloorDiv, Func, Sym
 
 
+_MAX_DEPTH = 64
+
+
 class Facts:
     def __init__(self):
         self.symbols: dict[str, Expr] = {}  # symbol name -> what it equals
@@ -30,6 +33,7 @@ class Facts:
         self._uses: dict[str, set] = {}  # symbol -> keys (atoms, class members) that contain it
         self._stale: set = set()
         self._rekeying = False
+        self._depth = 0
 
     # -- symbols -------------------------------------------------------------------------------
     def register(self, name: str, fresh: bool) -> None:
@@ -52,11 +56,17 @@ class Facts:
         cached = self._cache.get(e)
         if cached is not None:
             return cached
-        result = self._substituted(e)
-        seen = set()
-        while result in self.classes and result not in seen:
-            seen.add(result)
-            result = self.canonical(self.classes[result])
+        if self._depth > _MAX_DEPTH:  # a chain of bindings this long is a cycle: stop there
+            return e
+        self._depth += 1
+        try:
+            result = self._substituted(e)
+            seen = set()
+            while result in self.classes and result not in seen:
+                seen.add(result)
+                result = self._substituted(self.classes[result])
+        finally:
+            self._depth -= 1
         self._cache[e] = result
         return result
 

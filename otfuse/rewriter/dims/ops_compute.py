@@ -100,7 +100,7 @@ def _layer_normalization(ctx: NodeContext):
     return [(ctx.elem(0), shape, None), (stash, stats, None), (stash, stats, None)]
 
 
-@handles("RMSNormalization", "RotaryEmbedding", "SimplifiedLayerNormalization")
+@handles("RMSNormalization", "RotaryEmbedding")
 def _same_as_x(ctx: NodeContext):
     return [(ctx.elem(0), ctx.shape(0), None)]
 
