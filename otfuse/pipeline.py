@@ -15,6 +15,7 @@ import onnx
 from otfuse import OP_DOMAIN, __version__
 from otfuse.errors import OtfuseError, OutputWriteError
 from otfuse.patterns import FAMILIES, select_families
+from otfuse.rewriter.graph import forget_indexes
 from otfuse.rewriter.model_io import LoadedModel, load_model, read_paths, stage_model
 from otfuse.rewriter.output_paths import StagedFiles, check_disjoint
 from otfuse.rewriter.passes import unique_sites
@@ -68,10 +69,13 @@ def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = 
 
     already_fused = _fused_op_census(model)
     found = []
-    for family in families:
-        for family_pass in FAMILIES[family]:
-            result = family_pass.run(model, loaded.base_dir)
-            found += [(family, miss) for miss in result.near_misses]
+    try:
+        for family in families:
+            for family_pass in FAMILIES[family]:
+                result = family_pass.run(model, loaded.base_dir)
+                found += [(family, miss) for miss in result.near_misses]
+    finally:
+        forget_indexes()  # the passes share an index while the graph is unchanged; not beyond
     final_nodes = {node.name for node in model.graph.node}
     near_misses = [dict(miss.to_dict(), family=family) for family, miss in unique_sites(found, final_nodes)]
     # Counted on the result: a later pass may absorb what an earlier one fused (RoPE into attention).
