@@ -16,7 +16,6 @@ from __future__ import annotations
 from otfuse.rewriter.dims import expr as E
 from otfuse.rewriter.dims.expr import Expr, FloorDiv, Func, Sym
 
-
 _MAX_DEPTH = 64
 
 
