@@ -18,7 +18,7 @@ from typing import Protocol
 
 import onnx
 
-from otfuse import OP_DOMAIN, OP_DOMAIN_VERSION
+from otfuse.domain import OP_DOMAIN, OP_DOMAIN_VERSION
 from otfuse.rewriter.graph import GraphIndex, index_for
 from otfuse.rewriter.pattern import Failure, Match, Matcher
 from otfuse.rewriter.rule import Refuse, Replacement, RewriteContext, Rule

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from otfuse import OP_DOMAIN
+from otfuse.domain import OP_DOMAIN
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.pattern import Match, Pattern
 

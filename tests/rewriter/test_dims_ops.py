@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from otfuse import OP_DOMAIN
+from otfuse.domain import OP_DOMAIN
 from otfuse.rewriter.graph import GraphIndex
 
 F32, I64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL

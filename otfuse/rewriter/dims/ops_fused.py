@@ -3,7 +3,7 @@ ones fused (the norm + linear family reads the norms' outputs, the fold reads th
 
 from __future__ import annotations
 
-from otfuse import OP_DOMAIN
+from otfuse.domain import OP_DOMAIN
 from otfuse.rewriter.dims import expr as E
 from otfuse.rewriter.dims.engine import NodeContext, Shape, handles
 
