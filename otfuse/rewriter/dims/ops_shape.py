@@ -146,12 +146,18 @@ def _flatten(ctx: NodeContext):
     return [(ctx.elem(0), out, _reshaped_value(ctx, out))]
 
 
+def _shape_and_axes(ctx: NodeContext):
+    """(Un)Squeeze's input shape and axes (input 1 from opset 13, else the attribute), or None."""
+    shape, axes = ctx.shape(0), _axes(ctx, 1, 13)
+    return None if shape is None or axes is None else (shape, axes)
+
+
 @handles("Squeeze")
 def _squeeze(ctx: NodeContext):
-    shape = ctx.shape(0)
-    axes = _axes(ctx, 1, 13)
-    if shape is None or axes is None:
+    found = _shape_and_axes(ctx)
+    if found is None:
         return [(ctx.elem(0), None, None)]
+    shape, axes = found
     rank = len(shape)
     if not axes:
         if any(d.value is None for d in shape):
@@ -168,10 +174,10 @@ def _squeeze(ctx: NodeContext):
 
 @handles("Unsqueeze")
 def _unsqueeze(ctx: NodeContext):
-    shape = ctx.shape(0)
-    axes = _axes(ctx, 1, 13)
-    if shape is None or axes is None:
+    found = _shape_and_axes(ctx)
+    if found is None:
         return [(ctx.elem(0), None, None)]
+    shape, axes = found
     rank = len(shape) + len(axes)
     inserted = {a % rank for a in axes}
     rest = iter(shape)
