@@ -44,8 +44,9 @@ class FlatHeadsAttentionRule(AttentionRule):
         batch, heads, q_len, head_dim = known_shape(graph, q, 4, "q")
         _, kv_heads, kv_len, k_dim = known_shape(graph, k, 4, "k")
         _, v_heads, v_len, v_dim = known_shape(graph, v, 4, "v")
-        if not all(isinstance(d, int) for d in (heads, head_dim, kv_heads, v_dim)):
-            raise Refuse("head counts and head sizes must be static")
+        loose = checks.not_static(heads=heads, head_size=head_dim, kv_heads=kv_heads, v_head_size=v_dim)
+        if loose:
+            raise Refuse(f"head counts and head sizes must be static: {loose}")
         if kv_heads != heads or v_heads != heads or k_dim != head_dim:
             raise Refuse("flat-heads attention needs q, k and v with the same heads")
         elem = graph.elem_type(q)
@@ -55,7 +56,8 @@ class FlatHeadsAttentionRule(AttentionRule):
             source = graph.shape(match.value(tag))
             flat = checks.reshaped_dims(graph, match.node(f"{tag}_flat"))
             if flat is None or len(flat) != 3 or not checks.shapes_equal(flat[1:], source[2:]):
-                raise Refuse(f"{tag} is reshaped to {flat}, not [B*N, S, D]")
+                raise Refuse(f"{tag} is reshaped to {flat}, not [B*N, S, D] "
+                             f"({checks.shape_mismatch(None if flat is None else flat[1:], source[2:])})")
         expected = {"scores_unflat": (4, [batch, heads, q_len, None]),
                     "out_unflat": (4, [batch, heads, q_len, v_dim])}
         for bind, (rank, dims) in expected.items():

@@ -35,6 +35,8 @@ class RopeAttentionFoldRule(Rule):
     name = "RopeAttention(fold)"
     family = FAMILY
     anchor_ops = frozenset({"RotaryEmbeddingQK"})
+    fused_op = "RopeAttention"
+    kept_when_refused = "RotaryEmbeddingQK + Attention"
     pattern = Either(*(_folded(q, count) for q in (0, 1) for count in range(_MAX_INPUTS, 2, -1)))
 
     def produced_values(self, graph: GraphIndex, match: Match, root_value: str) -> set[str] | None:

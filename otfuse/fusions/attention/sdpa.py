@@ -160,7 +160,8 @@ def _check_broadcast(graph: GraphIndex, value: str, target: tuple, what: str) ->
     for dim, want in zip(reversed(shape), reversed(target)):
         # The kernel checks broadcasting at run time; refuse only what provably widens scores.
         if dim != 1 and not _may_equal(dim, want):
-            raise Refuse(f"{what} has shape {list(shape)}, which does not broadcast to {list(target)}")
+            raise Refuse(f"{what} has shape {list(shape)}, which does not broadcast to {list(target)} "
+                         f"(dim {dim} vs {want})")
 
 
 # A Where fill at most this (or -inf) is what adding it gives too: s + fill rounds to fill in
@@ -258,8 +259,10 @@ class AttentionRule(Rule):
         batch, heads, q_len, head_dim = known_shape(graph, q, 4, "q")
         _, kv_heads, kv_len, k_dim = self.key_dims(graph, match)
         _, v_heads, v_len, v_dim = known_shape(graph, v_all, 4, "v")
-        if not all(isinstance(d, int) for d in (heads, head_dim, kv_heads, v_heads, v_dim)):
-            raise Refuse("head counts and head sizes must be static")
+        loose = checks.not_static(heads=heads, head_size=head_dim, kv_heads=kv_heads, v_heads=v_heads,
+                                  v_head_size=v_dim)
+        if loose:
+            raise Refuse(f"head counts and head sizes must be static: {loose}")
         # Sequence lengths are checked by the kernel at run time; head layout must be proven here.
         if k_dim != head_dim or v_heads != kv_heads or not _may_equal(v_len, kv_len):
             raise Refuse(f"q/k/v shapes do not line up: q {graph.shape(q)}, k {graph.shape(k_all)}, "
@@ -328,10 +331,14 @@ class AttentionRule(Rule):
             repeats = [int(r) for r in graph.constant_value(match.value(f"{tag}_repeats")).reshape(-1)]
             if repeats != [1, 1, rep, 1, 1]:
                 raise Refuse(f"repeat_kv Tile repeats {repeats}, not [1, 1, {rep}, 1, 1]")
-        if heads % kv_heads or not checks.shapes_equal(expanded, [src[0], kv_heads, rep, src[2], src[3]]):
-            raise Refuse(f"repeat_kv expands {list(src)} to {list(expanded)}, not x{rep} along a new axis 2")
-        if not checks.shapes_equal(merged, [src[0], heads, src[2], src[3]]):
-            raise Refuse(f"repeat_kv merges into {list(merged)}, not [B, {heads}, S, D]")
+        want = [src[0], kv_heads, rep, src[2], src[3]]
+        if heads % kv_heads or not checks.shapes_equal(expanded, want):
+            raise Refuse(f"repeat_kv expands {list(src)} to {list(expanded)}, not x{rep} along a new axis 2 "
+                         f"({checks.shape_mismatch(expanded, want)})")
+        want = [src[0], heads, src[2], src[3]]
+        if not checks.shapes_equal(merged, want):
+            raise Refuse(f"repeat_kv merges into {list(merged)}, not [B, {heads}, S, D] "
+                         f"({checks.shape_mismatch(merged, want)})")
 
     def _check_transpose(self, graph, match) -> None:
         if not match.has("kt_flat"):  # a Transpose of the last two axes, or keys given transposed
@@ -341,9 +348,11 @@ class AttentionRule(Rule):
         flat = checks.reshaped_dims(graph, match.node("kt_flat"))
         unflat = checks.reshaped_dims(graph, match.node("kt_unflat"))
         if flat is None or len(flat) != 3 or not checks.shapes_equal(flat[1:], k_shape[2:]):
-            raise Refuse(f"Kᵀ's first Reshape gives {flat}, not [B*N, S, D]")
-        if not checks.shapes_equal(unflat, [k_shape[0], k_shape[1], k_shape[3], k_shape[2]]):
-            raise Refuse(f"Kᵀ's last Reshape gives {unflat}, not [B, N, D, S]")
+            raise Refuse(f"Kᵀ's first Reshape gives {flat}, not [B*N, S, D] "
+                         f"({checks.shape_mismatch(None if flat is None else flat[1:], k_shape[2:])})")
+        want = [k_shape[0], k_shape[1], k_shape[3], k_shape[2]]
+        if not checks.shapes_equal(unflat, want):
+            raise Refuse(f"Kᵀ's last Reshape gives {unflat}, not [B, N, D, S] ({checks.shape_mismatch(unflat, want)})")
 
     def _check_softmax(self, graph, match) -> None:
         node = match.node("softmax")
