@@ -153,3 +153,22 @@ def test_cann_failure_names_the_call(library, fake):
     fake.fail("aclnnGeluV2", 561103, "device says no")
     with pytest.raises(Exception, match=r"aclnnGeluV2.*561103|561103.*aclnnGeluV2"):
         run(library, "Gelu", [np.ones((2, 3), np.float32)])
+
+
+def _numpy_runner(op, inputs, attrs):
+    """verify_ops' runner as the exact formulas (what torch_npu's counterparts compute)."""
+    return [exact(op, [a for a in inputs if a is not None], attrs).astype(inputs[0].dtype)]
+
+
+@pytest.mark.parametrize("name, op", [("llama", "SwiGLU"), ("gpt2", "Gelu"), ("gemma2", "GeGLU")])
+def test_verify_ops_covers_the_activations(tmp_path, name, op):
+    import otfuse
+    from fixtures import fixture_path
+    from otfuse.verify import ops_on_npu as verify
+
+    out = tmp_path / f"{name}_fused.onnx"
+    otfuse.fuse(fixture_path(name), out, only=["activation"])
+    checks = verify.verify_ops(out, dims={"batch": 2, "seq": 3}, runner=_numpy_runner)
+    assert {c.case.op for c in checks} == {op}
+    for check in checks:
+        assert check.ok, (check.case.op, check.error, [o.to_dict() for o in check.outputs])
