@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import onnx
 from graphs import F32, GraphBuilder
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -130,3 +131,17 @@ def gated_model(act: str = "silu", form: str = "two", gate_first: bool = True, s
     if mutate == "half_read_outside":
         g.output(gate, F32, None)
     return g.model()
+
+
+def contrib_model(op_type: str, bias_shape=None, bias_type=np.float32, ms_opset: int = 1, **attributes):
+    """x (+ a constant bias) -> com.microsoft ``op_type`` -> y, as ORT's optimiser writes it."""
+    g = GraphBuilder()
+    x = g.input("x", F32, SHAPE)
+    inputs = [x] if bias_shape is None else [x, g.const(np.linspace(-1, 1, math.prod(bias_shape))
+                                                         .astype(bias_type).reshape(bias_shape), "bias")]
+    g.nodes.append(onnx.helper.make_node(op_type, inputs, ["y"], name=op_type, domain="com.microsoft",
+                                         **attributes))
+    g.output("y", F32, SHAPE)
+    graph = onnx.helper.make_graph(g.nodes, "g", g.inputs, g.outputs, g.inits)
+    return onnx.helper.make_model(graph, ir_version=9, opset_imports=[
+        onnx.helper.make_opsetid("", g.opset), onnx.helper.make_opsetid("com.microsoft", ms_opset)])

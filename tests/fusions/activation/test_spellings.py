@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 from fusing import assert_same_outputs, attrs, fuse_in_memory, fuse_model, fused_nodes
-from fusions.activation.graphs import gated_model, gelu_erf, gelu_tanh, mlp_model, quick_gelu, silu
+from fusions.activation.graphs import contrib_model, gated_model, gelu_erf, gelu_tanh, mlp_model, quick_gelu, silu
 from graphs import F32, GraphBuilder
 from onnx import TensorProto
 
@@ -166,6 +166,50 @@ def test_onnx_gelu_attribute_not_modelled_is_refused():
     fused, report = fuse_in_memory(model, FAMILY)
     assert not fused_nodes(fused)
     assert any("'surprise'" in miss["reason"] for miss in report.near_misses), report.near_misses
+
+
+# -- ONNX Runtime's contrib ops (what its optimiser writes) ---------------------------------------
+
+CONTRIB = {  # name -> (contrib_model args, the otfuse nodes made, the fused op's attributes)
+    "quick_gelu": (("QuickGelu",), dict(alpha=1.702), ["QuickGelu"], {"alpha": 1.702}),
+    "quick_gelu_default_alpha": (("QuickGelu",), {}, ["QuickGelu"], {"alpha": 1.702}),
+    "quick_gelu_alpha_one": (("QuickGelu",), dict(alpha=1.0), ["SiLU"], {}),
+    "gelu": (("Gelu",), {}, ["Gelu"], {"approximate": b"none"}),
+    "fast_gelu": (("FastGelu",), {}, ["Gelu"], {"approximate": b"tanh"}),
+    "fast_gelu_bias": (("FastGelu", [16]), {}, ["Add", "Gelu"], {"approximate": b"tanh"}),
+    "bias_gelu": (("BiasGelu", [16]), {}, ["Add", "Gelu"], {"approximate": b"none"}),
+}
+
+
+@pytest.mark.parametrize("name", CONTRIB)
+def test_ort_contrib_ops(tmp_path, name):
+    args, kwargs, nodes, attributes = CONTRIB[name]
+    fused, report = fuse_model(tmp_path, contrib_model(*args, **kwargs), only=FAMILY)
+    assert [n.op_type for n in fused.graph.node] == nodes
+    (node,) = fused_nodes(fused)
+    got = attrs(node)
+    if "alpha" in got:
+        got["alpha"] = round(got["alpha"], 6)
+    assert got == attributes
+    assert_same_outputs(tmp_path)
+
+
+CONTRIB_REFUSED = {  # name -> (contrib_model args, kwargs, the near miss names)
+    "unknown_attribute": (("FastGelu",), dict(surprise=1), "'surprise'"),
+    "domain_opset_2": (("BiasGelu", [16]), dict(ms_opset=2), "domain opset 2"),
+    "bias_not_1d": (("FastGelu", [1, 16]), {}, "not one value per element of x's last axis"),
+    "bias_one_value": (("BiasGelu", [1]), {}, "not one value per element of x's last axis"),
+    "bias_float16": (("BiasGelu", [16]), dict(bias_type=np.float16), "has type float16"),
+    "quick_gelu_alpha_inf": (("QuickGelu",), dict(alpha=math.inf), "alpha is inf"),
+}
+
+
+@pytest.mark.parametrize("name", CONTRIB_REFUSED)
+def test_ort_contrib_ops_not_modelled_are_refused(name):
+    args, kwargs, reason = CONTRIB_REFUSED[name]
+    fused, report = fuse_in_memory(contrib_model(*args, **kwargs), FAMILY)
+    assert not fused_nodes(fused)
+    assert any(reason in miss["reason"] for miss in report.near_misses), report.near_misses
 
 
 # -- gated forms ----------------------------------------------------------------------------------
