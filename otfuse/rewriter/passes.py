@@ -146,6 +146,22 @@ def _reads_interior(graph: GraphIndex, match: Match, replacement: Replacement,
     return None
 
 
+def _materialise_static_inputs(ctx: RewriteContext, match: Match, replacement: Replacement,
+                               positions: dict[int, int]) -> None:
+    """A replacement input known before run time (``GraphIndex.folded``: ``CastLike(w, sum)``
+    is w in the sum's type, whatever the sum holds) that is computed from the match becomes an
+    initializer of its value: its only tie to the match is a type or a shape, not data."""
+    graph = ctx.graph
+    covered = {id(node) for node in match.covered}
+    first = min(positions.get(id(node), 0) for node in match.covered)
+    for node in replacement.nodes:
+        for position, name in enumerate(node.input):
+            if name in graph.folded and _match_value_upstream(graph, name, covered, first, positions):
+                tensor = ctx.constant(f"{name}_static", graph.constant_value(name))
+                replacement.initializers.append(tensor)
+                node.input[position] = tensor.name
+
+
 def _match_value_upstream(graph: GraphIndex, name: str, covered: set[int], first: int,
                           positions: dict[int, int]) -> str | None:
     """The first value produced by a covered node that ``name`` depends on, or None. Nodes placed
@@ -224,6 +240,7 @@ def _try_root(graph: GraphIndex, ctx: RewriteContext, rules: Sequence[Rule],
                                                match.covered)
                 continue
             replacement = rule.rewrite(ctx, match, root)
+            _materialise_static_inputs(ctx, match, replacement, positions)
             reason = _reads_interior(graph, match, replacement, positions)
             if reason:
                 matcher.best_failure = Failure(_CHECK_FAILURE_DEPTH + len(match.covered), reason, match.covered)
