@@ -18,6 +18,15 @@ from otfuse.canonicalise import ShapeReadsPass
 from otfuse.fusions.attention import flat_heads, fold_rope, keys_transposed, onnx_op, sdpa
 from otfuse.rewriter.family import Family
 from otfuse.rewriter.passes import RulePass
+from otfuse.rewriter.sites import SiteSignature
+
+_SCORE_OPS = {"Add", "Sub", "Mul", "Div", "Where", "Cast", "Tanh", "Reshape", "Transpose", "Expand"}
+
+
+def _scores_softmax(scan, node) -> bool:
+    """Softmax over scores from a MatMul, whose probabilities (through Cast / Dropout) multiply V."""
+    return (scan.reaches(node, {"MatMul", "FusedMatMul", "Gemm"}, _SCORE_OPS, upstream=True) and
+            scan.reaches(node, {"MatMul"}, {"Cast", "Dropout", "Reshape", "Identity"}, upstream=False, depth=5))
 
 FAMILY = Family(
     name="attention",
@@ -25,4 +34,8 @@ FAMILY = Family(
             RulePass(fold_rope.RULES)),
     emits=("Attention", "RopeAttention"),
     canonicalise=(ShapeReadsPass(),),
+    sites=(
+        SiteSignature("an attention op", frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention"})),
+        SiteSignature("MatMul -> Softmax -> MatMul", frozenset({"Softmax"}), _scores_softmax),
+    ),
 )
