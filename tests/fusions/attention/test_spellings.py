@@ -211,8 +211,8 @@ def test_keys_permuted_otherwise_are_not_read_as_bsnd(tmp_path, perm):
 
 
 @pytest.mark.parametrize("kwargs, reason", [
-    (dict(keys="input", kt_dim="d"), "do not line up"),
-    (dict(keys="input", kt_heads=1), "do not line up"),
+    (dict(keys="input", kt_dim="d"), "has D = d (dim 2 of"),
+    (dict(keys="input", kt_heads=1), "has Nkv = "),
 ], ids=["head_size_unproven", "kv_heads_broadcast"])
 def test_keys_given_transposed_with_other_shapes_are_not_fused(tmp_path, kwargs, reason):
     fused, report = fuse_attention(tmp_path, keys_transposed_model(**kwargs))
