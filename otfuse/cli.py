@@ -224,7 +224,8 @@ def _print_fuse_report(console: Console, model: Path, report, verbose: bool) -> 
         console.print(f"note: {note}", soft_wrap=True, markup=False)
     if verbose:
         for miss in report.near_misses:
-            console.print(f"  near miss: {miss.get('pattern')} at {miss.get('location')}: {miss.get('reason')}")
+            instead = f" (fused as {miss['fused_as']} instead)" if miss.get("fused_as") else ""
+            console.print(f"  near miss: {miss.get('pattern')} at {miss.get('location')}: {miss.get('reason')}{instead}")
 
 
 @cli.command("diff")

@@ -19,8 +19,10 @@ import onnx
 from otfuse.domain import OP_DOMAIN, VERSION
 from otfuse.errors import OtfuseError, OutputWriteError
 from otfuse.fusions import FAMILIES, select_families
+from otfuse.rewriter.graph import forget_indexes
 from otfuse.rewriter.model_io import LoadedModel, load_model, read_paths, stage_model
 from otfuse.rewriter.output_paths import StagedFiles, check_disjoint
+from otfuse.rewriter.passes import unique_sites
 from otfuse.verify.validation import validate_fused
 
 
@@ -141,17 +143,22 @@ def fuse_families(model: onnx.ModelProto, families: list[str], base_dir: Path | 
     """Canonicalise and fuse ``model`` in place with ``families`` (names, in the order given):
     (the otfuse ops it gained, the near misses tagged with their family)."""
     already_fused = _fused_op_census(model)
-    near_misses: list[dict] = []
+    found = []
     canonicalised: list = []
-    for name in families:
-        family = FAMILIES[name]
-        # A canonicaliser runs once, before the first family that needs it: shape_reads must see
-        # the rotations the rope family fused (it reads Shape through them).
-        steps = [step for step in family.canonicalise if step not in canonicalised] + list(family.passes)
-        canonicalised += family.canonicalise
-        for step in steps:
-            result = step.run(model, base_dir)
-            near_misses += [dict(miss.to_dict(), family=name) for miss in result.near_misses]
+    try:
+        for name in families:
+            family = FAMILIES[name]
+            # A canonicaliser runs once, before the first family that needs it: shape_reads must see
+            # the rotations the rope family fused (it reads Shape through them).
+            steps = [step for step in family.canonicalise if step not in canonicalised] + list(family.passes)
+            canonicalised += family.canonicalise
+            for step in steps:
+                result = step.run(model, base_dir)
+                found += [(name, miss) for miss in result.near_misses]
+    finally:
+        forget_indexes()  # the passes share an index while the graph is unchanged; not beyond
+    final_nodes = {node.name for node in model.graph.node}
+    near_misses = [dict(miss.to_dict(), family=family) for family, miss in unique_sites(found, final_nodes)]
     # Counted on the result: a later pass may absorb what an earlier one fused (RoPE into attention).
     return _fused_op_census(model) - already_fused, near_misses
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import onnx
 
 from otfuse.domain import OP_DOMAIN
-from otfuse.rewriter.graph import GraphIndex
+from otfuse.rewriter.graph import GraphIndex, index_for
 from otfuse.rewriter.passes import PassResult
 from otfuse.rewriter.pattern import attr
 
@@ -68,7 +68,7 @@ def _source(graph: GraphIndex, value: str) -> str | None:
 
 def _stand_in(graph: GraphIndex, value: str, picked: set[int]) -> str | None:
     """The nearest source (up to _MAX_HOPS) with the same rank and dims at ``picked``."""
-    shape = graph.shape(value)
+    shape = graph.proven_shape(value)  # the read's value changes unless the dims are equal in every run
     if shape is None:
         return None
     current = value
@@ -76,7 +76,7 @@ def _stand_in(graph: GraphIndex, value: str, picked: set[int]) -> str | None:
         current = _source(graph, current)
         if current is None:
             return None
-        other = graph.shape(current)
+        other = graph.proven_shape(current)
         if other is not None and len(other) == len(shape) and all(_same_dim(shape[i], other[i]) for i in picked):
             return current
     return None
@@ -87,7 +87,7 @@ class ShapeReadsPass:
     """Moves the ``Shape`` reads of rank-4 tensors to equal-dimensioned ancestors (see above)."""
 
     def run(self, model: onnx.ModelProto, base_dir: Path | None) -> PassResult:
-        graph = GraphIndex(model, base_dir)
+        graph = index_for(model, base_dir)
         for node in model.graph.node:
             if node.op_type != "Shape" or node.domain not in ("", "ai.onnx") or graph.rank(node.input[0]) != 4:
                 continue

@@ -6,12 +6,10 @@ sentence saying why it is not; that sentence is what the report shows as a near 
 
 from __future__ import annotations
 
-import ast
-
-import numpy as np
 import onnx
 
 from otfuse.rewriter.builder import NewTensor, Value
+from otfuse.rewriter.dims import same_dim
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.pattern import Match, attr
 from otfuse.rewriter.refuse import Refuse
@@ -38,73 +36,61 @@ def require_float_io(graph: GraphIndex, x: str, y: str) -> None:
         raise Refuse(f"output {y!r} has type {type_name(ty)} but the input is {type_name(tx)}")
 
 
-def _canonical_dim(dim):
-    """Symbolic sums from shape inference in one spelling: 'past_seq + seq' == 'seq + past_seq'."""
-    if isinstance(dim, str) and "+" in dim and not any(c in dim for c in "*/()-"):
-        return "+".join(sorted(term.strip() for term in dim.split("+")))
-    return dim
-
-
 def dims_equal(a, b) -> bool:
-    """Known and equal: the same number, or symbolic expressions that agree. The exporters'
-    symbolic dims are integer polynomials with floor division ('4*batch', '((seq**2)//seq)');
-    two such expressions are taken as equal when they agree at several sizes."""
-    if a is None or b is None:
-        return False
-    if _canonical_dim(a) == _canonical_dim(b):
-        return True
-    return _same_expression(str(a), str(b))
-
-
-_PROBE_SIZES = (3, 7, 64, 1031)
-
-
-def _same_expression(a: str, b: str) -> bool:
-    try:
-        trees = [ast.parse(text, mode="eval").body for text in (a, b)]
-    except SyntaxError:
-        return False
-    names = sorted({node.id for tree in trees for node in ast.walk(tree) if isinstance(node, ast.Name)})
-    if not names:
-        return False
-    for seed, size in enumerate(_PROBE_SIZES):
-        env = {name: size + 2 * i + seed for i, name in enumerate(names)}
-        values = [_evaluate(tree, env) for tree in trees]
-        if None in values or values[0] != values[1]:
-            return False
-    return True
-
-
-_OPERATORS = {ast.Add: lambda x, y: x + y, ast.Sub: lambda x, y: x - y, ast.Mult: lambda x, y: x * y,
-              ast.FloorDiv: lambda x, y: x // y if y else None, ast.Pow: lambda x, y: x ** y if 0 <= y < 8 else None}
-
-
-def _evaluate(node, env):
-    if isinstance(node, ast.Constant) and isinstance(node.value, int):
-        return node.value
-    if isinstance(node, ast.Name):
-        return env.get(node.id)
-    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-        left, right = _evaluate(node.left, env), _evaluate(node.right, env)
-        return None if left is None or right is None else _OPERATORS[type(node.op)](left, right)
-    return None
+    """Provably equal dims: the dimension engine's canonical forms agree (otfuse/rewriter/dims).
+    Dims from ``graph.shape`` are canonical for their graph; text is parsed as an expression."""
+    return same_dim(a, b)
 
 
 def shapes_equal(a, b) -> bool:
-    """Equal when every dim is known and equal (same number, or same symbolic name)."""
+    """Equal when every dim is provably equal."""
     if a is None or b is None or len(a) != len(b):
         return False
     return all(dims_equal(x, y) for x, y in zip(a, b))
 
 
+def shape_mismatch(a, b) -> str:
+    """Which dims of two shapes are not proven equal, for a refusal: "dim 1: seq vs x.dim1"."""
+    if a is None or b is None:
+        return "a shape is unknown"
+    if len(a) != len(b):
+        return f"ranks {len(a)} and {len(b)} differ"
+    for axis, (x, y) in enumerate(zip(a, b)):
+        if not dims_equal(x, y):
+            return f"dim {axis}: {_dim_text(x)} vs {_dim_text(y)} not proven equal"
+    return "equal"
+
+
+def broadcast_mismatch(shape, target) -> str:
+    """The first dim of ``shape`` (aligned right) that is neither 1 nor proven to be ``target``'s."""
+    for axis, (dim, want) in enumerate(zip(reversed(list(shape)), reversed(list(target)))):
+        if dim != 1 and not dims_equal(dim, want):
+            return f"dim -{axis + 1}: {_dim_text(dim)} vs {_dim_text(want)} not proven equal"
+    return "broadcasts"
+
+
+def require_static(**dims) -> None:
+    """Head counts and sizes the fused op needs as numbers; the refusal names those that are not."""
+    loose = [f"{name} {_dim_text(dim)}" for name, dim in dims.items() if not isinstance(dim, int)]
+    if loose:
+        raise Refuse(f"head counts and head sizes must be static: {', '.join(loose)} not static")
+
+
+def _dim_text(dim) -> str:
+    return "?" if dim is None else str(dim)
+
+
 def require_same_shape(graph: GraphIndex, a: str, b: str) -> None:
-    """The residual Add must not broadcast: both operands have one shape and type."""
+    """The residual Add must not broadcast: both operands have one shape and type, proven (the
+    fused op does not broadcast, so the exporters' convention that dynamic dims meeting in a
+    broadcast are equal is not enough here)."""
     if graph.elem_type(a) != graph.elem_type(b):
         raise Refuse(f"residual operands have different types ({type_name(graph.elem_type(a))}, "
                      f"{type_name(graph.elem_type(b))})")
-    shape_a, shape_b = graph.shape(a), graph.shape(b)
+    shape_a, shape_b = graph.proven_shape(a), graph.proven_shape(b)
     if not shapes_equal(shape_a, shape_b):
-        raise Refuse(f"residual Add may broadcast: operand shapes {_fmt(shape_a)} and {_fmt(shape_b)}")
+        raise Refuse(f"residual Add may broadcast: operand shapes {_fmt(shape_a)} and {_fmt(shape_b)} "
+                     f"({shape_mismatch(shape_a, shape_b)})")
 
 
 def _fmt(shape) -> str:
@@ -186,38 +172,5 @@ def row_parameter(graph: GraphIndex, value: str, x: str, axis: int) -> Value:
 
 
 def reshaped_dims(graph: GraphIndex, node: onnx.NodeProto):
-    """The output dims of a Reshape: inferred ones when all are known, else worked out from a
-    constant target shape (0 copies the input dim, -1 takes what is left) with symbolic dims
-    cancelled as factors: [B, 2, 2, S, 8] -> [0, 4, -1, 8] gives [B, 4, S, 8]."""
-    inferred = graph.shape(node.output[0])
-    if inferred is not None and all(d is not None for d in inferred):
-        return inferred
-    source = graph.shape(node.input[0])
-    if source is None or not graph.is_constant(node.input[1]) or any(d is None for d in source):
-        return inferred
-    target = [int(d) for d in graph.constant_value(node.input[1]).reshape(-1)]
-    if attr(node, "allowzero", 0):
-        return inferred
-    dims = [source[i] if d == 0 else d for i, d in enumerate(target)]
-    if -1 not in dims:
-        return tuple(dims)
-    symbols = [d for d in source if isinstance(d, str)]
-    number = int(np.prod([d for d in source if isinstance(d, int)], dtype=np.int64))
-    for d in dims:
-        if d == -1:
-            continue
-        if isinstance(d, str):
-            if d not in symbols:
-                return inferred
-            symbols.remove(d)
-        else:
-            if d == 0 or number % d:
-                return inferred
-            number //= d
-    if len(symbols) == 1 and number == 1:
-        rest = symbols[0]
-    elif not symbols:
-        rest = number
-    else:
-        return inferred
-    return tuple(rest if d == -1 else d for d in dims)
+    """The output dims of a Reshape (the dimension engine solves its 0 and -1 entries)."""
+    return graph.shape(node.output[0])

@@ -19,7 +19,7 @@ from typing import Protocol
 import onnx
 
 from otfuse.domain import OP_DOMAIN, OP_DOMAIN_VERSION
-from otfuse.rewriter.graph import GraphIndex
+from otfuse.rewriter.graph import GraphIndex, index_for
 from otfuse.rewriter.pattern import Failure, Match, Matcher
 from otfuse.rewriter.rule import Fusion, NotCandidate, Refuse, Replacement, RewriteContext, Rule
 
@@ -31,13 +31,40 @@ _CHECK_FAILURE_DEPTH = 10_000
 
 @dataclass
 class NearMiss:
+    """A site left unfused, or fused less than fully: ``fused_as`` names what was fused there
+    instead of ``pattern`` (a downgrade: AddLayerNorm refused, LayerNorm fused)."""
+
     pattern: str
     location: str
     reason: str
     nodes: tuple[str, ...]
+    fused_as: str = ""
+    fused_nodes: tuple[str, ...] = ()  # earlier fusions the refused match held (a rotation pair)
 
     def to_dict(self) -> dict:
-        return {"pattern": self.pattern, "location": self.location, "reason": self.reason}
+        out = {"pattern": self.pattern, "location": self.location, "reason": self.reason}
+        if self.fused_as:
+            out["fused_as"] = self.fused_as
+        return out
+
+
+def unique_sites(misses: list[tuple[str, NearMiss]], final_nodes: set[str]) -> list[tuple[str, NearMiss]]:
+    """(family, miss) pairs without a later report of a downgrade already reported (the fold pass
+    retries the RopeAttention an attention pass downgraded, on the same rotation node), nor a
+    downgrade a later pass undid (the fold absorbed the rotation after all: it is not in
+    ``final_nodes``, the names of the final model's nodes)."""
+    seen: dict[str, set[str]] = {}
+    kept = []
+    for family, miss in misses:
+        if miss.fused_as and any(name not in final_nodes for name in miss.fused_nodes):
+            continue
+        names = {name for name in miss.nodes if name}
+        if miss.fused_as and names & seen.get(family, set()):
+            continue
+        if miss.fused_as:
+            seen.setdefault(family, set()).update(names)
+        kept.append((family, miss))
+    return kept
 
 
 @dataclass
@@ -102,6 +129,22 @@ def _reads_interior(graph: GraphIndex, covers: tuple[onnx.NodeProto, ...], repla
                              f"inside the match")
 
 
+def _materialise_static_inputs(ctx: RewriteContext, covers: tuple[onnx.NodeProto, ...], replacement: Replacement,
+                               positions: dict[int, int]) -> None:
+    """A replacement input known before run time (``GraphIndex.folded``: ``CastLike(w, sum)``
+    is w in the sum's type, whatever the sum holds) that is computed from the match becomes an
+    initializer of its value: its only tie to the match is a type or a shape, not data."""
+    graph = ctx.graph
+    covered = {id(node) for node in covers}
+    first = min(positions.get(id(node), 0) for node in covers)
+    for node in replacement.nodes:
+        for position, name in enumerate(node.input):
+            if name in graph.folded and _match_value_upstream(graph, name, covered, first, positions):
+                tensor = ctx.constant(f"{name}_static", graph.constant_value(name))
+                replacement.initializers.append(tensor)
+                node.input[position] = tensor.name
+
+
 def _match_value_upstream(graph: GraphIndex, name: str, covered: set[int], first: int,
                           positions: dict[int, int]) -> str | None:
     """The first value produced by a covered node that ``name`` depends on, or None. Nodes placed
@@ -149,8 +192,10 @@ def topological_positions(nodes: Sequence[onnx.NodeProto]) -> dict[int, int]:
 def _try_root(graph: GraphIndex, ctx: RewriteContext, rules: Sequence[Rule],
               root: onnx.NodeProto, claimed: set[int], positions: dict[int, int]):
     """The accepted (rule, fusion, replacement) at ``root`` that covers the most nodes (earlier
-    rules win ties), else the deepest failure. Taking the largest match matters when a smaller
-    rule also fits: a LayerNorm without bias contains an exact RMSNorm of ``x - mean``."""
+    rules win ties), and the deepest failure: the reason nothing was fused, or, next to an
+    accepted fusion, a larger rule's refusal (a downgrade when it would have fused another op).
+    Taking the largest match matters when a smaller rule also fits: a LayerNorm without bias
+    contains an exact RMSNorm of ``x - mean``."""
     best_failure: tuple[Rule, Failure] | None = None
     accepted = None
     for rule in rules:
@@ -166,7 +211,7 @@ def _try_root(graph: GraphIndex, ctx: RewriteContext, rules: Sequence[Rule],
         if failure and (best_failure is None or failure.depth > best_failure[1].depth):
             best_failure = (rule, failure)
     if accepted is not None:
-        return (*accepted, None)
+        return (*accepted, _downgrade(accepted, best_failure))
     return None, None, None, best_failure
 
 
@@ -211,12 +256,29 @@ def _try_match(graph: GraphIndex, ctx: RewriteContext, rule: Rule, match: Match,
         matcher.best_failure = Failure(_CHECK_FAILURE_DEPTH + len(fusion.covers), str(refusal), fusion.covers)
         return None
     replacement = rule.emit(ctx, fusion)
+    _materialise_static_inputs(ctx, fusion.covers, replacement, positions)
     try:
         _reads_interior(graph, fusion.covers, replacement, positions)
     except Refuse as refusal:
-        matcher.best_failure = Failure(_CHECK_FAILURE_DEPTH, str(refusal), fusion.covers)
+        matcher.best_failure = Failure(_CHECK_FAILURE_DEPTH + len(fusion.covers), str(refusal), fusion.covers)
         return None
     return fusion, replacement
+
+
+def _downgrade(accepted, failure: tuple[Rule, Failure] | None) -> tuple[Rule, Failure] | None:
+    """The refusal of a rule that would have fused more, into another op, than what was accepted."""
+    if failure is None:
+        return None
+    rule, refused = failure
+    kept, fusion = accepted[0], accepted[1]
+    if refused.depth < _CHECK_FAILURE_DEPTH or len(refused.covered) <= len(fusion.covers):
+        return None
+    bigger, smaller = rule.fused_op, kept.fused_op
+    return failure if bigger and smaller and bigger != smaller else None
+
+
+def _fused_names(nodes) -> tuple[str, ...]:
+    return tuple(node.name for node in nodes if node.domain == OP_DOMAIN and node.name)
 
 
 def _is_near_miss(rule: Rule, failure: Failure) -> bool:
@@ -247,7 +309,7 @@ def run_pass(model: onnx.ModelProto, rules: Sequence[Rule], base_dir: Path | Non
     result = PassResult()
     if not rules:
         return result
-    graph = GraphIndex(model, base_dir)
+    graph = index_for(model, base_dir)
     ctx = RewriteContext(graph)
     nodes = list(model.graph.node)
     positions = topological_positions(nodes)
@@ -258,6 +320,12 @@ def run_pass(model: onnx.ModelProto, rules: Sequence[Rule], base_dir: Path | Non
         if id(root) in claimed or not root.output or not root.output[0]:
             continue
         rule, fusion, replacement, failure = _try_root(graph, ctx, rules, root, claimed, positions)
+        if rule is not None and failure is not None:
+            larger, refused = failure
+            kept = [n.op_type for n in refused.covered if n.domain == OP_DOMAIN] + [rule.fused_op]
+            misses.append(NearMiss(larger.name, _node_label(root), refused.reason,
+                                   tuple(n.name for n in refused.covered), fused_as=" + ".join(kept),
+                                   fused_nodes=_fused_names(refused.covered)))
         if rule is not None:
             claimed.update(id(node) for node in fusion.covers)
             replacements[id(root)] = replacement
@@ -269,13 +337,16 @@ def run_pass(model: onnx.ModelProto, rules: Sequence[Rule], base_dir: Path | Non
                     result.fusions[node.op_type] -= 1
         elif failure is not None and _is_near_miss(*failure):
             misses.append(NearMiss(failure[0].name, _node_label(root), failure[1].reason,
-                                   tuple(n.name for n in failure[1].covered)))
+                                   tuple(n.name for n in failure[1].covered),
+                                   fused_as=failure[0].kept_when_refused,
+                                   fused_nodes=_fused_names(failure[1].covered)))
     if replacements:
         apply_replacements(model, nodes, claimed, replacements, graph)
     fused_names = {n.name for n in nodes if id(n) in claimed}
-    # A candidate whose nodes ended up inside another fusion was not really missed.
-    result.near_misses = [m for m in reversed(misses)
-                          if not m.nodes or sum(n in fused_names for n in m.nodes) * 2 < len(m.nodes)]
+    # A candidate whose nodes ended up inside another fusion was not really missed (a downgrade
+    # was: the smaller fusion holds its nodes).
+    result.near_misses = [m for m in reversed(misses) if m.fused_as or not m.nodes
+                          or sum(n in fused_names for n in m.nodes) * 2 < len(m.nodes)]
     return result
 
 

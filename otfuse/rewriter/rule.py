@@ -141,7 +141,7 @@ Emit = Callable[[RewriteContext, Fusion], Replacement]
 
 @dataclass(frozen=True, eq=False)
 class Rule:
-    """A rule: ``name`` (the report's), ``family``, ``pattern``, ``analyse`` and ``emit``.
+    """A rule: ``name`` (the report's), ``pattern``, ``analyse``, ``family`` and ``emit``.
 
     ``anchor_ops``: op types that make a failed candidate worth reporting: a candidate that never
     reached one (a Mul that merely looks like the end of a norm) is not a near miss.
@@ -153,6 +153,12 @@ class Rule:
     family: str = ""
     anchor_ops: frozenset[str] = frozenset()
     emit: Emit = emit
+    # The op this rule fuses into; where a larger rule's is refused and a smaller one's fused at
+    # the same root, the report lists the larger one's reason as a downgrade.
+    fused_op: str = ""
+    # For a rule that combines fused nodes (a fold): what stays fused when it is refused, so its
+    # refusal is reported as a downgrade.
+    kept_when_refused: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "anchor_ops", frozenset(self.anchor_ops))

@@ -205,6 +205,16 @@ def _classify_name(name: str) -> str:
     return "other"
 
 
+def position_class(spec: InputSpec, axis: int, has_past: bool) -> str:
+    """The class (``batch``, ``seq``, ``past``, ``total`` or ``other``) an unnamed dim at ``axis``
+    of ``spec`` gets, by the rules in the module docstring."""
+    return _classify_position(spec, axis, has_past)
+
+
+def has_past_inputs(specs: list[InputSpec]) -> bool:
+    return any(_is_past_input(s) for s in specs)
+
+
 def _classify_position(spec: InputSpec, axis: int, has_past: bool) -> str:
     rank, name = len(spec.shape), spec.name.lower()
     is_float = spec.dtype.kind == "f" or spec.dtype.type.__module__ == "ml_dtypes"
@@ -256,7 +266,7 @@ def make_feeds(
     if not isinstance(model, onnx.ModelProto):
         model = load_model(model).model
     specs = input_specs(model)
-    resolver = DimResolver(dims, has_past=any(_is_past_input(s) for s in specs))
+    resolver = DimResolver(dims, has_past=has_past_inputs(specs))
     shapes = {s.name: tuple(resolver.size(d, spec=s, axis=i) for i, d in enumerate(s.shape)) for s in specs}
     resolver.check_all_used(specs)
     return {s.name: _make_value(model, s, shapes[s.name], _rng(seed, s.name)) for s in specs}

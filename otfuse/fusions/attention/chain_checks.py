@@ -13,7 +13,6 @@ import onnx
 from otfuse.fusions.attention.masks import classify_bool_mask, classify_mask
 from otfuse.rewriter import checks
 from otfuse.rewriter.builder import Helpers, Value
-from otfuse.rewriter.dim_binder import Dims
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.pattern import Match, attr
 from otfuse.rewriter.refuse import Refuse
@@ -31,11 +30,6 @@ def known_shape(graph: GraphIndex, value: str, rank: int, what: str) -> tuple:
 def may_equal(a, b) -> bool:
     """False only when two dims are provably different (two different numbers)."""
     return not (isinstance(a, int) and isinstance(b, int) and a != b)
-
-
-def require_static(dims: Dims, *names: str) -> None:
-    if not all(isinstance(dims[name], int) for name in names):
-        raise Refuse("head counts and head sizes must be static")
 
 
 def _scalar(graph: GraphIndex, match: Match, name: str) -> float:
@@ -63,7 +57,8 @@ def require_broadcast(graph: GraphIndex, value: str, target: tuple, what: str) -
     for dim, want in zip(reversed(shape), reversed(target)):
         # The kernel checks broadcasting at run time; refuse only what provably widens scores.
         if dim != 1 and not may_equal(dim, want):
-            raise Refuse(f"{what} has shape {list(shape)}, which does not broadcast to {list(target)}")
+            raise Refuse(f"{what} has shape {list(shape)}, which does not broadcast to {list(target)} "
+                         f"(dim {dim} vs {want})")
 
 
 # A Where fill at most this (or -inf) is what adding it gives too: s + fill rounds to fill in
@@ -138,10 +133,14 @@ def require_repeat(graph: GraphIndex, match: Match, tag: str, source: str, heads
         repeats = [int(r) for r in graph.constant_value(match.value(f"{tag}_repeats")).reshape(-1)]
         if repeats != [1, 1, rep, 1, 1]:
             raise Refuse(f"repeat_kv Tile repeats {repeats}, not [1, 1, {rep}, 1, 1]")
-    if heads % kv_heads or not checks.shapes_equal(expanded, [src[0], kv_heads, rep, src[2], src[3]]):
-        raise Refuse(f"repeat_kv expands {list(src)} to {list(expanded)}, not x{rep} along a new axis 2")
-    if not checks.shapes_equal(merged, [src[0], heads, src[2], src[3]]):
-        raise Refuse(f"repeat_kv merges into {list(merged)}, not [B, {heads}, S, D]")
+    want = [src[0], kv_heads, rep, src[2], src[3]]
+    if heads % kv_heads or not checks.shapes_equal(expanded, want):
+        raise Refuse(f"repeat_kv expands {list(src)} to {list(expanded)}, not x{rep} along a new axis 2 "
+                     f"({checks.shape_mismatch(expanded, want)})")
+    want = [src[0], heads, src[2], src[3]]
+    if not checks.shapes_equal(merged, want):
+        raise Refuse(f"repeat_kv merges into {list(merged)}, not [B, {heads}, S, D] "
+                     f"({checks.shape_mismatch(merged, want)})")
 
 
 def require_keys_transpose(graph: GraphIndex, match: Match) -> None:
@@ -153,9 +152,11 @@ def require_keys_transpose(graph: GraphIndex, match: Match) -> None:
     flat = checks.reshaped_dims(graph, match.node("kt_flat"))
     unflat = checks.reshaped_dims(graph, match.node("kt_unflat"))
     if flat is None or len(flat) != 3 or not checks.shapes_equal(flat[1:], k_shape[2:]):
-        raise Refuse(f"Kᵀ's first Reshape gives {flat}, not [B*N, S, D]")
-    if not checks.shapes_equal(unflat, [k_shape[0], k_shape[1], k_shape[3], k_shape[2]]):
-        raise Refuse(f"Kᵀ's last Reshape gives {unflat}, not [B, N, D, S]")
+        raise Refuse(f"Kᵀ's first Reshape gives {flat}, not [B*N, S, D] "
+                     f"({checks.shape_mismatch(None if flat is None else flat[1:], k_shape[2:])})")
+    want = [k_shape[0], k_shape[1], k_shape[3], k_shape[2]]
+    if not checks.shapes_equal(unflat, want):
+        raise Refuse(f"Kᵀ's last Reshape gives {unflat}, not [B, N, D, S] ({checks.shape_mismatch(unflat, want)})")
 
 
 def require_softmax_over_keys(graph: GraphIndex, match: Match) -> None:

@@ -40,7 +40,8 @@ def _check_reshapes(graph, match: Match, dims) -> None:
         source = graph.shape(match.value(tag))
         flat = checks.reshaped_dims(graph, match.node(f"{tag}_flat"))
         if flat is None or len(flat) != 3 or not checks.shapes_equal(flat[1:], source[2:]):
-            raise Refuse(f"{tag} is reshaped to {flat}, not [B*N, S, D]")
+            raise Refuse(f"{tag} is reshaped to {flat}, not [B*N, S, D] "
+                         f"({checks.shape_mismatch(None if flat is None else flat[1:], source[2:])})")
     expected = {"scores_unflat": (4, [dims["B"], dims["N"], dims["Sq"], None]),
                 "out_unflat": (4, [dims["B"], dims["N"], dims["Sq"], dims["Dv"]])}
     for bind, (rank, want) in expected.items():
@@ -61,7 +62,7 @@ def _analyse(ctx: RewriteContext, match: Match) -> Fusion:
     graph = ctx.graph
     q, k, v = match.value("q"), match.value("k"), match.value("v")
     dims = ctx.dims(q="B N Sq D", k="_ Nk Skv Dk", v="_ Nv Sv Dv")
-    chain.require_static(dims, "N", "D", "Nk", "Dv")
+    checks.require_static(heads=dims["N"], head_size=dims["D"], kv_heads=dims["Nk"], v_head_size=dims["Dv"])
     if dims["Nk"] != dims["N"] or dims["Nv"] != dims["N"] or dims["Dk"] != dims["D"]:
         raise Refuse("flat-heads attention needs q, k and v with the same heads")
     elem = graph.elem_type(q)
@@ -92,6 +93,7 @@ def _analyse(ctx: RewriteContext, match: Match) -> Fusion:
     return Fusion(call, match.covered, helpers)
 
 
-FLAT_HEADS = Rule("Attention(flat heads, ALiBi)", _flat_attention(), _analyse, FAMILY, frozenset({"Softmax"}))
+FLAT_HEADS = Rule("Attention(flat heads, ALiBi)", _flat_attention(), _analyse, FAMILY, frozenset({"Softmax"}),
+                  fused_op="Attention")
 
 RULES: list[Rule] = [FLAT_HEADS]

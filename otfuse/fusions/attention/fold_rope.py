@@ -52,6 +52,7 @@ def _analyse(ctx: RewriteContext, match: Match) -> Fusion:
 
 
 ROPE_ATTENTION_FOLD = Rule("RopeAttention(fold)", Either(_folded(0), _folded(1)), _analyse, FAMILY,
-                           frozenset({"RotaryEmbeddingQK"}))
+                           frozenset({"RotaryEmbeddingQK"}), fused_op="RopeAttention",
+                           kept_when_refused="RotaryEmbeddingQK + Attention")
 
 RULES: list[Rule] = [ROPE_ATTENTION_FOLD]

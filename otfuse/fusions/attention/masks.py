@@ -302,9 +302,38 @@ def _read_for_shape_only(graph: GraphIndex, value: str, needed_by: dict) -> bool
     return bool(users) and all(user.op_type in _SHAPE_READERS for user in users)
 
 
+def _input_dim_names(graph: GraphIndex, inputs: list[onnx.ValueInfoProto]) -> tuple[list, dict[str, str]]:
+    """The mask model's inputs, each dim a number or a name feeds.py sizes (the declared name;
+    for an unnamed one, its class by position: ``batch``, ``seq``, ...), and the map from the
+    engine's dims to those names, so inputs the check adds for their shapes agree with them."""
+    from otfuse.run.feeds import InputSpec, has_past_inputs, position_class
+
+    specs = [InputSpec(vi.name, vi.type.tensor_type.elem_type, tuple(d.dim_value if d.HasField("dim_value") else
+                                                                     (d.dim_param or None)
+                                                                     for d in vi.type.tensor_type.shape.dim))
+             for vi in inputs]
+    has_past = has_past_inputs(specs)
+    names: dict[str, str] = {}
+    declared = []
+    for vi, spec in zip(inputs, specs):
+        shape = graph.shape(vi.name)
+        if shape is None or len(shape) != len(spec.shape):
+            declared.append(vi)
+            continue
+        dims = []
+        for axis, (dim, stated) in enumerate(zip(shape, spec.shape)):
+            if isinstance(dim, int):
+                dims.append(dim)
+                continue
+            name = stated if isinstance(stated, str) and stated else position_class(spec, axis, has_past)
+            names.setdefault(str(dim), name)
+            dims.append(names[str(dim)])
+        declared.append(onnx.helper.make_tensor_value_info(vi.name, spec.elem_type, dims))
+    return declared, names
+
+
 def _subgraph(graph: GraphIndex, output: str) -> onnx.ModelProto:
     """The nodes computing ``output`` as a model of their own (only small constants allowed)."""
-    input_dims = {d for name in graph.graph_inputs for d in (graph.shape(name) or ()) if isinstance(d, str)}
     needed, needed_by, stack = set(), {}, [output]
     shaped_inputs: set[str] = set()
     while stack:
@@ -317,12 +346,14 @@ def _subgraph(graph: GraphIndex, output: str) -> onnx.ModelProto:
             if name:
                 needed_by.setdefault(name, []).append(node)
                 stack.append(name)
+    graph_inputs = [vi for vi in graph.graph.input if vi.name in needed_by and vi.name not in graph.initializers]
+    inputs, dim_names = _input_dim_names(graph, graph_inputs)
     # Values read only for their shape become inputs when their shape is stated in the inputs' dims.
     for value in list(needed_by):
         shape = graph.shape(value)
         node = graph.producer.get(value)
         if node is not None and _read_for_shape_only(graph, value, needed_by) and shape is not None and \
-                all(isinstance(d, int) or d in input_dims for d in shape) and graph.elem_type(value):
+                all(isinstance(d, int) or str(d) in dim_names for d in shape) and graph.elem_type(value):
             shaped_inputs.add(value)
     needed, stack = set(), [output]
     while stack:  # again, stopping at the shape-only values
@@ -334,9 +365,10 @@ def _subgraph(graph: GraphIndex, output: str) -> onnx.ModelProto:
         stack.extend(name for name in node.input if name)
     order = [node for node in graph.graph.node if id(node) in needed]
     reads = {name for node in order for name in node.input if name}
-    inputs = [vi for vi in graph.graph.input if vi.name in reads and vi.name not in graph.initializers]
-    inputs += [onnx.helper.make_tensor_value_info(name, graph.elem_type(name), list(graph.shape(name)))
-               for name in sorted(shaped_inputs & reads)]
+    inputs = [vi for vi in inputs if vi.name in reads]
+    inputs += [onnx.helper.make_tensor_value_info(
+        name, graph.elem_type(name), [d if isinstance(d, int) else dim_names[str(d)] for d in graph.shape(name)])
+        for name in sorted(shaped_inputs & reads)]
     initializers = []
     for name in sorted(reads & set(graph.initializers)):
         if (graph.constant_size(name) or 0) > 4096:

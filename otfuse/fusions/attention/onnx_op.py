@@ -111,8 +111,7 @@ def _heads(graph: GraphIndex, match: Match, node: onnx.NodeProto) -> dict:
             raise Refuse(f"hidden sizes {q_hidden}/{k_hidden}/{v_hidden} do not divide into "
                          f"{heads}/{kv_heads} heads")
         head_dim, k_dim, v_dim, v_heads = q_hidden // heads, k_hidden // kv_heads, v_hidden // kv_heads, kv_heads
-    if not all(isinstance(d, int) for d in (heads, kv_heads, head_dim, v_dim)):
-        raise Refuse("head counts and head sizes must be static")
+    checks.require_static(heads=heads, kv_heads=kv_heads, head_size=head_dim, v_head_size=v_dim)
     if k_dim != head_dim or v_heads != kv_heads or heads % kv_heads:
         raise Refuse(f"Q/K/V heads do not line up: {heads} query heads of {head_dim}, K "
                      f"{kv_heads} heads of {k_dim}, V {v_heads} heads")
@@ -209,10 +208,13 @@ def _check_repeat_kv(graph, match, heads) -> int:
         rep = heads // source[1] if source[1] and heads % source[1] == 0 else 0
         expanded = graph.shape(match.node(f"{tag}_expand").output[0])
         merged = checks.reshaped_dims(graph, match.node(f"{tag}_merge"))
-        if axes != [2] or not rep or \
-                not checks.shapes_equal(expanded, [source[0], source[1], rep, source[2], source[3]]) or \
-                not checks.shapes_equal(merged, [source[0], heads, source[2], source[3]]):
-            raise Refuse(f"the {tag} repeat is not repeat_kv: {list(source)} -> {expanded} -> {merged}")
+        want_expanded = [source[0], source[1], rep, source[2], source[3]]
+        want_merged = [source[0], heads, source[2], source[3]]
+        if axes != [2] or not rep or not checks.shapes_equal(expanded, want_expanded) or \
+                not checks.shapes_equal(merged, want_merged):
+            wrong = (checks.shape_mismatch(expanded, want_expanded) if not checks.shapes_equal(expanded, want_expanded)
+                     else checks.shape_mismatch(merged, want_merged))
+            raise Refuse(f"the {tag} repeat is not repeat_kv: {list(source)} -> {expanded} -> {merged} ({wrong})")
         if kv_heads not in (None, source[1]):
             raise Refuse("k and v are repeated from different head counts")
         kv_heads = source[1]

@@ -81,7 +81,8 @@ def _bind_dims(ctx: RewriteContext, layout: Layout, match: Match) -> Dims:
     dims = ctx.dims(q=(q, "B N Sq D"))
     dims.bind(**{"Kᵀ" if key_layout == "BNDS" else "k": (k_all, _KEY_DIMS[key_layout])})
     dims.bind(v=(v_all, "_ Nkv Sv Dv"))
-    chain.require_static(dims, "N", "D", "Nkv", "Dv")
+    checks.require_static(heads=dims["N"], head_size=dims["D"], kv_heads=dims["Nkv"], v_heads=dims.shape("v")[1],
+                          v_head_size=dims["Dv"])
     if not chain.may_equal(dims["Sv"], dims["Skv"]):
         raise Refuse(f"q/k/v shapes do not line up: q {ctx.graph.shape(q)}, k {ctx.graph.shape(k_all)}, "
                      f"v {ctx.graph.shape(v_all)}")
@@ -166,7 +167,8 @@ def analyse_sdpa(layout: Layout, ctx: RewriteContext, match: Match) -> Fusion:
 
 
 def layout_rule(layout: Layout) -> Rule:
-    return Rule(layout.name, layout.pattern, partial(analyse_sdpa, layout), FAMILY, frozenset({"Softmax"}))
+    return Rule(layout.name, layout.pattern, partial(analyse_sdpa, layout), FAMILY, frozenset({"Softmax"}),
+                fused_op="RopeAttention" if layout.rope else "Attention")
 
 
 def _rope_chains(bsnd: bool) -> Either:

@@ -171,7 +171,7 @@ def _analyse(form: _Form, ctx: RewriteContext, match: Match) -> Fusion:
 
 def _rule(name: str, form: _Form, pattern) -> Rule:
     return Rule(name, pattern, partial(_analyse, form), FAMILY,
-                frozenset({"ReduceMean", "LayerNormalization", "RMSNormalization"}))
+                frozenset({"ReduceMean", "LayerNormalization", "RMSNormalization"}), fused_op=form.op.name)
 
 
 RMS_NORM = _rule("RMSNorm", _Form(ops.RMSNorm), _scaled(_rms_normalized(Var("x")), with_bias=False))

@@ -316,7 +316,7 @@ def _shape_back(graph: GraphIndex, helpers: Helpers, reshape: onnx.NodeProto, n:
 
 def _rule(name: str, op: ops.Op, pattern) -> Rule:
     return Rule(name, pattern, partial(_analyse, op), FAMILY,
-                frozenset({"RMSNorm", "AddRMSNorm", "LayerNorm", "AddLayerNorm"}))
+                frozenset({"RMSNorm", "AddRMSNorm", "LayerNorm", "AddLayerNorm"}), fused_op=op.name)
 
 
 RULES: list[Rule] = [

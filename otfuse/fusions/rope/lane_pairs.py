@@ -105,12 +105,16 @@ def _geometry(graph: GraphIndex, match: Match) -> dict:
         if axes not in ([-1], [len(shape) - 1]):
             raise Refuse(f"Unsqueeze {node.name!r} adds axis {axes}, not a new last axis")
     # The stacked pairs have p's shape and the output is p.shape[:-2] + [D]: what the rewrite's
-    # Reshape(p, [0, .., 0, D]) gives, so X and Y line up lane for lane.
-    if not checks.shapes_equal(graph.shape(stack.output[0]), shape):
-        raise Refuse(f"the stacked pairs {graph.shape(stack.output[0])} do not have the shape of {pairs!r} {shape}")
-    flat = graph.shape(root)
-    if flat is None or not checks.shapes_equal(list(flat), list(shape[:-2]) + [2 * half]):
-        raise Refuse(f"Reshape {match.node('flatten').name!r} gives {flat}, not {list(shape[:-2])} + [{2 * half}]")
+    # Reshape(p, [0, .., 0, D]) gives, so X and Y line up lane for lane (proven: nothing checks it
+    # at run time).
+    stacked, pairs_shape = graph.proven_shape(stack.output[0]), graph.proven_shape(pairs)
+    if not checks.shapes_equal(stacked, pairs_shape):
+        raise Refuse(f"the stacked pairs {stacked} do not have the shape of {pairs!r} {pairs_shape} "
+                     f"({checks.shape_mismatch(stacked, pairs_shape)})")
+    flat, want = graph.proven_shape(root), list(pairs_shape[:-2]) + [2 * half]
+    if flat is None or not checks.shapes_equal(list(flat), want):
+        raise Refuse(f"Reshape {match.node('flatten').name!r} gives {flat}, not {want} "
+                     f"({checks.shape_mismatch(flat, want)})")
     lane_shape = list(shape[:-1]) + ([1] if kept else [])
     covered = {id(n) for n in match.covered}
     for table in ("cos", "sin"):
@@ -156,7 +160,8 @@ def _broadcasts_over_shape(table: str, shape, x_shape, width: int) -> None:
         raise Refuse(f"{table!r} has {shape[-1]} lanes, the rotation needs {width}")
     for dim, x_dim in zip(reversed(shape[:-1]), reversed(x_shape[:-1])):
         if dim != 1 and (dim is None or not checks.dims_equal(dim, x_dim)):
-            raise Refuse(f"{table!r} shape {list(shape)} does not broadcast over the lanes {list(x_shape)}")
+            raise Refuse(f"{table!r} shape {list(shape)} does not broadcast over the lanes {list(x_shape)} "
+                         f"({checks.broadcast_mismatch(shape[:-1], x_shape[:-1])})")
 
 
 def _analyse(ctx: RewriteContext, match: Match) -> Fusion:

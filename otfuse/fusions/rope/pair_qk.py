@@ -16,7 +16,7 @@ import onnx
 
 from otfuse import ops
 from otfuse.domain import OP_DOMAIN
-from otfuse.rewriter.graph import GraphIndex
+from otfuse.rewriter.graph import GraphIndex, index_for
 from otfuse.rewriter.passes import PassResult, apply_replacements
 from otfuse.rewriter.pattern import attributes
 from otfuse.rewriter.rule import Fusion, Replacement, RewriteContext, emit
@@ -82,7 +82,7 @@ class PairQKPass:
     """Merges pairable RotaryEmbedding nodes (see the module docstring)."""
 
     def run(self, model: onnx.ModelProto, base_dir: Path | None) -> PassResult:
-        graph = GraphIndex(model, base_dir)
+        graph = index_for(model, base_dir)
         rotations = [n for n in model.graph.node if n.op_type == "RotaryEmbedding" and n.domain == OP_DOMAIN]
         if len(rotations) < 2:
             return PassResult()

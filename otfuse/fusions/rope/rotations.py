@@ -92,8 +92,9 @@ def _broadcasts_over(graph: GraphIndex, table: str, x: str, width: int) -> None:
     if shape[-1] != width:
         raise Refuse(f"{table!r} has {shape[-1]} lanes, the rotation needs {width}")
     for dim, x_dim in zip(reversed(shape[:-1]), reversed(x_shape[:-1])):
-        if dim != 1 and (dim is None or dim != x_dim):
-            raise Refuse(f"{table!r} shape {list(shape)} does not broadcast over x {list(x_shape)}")
+        if dim != 1 and (dim is None or not checks.dims_equal(dim, x_dim)):
+            raise Refuse(f"{table!r} shape {list(shape)} does not broadcast over x {list(x_shape)} "
+                         f"({checks.broadcast_mismatch(shape[:-1], x_shape[:-1])})")
 
 
 def _check_input(graph: GraphIndex, match: Match) -> tuple[int, int]:
@@ -149,14 +150,16 @@ def _check_interleaved_rotation(graph, match, xr, rank, width) -> None:
     if attr(stack, "axis") not in (-1, rank):
         raise Refuse(f"Concat {stack.name!r} does not stack on the new last axis")
     stacked_shape = graph.shape(stack.output[0])
-    flat_shape = graph.shape(match.node("flatten").output[0])
     if stacked_shape is None or list(stacked_shape[-2:]) != [width // 2, 2]:
         raise Refuse(f"the stacked pairs have shape {stacked_shape}, expected [..., {width // 2}, 2]")
     shape_source = graph.producer.get(match.value("flat_shape"))
     restores_by_construction = (shape_source is not None and shape_source.op_type == "Shape"
                                 and list(shape_source.input) == [xr] and not shape_source.attribute)
-    if not restores_by_construction and not checks.shapes_equal(flat_shape, graph.shape(xr)):
-        raise Refuse(f"Reshape {match.node('flatten').name!r} does not restore x's shape")
+    # The fused op gives x's shape: proven, not by the broadcast convention (nothing checks it at run time).
+    flat_proven, x_proven = graph.proven_shape(match.node("flatten").output[0]), graph.proven_shape(xr)
+    if not restores_by_construction and not checks.shapes_equal(flat_proven, x_proven):
+        raise Refuse(f"Reshape {match.node('flatten').name!r} does not restore x's shape "
+                     f"({checks.shape_mismatch(flat_proven, x_proven)})")
 
 
 def _analyse_rotation(spelling: _Spelling, ctx: RewriteContext, match: Match) -> Fusion:

@@ -283,7 +283,9 @@ def test_rotation_used_elsewhere_is_not_folded_but_exact(tmp_path):
     model = attention_op_model(rope={}, rope_output_used=True, is_causal=1)
     fused, report = fuse_model(tmp_path, model)
     assert report.fusions == {"Attention": 1, "RotaryEmbeddingQK": 1}, report.fusions
-    assert any("also used" in miss["reason"] or "graph output" in miss["reason"] for miss in report.near_misses)
+    (miss,) = [m for m in report.near_misses if m["family"] == "attention"]
+    assert "also used" in miss["reason"] or "graph output" in miss["reason"], miss
+    assert (miss["pattern"], miss["fused_as"]) == ("RopeAttention(fold)", "RotaryEmbeddingQK + Attention"), miss
     _diff(tmp_path, inputs=_attention_inputs(model, {"batch": 2, "seq": 5}))
 
 
