@@ -1,10 +1,12 @@
 """The attention family: scaled dot-product attention into ``Attention``, and ``RopeAttention``
 when the rope family's q/k rotation feeds only that attention (contract in docs/ops.md).
 
-    sdpa.py             the chain as exporters write it (dynamo, TorchScript, eager), with RoPE
-                        folded in when the pattern reads RotaryEmbeddingQK
+    chain.py            the chain as exporters write it (dynamo, TorchScript, eager), as patterns
+    chain_checks.py     what its pieces must satisfy, the scale, softcap and mask inputs
+    sdpa.py             one Layout per spelling and the analyse they share; RoPE folded in when
+                        the pattern reads RotaryEmbeddingQK
+    keys_transposed.py  layouts of keys the graph holds transposed (GPT-2's permute, inputs, caches)
     flat_heads.py       heads merged into the batch with an ALiBi bias (BLOOM)
-    keys_transposed.py  keys the graph holds transposed (GPT-2's permute, inputs, caches)
     onnx_op.py          the ONNX Attention op (opset 23), re-targeted
     fold_rope.py        the pass that folds a rotation into any Attention that reads it
     masks.py            which masks are causal / window / padding, proven by running them
