@@ -124,7 +124,7 @@ class GraphIndex:
             return self.constant_value(name) if size is not None and size <= MAX_FOLDED_ELEMENTS else None
 
         folded = fold_static_values(list(self.graph.node), small_constant, self.dims.known_value,
-                                    lambda name: name in self._constant_tensors)
+                                    lambda name: name in self._constant_tensors, self.elem_type)
         names = set()
         for name, value in folded.items():
             if name not in self._constant_tensors:

@@ -74,11 +74,13 @@ _FOLDERS: dict[str, Callable] = {
 
 
 def fold_static_values(nodes: list[onnx.NodeProto], constant: Lookup, known: Lookup,
-                       is_constant: Callable[[str], bool]) -> dict[str, np.ndarray]:
+                       is_constant: Callable[[str], bool],
+                       elem_type: Callable[[str], int] = lambda name: 0) -> dict[str, np.ndarray]:
     """Values computable now: what the dimension engine knows as numbers (``known``: Shape of
     static dims, static dims picked out of a partly known shape, shape arithmetic), and outputs of
     foldable nodes whose inputs are constants or folded (float scales: ``Sqrt(Cast(...))``); a
-    constant is read (``constant``) only when every input is one (``is_constant``)."""
+    constant is read (``constant``) only when every input is one (``is_constant``).
+    ``CastLike(c, x)`` (onnxscript's unoptimised constants) needs only ``c`` and x's type."""
     folded: dict[str, np.ndarray] = {}
 
     def value_of(name: str) -> np.ndarray | None:
@@ -90,6 +92,13 @@ def fold_static_values(nodes: list[onnx.NodeProto], constant: Lookup, known: Loo
         if node.domain not in ("", "ai.onnx") or len(node.output) != 1:
             continue
         result = known(node.output[0])
+        if result is None and node.op_type == "CastLike" and len(node.input) == 2:
+            target = elem_type(node.input[1])
+            if target and (node.input[0] in folded or is_constant(node.input[0])):
+                value = value_of(node.input[0])
+                if value is not None and value.size <= MAX_FOLDED_ELEMENTS:
+                    folded[node.output[0]] = value.astype(onnx.helper.tensor_dtype_to_np_dtype(target))
+            continue
         required = node.input if node.op_type != "Slice" else node.input[:3]
         if result is None and node.op_type in _FOLDERS and \
                 all(name in folded or is_constant(name) for name in required):  # read nothing otherwise

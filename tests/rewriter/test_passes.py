@@ -25,9 +25,10 @@ def test_a_fusion_is_refused_when_its_node_would_read_a_value_derived_from_its_i
     assert otfuse.diff(fixture_path("meta_rope_causal"), out, dims={"batch": 2}).ok
 
 
-def _norm_whose_scale_reads_the_residual_sum(norm: str) -> onnx.ModelProto:
-    """onnxscript's unoptimised output (whisper encoder, phi-2): the norm's scale is
-    ``CastLike(w, x)`` with x the residual sum the Add-norm would absorb and produce itself."""
+def _norm_whose_scale_reads_the_residual_sum(norm: str, scale: str) -> onnx.ModelProto:
+    """A norm of the residual sum x whose scale is computed from x: ``CastLike(w, x)`` (onnxscript's
+    unoptimised output: whisper encoder, phi-2), which needs only x's type, or ``w + mean(x)``
+    (``data``), which needs its values."""
     hidden = 16
     b = GraphBuilder()
     x, r = b.input("x", F32, ["batch", "seq", hidden]), b.input("r", F32, ["batch", "seq", hidden])
@@ -40,7 +41,11 @@ def _norm_whose_scale_reads_the_residual_sum(norm: str) -> onnx.ModelProto:
     scale_mul = b.nodes[-1]
     weights = {t.name for t in b.inits}
     scale_index = next(i for i, name in enumerate(scale_mul.input) if name in weights)
-    scale_mul.input[scale_index] = b.node("CastLike", [scale_mul.input[scale_index], total])
+    w = scale_mul.input[scale_index]
+    if scale == "castlike":
+        scale_mul.input[scale_index] = b.node("CastLike", [w, total])
+    else:
+        scale_mul.input[scale_index] = b.node("Add", [w, b.node("ReduceMean", [total], keepdims=0)])
     b.nodes.append(b.nodes.pop(b.nodes.index(scale_mul)))  # keep the list topologically sorted
     scale_mul.output[0] = "y"
     b.output("y", F32, ["batch", "seq", hidden])
@@ -52,12 +57,25 @@ def _norm_whose_scale_reads_the_residual_sum(norm: str) -> onnx.ModelProto:
 
 @pytest.mark.parametrize("norm, smaller", [("rms", "RMSNorm"), ("layer", "LayerNorm")])
 def test_a_fusion_whose_input_depends_on_its_own_output_is_refused(tmp_path, norm, smaller):
-    """Absorbing the Add would make the fused node read CastLike(w, its own second output): a
-    cycle ("otfuse produced a cyclic graph", exit 3, before). The Add-norm is refused, the plain
-    norm over the sum fuses, and the outputs match."""
+    """Absorbing the Add would make the fused node read ``w + mean(its own second output)``: a
+    cycle ("otfuse produced a cyclic graph", exit 3, before). The Add-norm is refused (reported as
+    a downgrade), the plain norm over the sum fuses, and the outputs match."""
     src, out = tmp_path / "m.onnx", tmp_path / "fused.onnx"
-    onnx.save(_norm_whose_scale_reads_the_residual_sum(norm), src)
+    onnx.save(_norm_whose_scale_reads_the_residual_sum(norm, "data"), src)
     report = otfuse.fuse(src, out)
     assert report.fusions == {smaller: 1}
+    assert any(miss.get("fused_as") for miss in report.near_misses), report.near_misses
+    onnx.checker.check_model(onnx.load(out), full_check=True)
+    assert otfuse.diff(src, out, dims={"batch": 2, "seq": 5}).ok
+
+
+@pytest.mark.parametrize("norm, fused", [("rms", "AddRMSNorm"), ("layer", "AddLayerNorm")])
+def test_a_static_input_computed_from_the_match_becomes_a_constant(tmp_path, norm, fused):
+    """``CastLike(w, sum)`` is w in the sum's type: known before run time, so the fused node reads
+    it as an initializer and the Add is absorbed after all."""
+    src, out = tmp_path / "m.onnx", tmp_path / "fused.onnx"
+    onnx.save(_norm_whose_scale_reads_the_residual_sum(norm, "castlike"), src)
+    report = otfuse.fuse(src, out)
+    assert report.fusions == {fused: 1}, report.near_misses
     onnx.checker.check_model(onnx.load(out), full_check=True)
     assert otfuse.diff(src, out, dims={"batch": 2, "seq": 5}).ok
