@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from otfuse import ops
 from otfuse.fusions.activation import polynomial as P
 from otfuse.rewriter import checks
 from otfuse.rewriter.pattern import Either, Match, Var, op
-from otfuse.rewriter.rule import Refuse, Replacement, RewriteContext, Rule
+from otfuse.rewriter.rule import Fusion, NotCandidate, Refuse, RewriteContext, Rule
 
 FAMILY = "activation"
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -80,70 +81,64 @@ def _shared_k(graph, region: P.Region) -> onnx.NodeProto | None:
     return None
 
 
-def analyse(graph, root: onnx.NodeProto) -> Activation | str | None:
-    """The activation ``root`` completes, a reason (a near miss), or None (no activation here)."""
+def identify(graph, root: onnx.NodeProto) -> tuple[Activation, P.Region]:
+    """The activation ``root`` completes and its region; raises Refuse (a near miss naming the
+    region) or NotCandidate (no activation ends here)."""
     region = P.collect(graph, root)
     k, shared = region.k, None
     if k is None:
         shared = _shared_k(graph, region)
         if shared is None or len(region.leaves) != 2:
-            return None
+            raise NotCandidate()
         k, x = shared, shared.input[0]
     elif len(region.inner_leaves) != 1 or region.leaves != set(region.inner_leaves):
-        return None  # K of several values, or a product that also reads another: not here
+        raise NotCandidate()  # K of several values, or a product that also reads another: not here
     else:
         (x,) = region.inner_leaves
+    covers = region.nodes + ([shared] if shared is not None else [])
     try:
         outer = P.evaluate(graph, root.output[0], x, k.output[0])
         inner = P.evaluate(graph, k.input[0], x, None)
     except Refuse as refusal:
-        return f"{k.op_type}: {refusal}"
+        raise Refuse(f"{k.op_type}: {refusal}", covers=covers) from None
     rtol = _RTOL.get(graph.elem_type(x))
     if rtol is None:
-        return f"x {x!r} has type {checks.type_name(graph.elem_type(x))}, not float32/float16/bfloat16"
+        raise Refuse(f"x {x!r} has type {checks.type_name(graph.elem_type(x))}, not float32/float16/bfloat16",
+                     covers=covers)
     found = _identify(k, outer, inner, x, rtol)
-    if shared is not None and isinstance(found, Activation):
+    if isinstance(found, str):
+        raise Refuse(found, covers=covers)
+    if shared is not None:
         readers = ", ".join(f"{u.op_type} {u.name!r}" for u in graph.uses(k.output[0]))
-        return f"{found.op_type}: the {k.op_type} output {k.output[0]!r} is also read outside it ({readers})"
-    return found
+        raise Refuse(f"{found.op_type}: the {k.op_type} output {k.output[0]!r} is also read outside it ({readers})",
+                     covers=covers)
+    return found, region
 
 
-class SpelledActivationRule(Rule):
-    """Any root that ends a polynomial of x and K(x) (polynomial.py): the region is added in grow."""
-
-    name = "SpelledActivation"
-    family = FAMILY
-    anchor_ops = frozenset(P.TRANSCENDENTAL_OPS)
-    pattern = Either(op.Mul(Var("a"), Var("b"), _bind="root"), op.Div(Var("a"), Var("b"), _bind="root"))
-
-    def grow(self, ctx: RewriteContext, match: Match) -> Match | str | None:
-        root = match.node("root")
-        found = analyse(ctx.graph, root)
-        if not isinstance(found, Activation):
-            return found
-        ctx.memo[(FAMILY, id(root))] = found
-        return match.grown(tuple(P.collect(ctx.graph, root).nodes))
-
-    def check(self, ctx: RewriteContext, match: Match) -> str | None:
-        found: Activation = ctx.memo[(FAMILY, id(match.node("root")))]
-        return check_activation_io(ctx.graph, found.x, match.node("root").output[0])
-
-    def rewrite(self, ctx: RewriteContext, match: Match, root: onnx.NodeProto) -> Replacement:
-        found: Activation = ctx.memo[(FAMILY, id(root))]
-        return Replacement([ctx.fused_node(found.op_type, [found.x], [root.output[0]], root, **found.attributes)])
+def _analyse_spelled(ctx: RewriteContext, match: Match) -> Fusion:
+    """Any root that ends a polynomial of x and K(x) (polynomial.py): the fusion covers the region."""
+    root = match.root
+    found, region = identify(ctx.graph, root)
+    require_activation_io(ctx.graph, found.x, root.output[0], covers=region.nodes)
+    call = ops.get(found.op_type)(X=found.x, Y=root.output[0], **found.attributes)
+    return Fusion(call, tuple(region.nodes))
 
 
-def check_activation_io(graph, x: str, y: str) -> str | None:
+def require_activation_io(graph, x: str, y: str, covers=()) -> None:
     """A float input, the output of its type, and of its rank (no constant broadcast it wider)."""
-    reason = checks.check_float_io(graph, x, y)
-    if reason:
-        return reason
+    try:
+        checks.require_float_io(graph, x, y)
+    except Refuse as refusal:
+        raise Refuse(str(refusal), covers=covers) from None
     rank_x, rank_y = graph.rank(x), graph.rank(y)
     if rank_x is None or rank_y is None:
-        return f"the ranks of {x!r} and {y!r} are unknown, so a constant may broadcast the result wider"
+        raise Refuse(f"the ranks of {x!r} and {y!r} are unknown, so a constant may broadcast the result wider",
+                     covers=covers)
     if rank_x != rank_y:
-        return f"a constant broadcasts the result to rank {rank_y} (x {x!r} has rank {rank_x})"
-    return None
+        raise Refuse(f"a constant broadcasts the result to rank {rank_y} (x {x!r} has rank {rank_x})", covers=covers)
 
 
-RULES: list[Rule] = [SpelledActivationRule()]
+SPELLED = Rule("SpelledActivation", Either(op.Mul(Var("a"), Var("b")), op.Div(Var("a"), Var("b"))),
+               _analyse_spelled, FAMILY, frozenset(P.TRANSCENDENTAL_OPS))
+
+RULES: list[Rule] = [SPELLED]
