@@ -10,13 +10,14 @@ from otfuse.rewriter.passes import RulePass
 from otfuse.rewriter.sites import SiteSignature
 
 _PROJECTIONS = {"MatMul", "Gemm", "FusedMatMul"}
-# What lies between a projection and an activation spelled out: its polynomial, a bias, casts.
-_BETWEEN = set(polynomial.POLYNOMIAL_OPS) | {"Cast"}
+# What lies between a projection and an activation spelled out: its polynomial, a bias, casts, and
+# the Reshape of a flattened projection (GPT-2's Conv1D is a Gemm over [B*S, D]).
+_BETWEEN = set(polynomial.POLYNOMIAL_OPS) | {"Cast", "Reshape"}
 
 
 def _inside_an_mlp(scan, node) -> bool:
     """A projection upstream and one downstream (the up and down projections of an MLP), through
-    polynomial nodes only: not attention's soft-capping Tanh (a Softmax follows it) nor a final
+    polynomial nodes, casts and reshapes only: not attention's soft-capping Tanh (a Softmax follows it) nor a final
     logit cap (nothing follows)."""
     return (scan.reaches(node, _PROJECTIONS, _BETWEEN, upstream=True) and
             scan.reaches(node, _PROJECTIONS, _BETWEEN, upstream=False))

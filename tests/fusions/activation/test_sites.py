@@ -5,11 +5,19 @@ elsewhere (attention's soft-capping, a final logit cap) is not an MLP site."""
 
 from __future__ import annotations
 
+import gzip
+import json
+from pathlib import Path
+
 import numpy as np
+import onnx
 from fusing import fuse_in_memory, fused_nodes
 from fusions.activation.graphs import gelu_tanh
 from graphs import F32, GraphBuilder
 from onnx import helper
+
+from otfuse.fusions.activation import FAMILY
+from otfuse.rewriter.sites import GraphScan
 
 S, D, H = 5, 8, 16
 
@@ -80,3 +88,19 @@ def test_tanh_soft_capping_is_not_an_activation_site():
     for model in (_mlp(capped_scores), _mlp(capped_logits, down=False)):
         _, misses, sites = _sites(model)
         assert not sites, misses
+
+
+def test_the_signatures_find_one_site_per_layer_in_every_matrix_variant_and_nothing_else():
+    """Before fusing, on the export matrix: exactly the MLP activations (no soft-capping Tanh, no
+    attention Softmax neighbour), whatever the exporter, tool chain or ORT contrib ops."""
+    matrix = Path(__file__).resolve().parents[3] / "models" / "fixtures" / "matrix"
+    variants = json.loads((matrix / "manifest.json").read_text())["models"]
+    wrong = {}
+    for name, entry in variants.items():
+        model = onnx.load_from_string(gzip.decompress((matrix / entry["file"]).read_bytes()))
+        scan = GraphScan(model)
+        anchors = [node.name for node in scan.nodes
+                   if any(node.op_type in s.op_types and s.test(scan, node) for s in FAMILY.sites)]
+        if len(anchors) != entry["expected"]["layers"]:
+            wrong[name] = anchors
+    assert not wrong
