@@ -4,6 +4,7 @@
 #include <string>
 
 #include "common/shape_check.h"
+#include "contract/contract_spec.h"
 
 namespace otfuse {
 namespace {
@@ -96,12 +97,13 @@ ActivationOperands ReadGatedOperands(const KernelContext& ctx, int64_t gate_half
   return ops;
 }
 
+// The schemas come from otfuse/ops.py (contract/ops_contract.h): X -> Y, and A, B (optional) -> Y.
 OpSpec UnaryActivationSpec(const char* name, const char* execution_provider, ONNXTensorElementDataType t) {
-  return OpSpec{name, execution_provider, {{t}}, {{t}}};
+  return ContractOpSpec(name, execution_provider, t);
 }
 
 OpSpec GatedActivationSpec(const char* name, const char* execution_provider, ONNXTensorElementDataType t) {
-  return OpSpec{name, execution_provider, {{t}, {t, true}}, {{t}}};
+  return ContractOpSpec(name, execution_provider, t);
 }
 
 }  // namespace otfuse
