@@ -18,7 +18,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from otfuse import __version__
+from otfuse.domain import VERSION
 from otfuse.errors import InternalError, OtfuseError
 
 EXIT_MISMATCH = 1
@@ -27,12 +27,9 @@ EXIT_INTERNAL = 3
 
 
 def _families() -> list[str]:
-    try:
-        from otfuse.patterns import FAMILIES
+    from otfuse.fusions import FAMILIES
 
-        return list(FAMILIES)
-    except Exception:  # patterns not importable: --help must still work; fuse will report it
-        return ["norm", "rope", "attention", "norm_linear"]
+    return list(FAMILIES)
 
 
 def _one_line(text: str) -> str:
@@ -151,7 +148,7 @@ Run a fused model with otfuse.InferenceSession (Python), which registers the cus
 Exit codes: 0 ok (also when nothing matched), 1 outputs outside tolerance (--verify: nothing
 written), 2 bad input or usage, 3 internal error.""",
 )
-@click.version_option(__version__, "--version", prog_name="otfuse", message="%(prog)s %(version)s")
+@click.version_option(VERSION, "--version", prog_name="otfuse", message="%(prog)s %(version)s")
 def cli():
     """Fuse transformer subgraphs of an exported ONNX model into otfuse custom ops.
 
@@ -178,8 +175,8 @@ def cli():
 @click.option("-v", "--verbose", is_flag=True, help="List the near misses.")
 def fuse_command(model, output, report, only, skip, data_mode, verify, dims, seed, verbose):
     """Fuse MODEL and write the result to OUT (-o)."""
-    from otfuse.feeds import parse_dims
     from otfuse.pipeline import VerificationFailed, fuse
+    from otfuse.run.feeds import parse_dims
 
     if verify and output is None:
         raise click.UsageError("--verify needs -o OUT (the model to verify)")
@@ -189,7 +186,7 @@ def fuse_command(model, output, report, only, skip, data_mode, verify, dims, see
 
     def verify_staged(original: Path, staged: Path) -> bool:
         # Runs on the staged file, before anything is renamed into place.
-        from otfuse.compare import diff
+        from otfuse.verify.diff import diff
 
         outcomes.append(diff(original, staged, dims=dims, seed=seed))
         return outcomes[-1].ok
@@ -227,7 +224,8 @@ def _print_fuse_report(console: Console, model: Path, report, verbose: bool) -> 
         console.print(f"note: {note}", soft_wrap=True, markup=False)
     if verbose:
         for miss in report.near_misses:
-            console.print(f"  near miss: {miss.get('pattern')} at {miss.get('location')}: {miss.get('reason')}")
+            instead = f" (fused as {miss['fused_as']} instead)" if miss.get("fused_as") else ""
+            console.print(f"  near miss: {miss.get('pattern')} at {miss.get('location')}: {miss.get('reason')}{instead}")
 
 
 @cli.command("diff")
@@ -257,8 +255,8 @@ def diff_command(original, fused, inputs, dims, seed, rtol, atol, per_fusion, js
     """
     import warnings
 
-    from otfuse.compare import diff
-    from otfuse.feeds import parse_dims
+    from otfuse.run.feeds import parse_dims
+    from otfuse.verify.diff import diff
 
     if json_path is not None and not json_path.parent.is_dir():
         raise OtfuseError(f"--json {json_path}: directory {json_path.parent} does not exist")
@@ -349,17 +347,17 @@ def info_command():
     import onnx
     import onnxruntime
 
-    from otfuse.session import library_status
+    from otfuse.run.session import library_status
 
     path, loads, message = library_status()
     console = _console()
-    console.print(f"otfuse       {__version__}")
+    console.print(f"otfuse       {VERSION}")
     console.print(f"python       {sys.version.split()[0]}")
     console.print(f"onnx         {onnx.__version__}")
     console.print(f"onnxruntime  {onnxruntime.__version__} ({', '.join(onnxruntime.get_available_providers())})")
     console.print(f"library      {path or 'not found'}")
     console.print(f"loads        {'yes' if loads else 'no'}{'' if loads else ': ' + message}")
-    from otfuse.ascend_ep import backends
+    from otfuse.run.ascend import backends
 
     console.print("backends:")
     for backend in backends():
@@ -382,8 +380,8 @@ def verify_ops_command(model, device, device_id, dims, seed):
     """
     from rich.markup import escape
 
-    from otfuse.ascend_ep.verify import DeviceUnavailable, verify_ops
-    from otfuse.feeds import parse_dims
+    from otfuse.run.feeds import parse_dims
+    from otfuse.verify.ops_on_npu import DeviceUnavailable, verify_ops
 
     console = _console()
     try:

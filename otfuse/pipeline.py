@@ -1,4 +1,8 @@
-"""``otfuse.fuse``: load -> canonicalise -> match -> rewrite -> validate -> stage -> verify -> commit."""
+"""``otfuse.fuse``: load -> canonicalise -> fuse families -> validate -> stage -> verify -> commit.
+
+Each selected family (``otfuse/fusions/``, in registry order) runs its passes; before them, the
+canonicalisers it needs that have not run yet (``Family.canonicalise``, ``otfuse/canonicalise/``).
+"""
 
 from __future__ import annotations
 
@@ -12,12 +16,15 @@ from pathlib import Path
 
 import onnx
 
-from otfuse import OP_DOMAIN, __version__
+from otfuse.domain import OP_DOMAIN, VERSION
 from otfuse.errors import OtfuseError, OutputWriteError
-from otfuse.patterns import FAMILIES, select_families
+from otfuse.fusions import FAMILIES, select_families
+from otfuse.rewriter.graph import forget_indexes
 from otfuse.rewriter.model_io import LoadedModel, load_model, read_paths, stage_model
 from otfuse.rewriter.output_paths import StagedFiles, check_disjoint
-from otfuse.validation import validate_fused
+from otfuse.rewriter.passes import unique_sites
+from otfuse.rewriter.sites import unfused_sites
+from otfuse.verify.validation import validate_fused
 
 
 @dataclass
@@ -31,7 +38,7 @@ class FuseReport:
     seconds: float
     near_misses: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what the user should know (nothing fused, ...)
-    otfuse_version: str = __version__
+    otfuse_version: str = VERSION
 
     @property
     def fused_count(self) -> int:
@@ -65,14 +72,7 @@ def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = 
     model = loaded.model  # our in-memory copy: the input file is never touched
     nodes_before = len(model.graph.node)
 
-    already_fused = _fused_op_census(model)
-    near_misses: list[dict] = []
-    for family in families:
-        for family_pass in FAMILIES[family]:
-            result = family_pass.run(model, loaded.base_dir)
-            near_misses += [dict(miss.to_dict(), family=family) for miss in result.near_misses]
-    # Counted on the result: a later pass may absorb what an earlier one fused (RoPE into attention).
-    fusions = _fused_op_census(model) - already_fused
+    fusions, near_misses = fuse_families(model, families, loaded.base_dir)
 
     notes: list[str] = []
     if fusions:
@@ -140,6 +140,33 @@ def _write_outputs(loaded: LoadedModel, model: onnx.ModelProto, report: FuseRepo
         raise
 
 
+def fuse_families(model: onnx.ModelProto, families: list[str], base_dir: Path | None) -> tuple[Counter, list[dict]]:
+    """Canonicalise and fuse ``model`` in place with ``families`` (names, in the order given):
+    (the otfuse ops it gained, the near misses tagged with their family)."""
+    already_fused = _fused_op_census(model)
+    found = []
+    canonicalised: list = []
+    try:
+        for name in families:
+            family = FAMILIES[name]
+            # A canonicaliser runs once, before the first family that needs it: shape_reads must see
+            # the rotations the rope family fused (it reads Shape through them).
+            steps = [step for step in family.canonicalise if step not in canonicalised] + list(family.passes)
+            canonicalised += family.canonicalise
+            for step in steps:
+                result = step.run(model, base_dir)
+                found += [(name, miss) for miss in result.near_misses]
+    finally:
+        forget_indexes()  # the passes share an index while the graph is unchanged; not beyond
+    final_nodes = {node.name for node in model.graph.node}
+    near_misses = [dict(miss.to_dict(), family=family) for family, miss in unique_sites(found, final_nodes)]
+    reported = {name for _, miss in found for name in miss.nodes} | {miss.location for _, miss in found}
+    signatures = [(name, signature) for name in families for signature in FAMILIES[name].sites]
+    near_misses += unfused_sites(model, signatures, reported)
+    # Counted on the result: a later pass may absorb what an earlier one fused (RoPE into attention).
+    return _fused_op_census(model) - already_fused, near_misses
+
+
 def _fused_op_census(model: onnx.ModelProto) -> Counter:
     return Counter(node.op_type for node in model.graph.node if node.domain == OP_DOMAIN)
 
@@ -147,7 +174,7 @@ def _fused_op_census(model: onnx.ModelProto) -> Counter:
 def _record_otfuse_version(model: onnx.ModelProto) -> None:
     # The passes already import the otfuse domain; record which otfuse wrote the model.
     if not any(p.key == "otfuse.version" for p in model.metadata_props):
-        model.metadata_props.append(onnx.StringStringEntryProto(key="otfuse.version", value=__version__))
+        model.metadata_props.append(onnx.StringStringEntryProto(key="otfuse.version", value=VERSION))
 
 
 def report_json(report: FuseReport) -> str:

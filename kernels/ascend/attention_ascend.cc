@@ -28,6 +28,7 @@
 #include "ascend/rotary_plan.h"
 #include "common/attention_params.h"
 #include "common/shape_check.h"
+#include "contract/attention_index.h"
 #include "op_registry.h"
 
 namespace otfuse::ascend {
@@ -178,10 +179,7 @@ class AscendAttentionKernel {
   void Compute(const KernelContext& ctx) const;
 
  private:
-  struct Index {
-    size_t cos, sin, bias, key_mask, past_key, past_value;
-  };
-  static constexpr Index kIn = kRope ? Index{3, 4, 5, 6, 7, 8} : Index{0, 0, 3, 4, 5, 6};
+  static constexpr AttentionInputIndex kIn = AttentionInputs<kRope>();
 
   // FIA's compute type for node type t.
   static ONNXTensorElementDataType ComputeType(ONNXTensorElementDataType t) {
@@ -372,7 +370,7 @@ std::vector<uint8_t> AscendAttentionKernel<kRope, kPlacement, kFp32>::EmptyRows(
 template <bool kRope, Placement kPlacement, Fp32 kFp32>
 void AscendAttentionKernel<kRope, kPlacement, kFp32>::Compute(const KernelContext& ctx) const {
   const char* cpu = " (run this node on CPU)";
-  const AttentionInputs inputs = ReadAttentionInputs(ctx, params_, kIn.past_key);
+  const CheckedAttentionInputs inputs = ReadAttentionInputs(ctx, params_, kIn.past_key);
   const InputTensor& q = inputs.q;
   const InputTensor& k = inputs.k;
   const InputTensor& v = inputs.v;

@@ -43,7 +43,7 @@ AttentionHeadDims ReadHeadDims(const char* name, const Shape& s, AttentionLayout
 // every backend checks them: one element type; heads per the layout; one batch, one D, one S; the
 // past both or neither, [B, Nkv, P, D] and [B, Nkv, P, Dv]; then Skv = P + S and the output shapes,
 // whose dims (as every input's) must not overflow int64 even when empty.
-struct AttentionInputs {
+struct CheckedAttentionInputs {
   InputTensor q, k, v;
   std::optional<InputTensor> past_key, past_value;
   AttentionHeadDims qh, kh, vh;
@@ -54,7 +54,8 @@ struct AttentionInputs {
   int64_t window = 0;
   Shape y, present_key, present_value;
 };
-AttentionInputs ReadAttentionInputs(const KernelContext& ctx, const AttentionParams& params, size_t past_key_index);
+CheckedAttentionInputs ReadAttentionInputs(const KernelContext& ctx, const AttentionParams& params,
+                                           size_t past_key_index);
 
 // num_heads, kv_num_heads, scale, causal, window, softcap, layout, output_layout and empty_rows,
 // checked in that order; throws otfuse::Error on the first bad one.

@@ -18,6 +18,7 @@
 #include "common/float_types.h"
 #include "common/rotary_params.h"
 #include "common/shape_check.h"
+#include "contract/attention_index.h"
 #include "cpu/attention_tiles.h"
 #include "op_registry.h"
 
@@ -152,16 +153,6 @@ bool Avx512Allowed() {
 #endif
 }
 
-struct InputIndex {
-  size_t cos, sin, bias, key_mask, past_key, past_value;
-};
-
-template <bool kRope>
-constexpr InputIndex Indices() {
-  if constexpr (kRope) return InputIndex{3, 4, 5, 6, 7, 8};
-  return InputIndex{0, 0, 3, 4, 5, 6};
-}
-
 template <bool kRope>
 class AttentionKernel {
  public:
@@ -208,8 +199,8 @@ class AttentionKernel {
 
   template <typename T>
   void Run(const KernelContext& ctx, const InputTensor& q) const {
-    constexpr InputIndex kIn = Indices<kRope>();
-    const AttentionInputs in = ReadAttentionInputs(ctx, params_, kIn.past_key);
+    constexpr AttentionInputIndex kIn = AttentionInputs<kRope>();
+    const CheckedAttentionInputs in = ReadAttentionInputs(ctx, params_, kIn.past_key);
     const InputTensor& k = in.k;
     const InputTensor& v = in.v;
     const std::optional<InputTensor>& past_k = in.past_key;

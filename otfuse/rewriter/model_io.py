@@ -182,3 +182,9 @@ def read_paths(loaded: LoadedModel) -> dict[str, Path]:
     paths.update({f"external data file {location!r}": loaded.base_dir / location
                   for location in sorted(loaded.external_files)})
     return paths
+
+
+def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """Inputs a caller must feed: graph inputs that are not also initializers (old IR lists both)."""
+    init_names = {t.name for t in model.graph.initializer}
+    return [vi for vi in model.graph.input if vi.name not in init_names]

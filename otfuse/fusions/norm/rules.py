@@ -1,0 +1,232 @@
+"""Normalisation family: RMSNorm, LayerNorm and their residual-Add forms (docs/ops.md).
+
+The patterns read like the PyTorch code exporters trace:
+
+    RMSNorm:   x.float() -> pow(2) | x*x -> mean(-1, keepdim) -> + eps -> sqrt -> 1/· (or x / ·)
+               -> x * · -> .to(x.dtype) -> weight * ·          (or weight * · then .to(x.dtype))
+    LayerNorm: x - mean(x) -> (·)² -> mean -> + eps -> sqrt -> divide -> * scale (+ bias),
+               or the ONNX LayerNormalization op.
+    Add*Norm:  the same with x = a + b, whose sum may stay in use (second output).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import onnx
+
+from otfuse import ops
+from otfuse.rewriter import checks
+from otfuse.rewriter.allow_list import OpAllowList, only, require_allowed
+from otfuse.rewriter.builder import Helpers, NewTensor
+from otfuse.rewriter.graph import GraphIndex
+from otfuse.rewriter.pattern import ANY, Const, Either, Match, Op, Var, attr, op, scalar_equal
+from otfuse.rewriter.rule import Fusion, Refuse, RewriteContext, Rule
+
+FLOAT = onnx.TensorProto.FLOAT
+FAMILY = "norm"
+
+
+def _reduce_mean(value, bind: str, axes_name: str) -> Either:
+    # Opset >= 18 passes axes as an input, older opsets as an attribute.
+    return Either(op.ReduceMean(value, Const(axes_name), _bind=bind), op.ReduceMean(value, _bind=bind))
+
+
+def _as_float32(x) -> Either:
+    return Either(op.Cast(x, to=FLOAT, _bind="cast_in"), x)
+
+
+def _rms_normalized(x) -> Either:
+    xf = _as_float32(x)
+    square = Either(op.Pow(xf, Const("two", where=scalar_equal(2.0))), op.Mul(xf, xf))
+    std = op.Sqrt(op.Add(_reduce_mean(square, "reduce", "axes"), Const("eps")))
+    return Either(
+        op.Mul(xf, op.Reciprocal(std)),
+        op.Mul(xf, op.Div(Const("one", where=scalar_equal(1.0)), std)),
+        op.Div(xf, std),
+    )
+
+
+def _layer_normalized(x) -> Either:
+    xf = _as_float32(x)
+    centered = op.Sub(xf, _reduce_mean(xf, "reduce", "axes"))
+    square = Either(op.Pow(centered, Const("two", where=scalar_equal(2.0))), op.Mul(centered, centered))
+    std = op.Sqrt(op.Add(_reduce_mean(square, "reduce_var", "axes_var"), Const("eps")))
+    return Either(op.Div(centered, std), op.Mul(centered, op.Reciprocal(std)))
+
+
+def _scale() -> Either:
+    # Gemma multiplies by (1 + w): folded into one constant by the rewrite.
+    return Either(op.Add(Const("one_plus", where=scalar_equal(1.0)), Const("gamma_offset"),
+                         _bind="gemma_add"),
+                  Var("scale"))
+
+
+def _scaled(normalized, with_bias: bool) -> Either:
+    """weight * normalized (+ bias), with the cast back to x's type before or after."""
+    scale = _scale()
+    back = Either(op.Cast(normalized, to=ANY, _bind="cast_out"), normalized)
+    if not with_bias:
+        return Either(op.Mul(back, scale), op.Cast(op.Mul(normalized, scale), to=ANY, _bind="cast_out"))
+    return Either(
+        op.Add(op.Mul(back, scale), Var("bias")),
+        op.Cast(op.Add(op.Mul(normalized, scale), Var("bias")), to=ANY, _bind="cast_out"),
+    )
+
+
+def _residual_add() -> Op:
+    return op.Add(Var("a"), Var("b"), _bind="residual")
+
+
+@dataclass(frozen=True)
+class _Form:
+    """One way a norm is written: the op it becomes, whether it starts with the residual Add,
+    and the ONNX op it re-targets (None: spelled out as ReduceMean, Sqrt, ...)."""
+
+    op: ops.Op
+    residual: bool = False
+    allow: OpAllowList | None = None
+
+
+def _x_value(form: _Form, match: Match) -> str:
+    return match.node("residual").output[0] if form.residual else match.value("x")
+
+
+def _cast_sum_readers(form: _Form, graph: GraphIndex, match: Match) -> list:
+    """Readers outside the match of the residual sum's Cast to float32 (TorchScript: the next
+    residual Add reads it); when the sum is already float32 that Cast is the sum itself."""
+    if not form.residual or not match.has("cast_in"):
+        return []
+    inside = {id(node) for node in match.covered}
+    return [user for user in graph.uses(match.node("cast_in").output[0]) if id(user) not in inside]
+
+
+def _normalised_axis(form: _Form, graph: GraphIndex, match: Match) -> int:
+    x = _x_value(form, match)
+    if form.allow is not None:
+        return checks.trailing_axis([attr(match.node("norm"), "axis", -1)], graph.rank(x))
+    axes = [checks.reduce_axes(graph, match, "reduce", "axes")]
+    if match.has("reduce_var"):
+        axes.append(checks.reduce_axes(graph, match, "reduce_var", "axes_var"))
+    if len(axes) == 2 and axes[0] != axes[1]:
+        raise Refuse(f"the two ReduceMean nodes use different axes ({axes[0]} vs {axes[1]})")
+    return checks.trailing_axis(axes[0], graph.rank(x))
+
+
+def _epsilon(form: _Form, graph: GraphIndex, match: Match) -> float:
+    if form.allow is not None:  # the ONNX ops' epsilon, default 1e-5 for both
+        eps = float(attr(match.node("norm"), "epsilon", ONNX_DEFAULT_EPSILON))
+        if not (math.isfinite(eps) and eps >= 0):
+            raise Refuse(f"epsilon {eps} is not >= 0")
+        return eps
+    eps = graph.scalar_value(match.value("eps"))
+    if eps is None:
+        raise Refuse("epsilon must be a single-element constant")
+    if not math.isfinite(eps) or eps < 0:
+        raise Refuse(f"epsilon {eps} is not a finite value >= 0")
+    return eps
+
+
+def _scale_input(graph: GraphIndex, match: Match, x: str, axis: int):
+    """The scale as the fused op wants it, exactly X.shape[axis:] (Gemma's 1 + w folded)."""
+    if match.has("gamma_offset"):
+        offset_name = match.value("gamma_offset")
+        offset = graph.constant_value(offset_name)
+        folded = (offset.astype(np.float32) + np.float32(1.0)).astype(offset.dtype)
+        return NewTensor(f"{offset_name}_plus_one", value=folded.reshape(checks.row_shape(graph, x, axis)))
+    return checks.row_parameter(graph, match.value("scale"), x, axis)
+
+
+def _analyse(form: _Form, ctx: RewriteContext, match: Match) -> Fusion:
+    graph, root = ctx.graph, match.root
+    if form.allow is not None:
+        require_allowed(graph, match.node("norm"), form.allow)
+    x = _x_value(form, match)
+    checks.require_float_io(graph, x, root.output[0])
+    if form.residual:
+        checks.require_same_shape(graph, match.value("a"), match.value("b"))
+    axis = _normalised_axis(form, graph, match)
+    epsilon = _epsilon(form, graph, match)
+    for name in ("scale", "bias"):
+        if match.has(name):
+            checks.require_row_parameter(graph, match.value(name), x, axis, name)
+    if match.has("gamma_offset"):
+        checks.require_row_parameter(graph, match.value("gamma_offset"), x, axis, "scale")
+    cast_readers = _cast_sum_readers(form, graph, match)
+    if cast_readers and graph.elem_type(x) != FLOAT:
+        raise Refuse("the float32 copy of the residual sum is also used elsewhere")
+    helpers = Helpers(root)
+    if cast_readers:  # the identity Cast's readers now read the sum
+        cast = match.node("cast_in")
+        helpers.node("Identity", [x], cast.output[0], name=f"{cast.name or cast.output[0]}/sum", after=True)
+    named = dict(A=match.value("a"), B=match.value("b"), S=x) if form.residual else dict(X=x)
+    if match.has("bias"):
+        named["bias"] = checks.row_parameter(graph, match.value("bias"), x, axis)
+    call = form.op(**named, scale=_scale_input(graph, match, x, axis), Y=root.output[0], epsilon=epsilon, axis=axis)
+    return Fusion(call, match.covered, helpers)
+
+
+def _rule(name: str, form: _Form, pattern) -> Rule:
+    return Rule(name, pattern, partial(_analyse, form), FAMILY,
+                frozenset({"ReduceMean", "LayerNormalization", "RMSNormalization"}), fused_op=form.op.name)
+
+
+RMS_NORM = _rule("RMSNorm", _Form(ops.RMSNorm), _scaled(_rms_normalized(Var("x")), with_bias=False))
+ADD_RMS_NORM = _rule("AddRMSNorm", _Form(ops.AddRMSNorm, residual=True),
+                     _scaled(_rms_normalized(_residual_add()), with_bias=False))
+LAYER_NORM = _rule("LayerNorm", _Form(ops.LayerNorm), Either(_scaled(_layer_normalized(Var("x")), with_bias=True),
+                                                            _scaled(_layer_normalized(Var("x")), with_bias=False)))
+ADD_LAYER_NORM = _rule("AddLayerNorm", _Form(ops.AddLayerNorm, residual=True),
+                       Either(_scaled(_layer_normalized(_residual_add()), with_bias=True),
+                              _scaled(_layer_normalized(_residual_add()), with_bias=False)))
+
+
+# Everything of the standard norm ops these rules translate; anything else is refused.
+_NORM_ATTRIBUTES = {"axis": None, "epsilon": None, "stash_type": only(1)}
+LAYER_NORMALIZATION_OP = OpAllowList(
+    "LayerNormalization", versions=frozenset({17}), attributes=_NORM_ATTRIBUTES,
+    inputs=3, outputs=1,  # X, Scale, B -> Y (not Mean, InvStdDev)
+    ort_builtin_below=17,  # ORT's own LayerNormalization of the default domain: the same attributes and math
+)
+RMS_NORMALIZATION_OP = OpAllowList(
+    "RMSNormalization", versions=frozenset({23}), attributes=_NORM_ATTRIBUTES, inputs=2, outputs=1)
+
+
+# The ONNX ops' own default (LayerNormalization-17, RMSNormalization-23), not otfuse's.
+ONNX_DEFAULT_EPSILON = 1e-5
+
+
+def _standard_op(onnx_op: str, x, with_bias: bool) -> Op:
+    inputs = (x, Var("scale"), Var("bias")) if with_bias else (x, Var("scale"))
+    return Op(onnx_op, inputs, {}, "norm")
+
+
+def _standard_op_either_bias(onnx_op: str, x) -> Either:
+    return Either(_standard_op(onnx_op, x, True), _standard_op(onnx_op, x, False))
+
+
+LAYER_NORMALIZATION = _rule("LayerNormalization", _Form(ops.LayerNorm, allow=LAYER_NORMALIZATION_OP),
+                            _standard_op_either_bias("LayerNormalization", Var("x")))
+ADD_LAYER_NORMALIZATION = _rule("AddLayerNormalization",
+                                _Form(ops.AddLayerNorm, residual=True, allow=LAYER_NORMALIZATION_OP),
+                                _standard_op_either_bias("LayerNormalization", _residual_add()))
+RMS_NORMALIZATION = _rule("RMSNormalization", _Form(ops.RMSNorm, allow=RMS_NORMALIZATION_OP),
+                          _standard_op("RMSNormalization", Var("x"), False))
+ADD_RMS_NORMALIZATION = _rule("AddRMSNormalization", _Form(ops.AddRMSNorm, residual=True, allow=RMS_NORMALIZATION_OP),
+                              _standard_op("RMSNormalization", _residual_add(), False))
+
+
+# At one root the residual forms are tried first: they absorb the Add as well.
+RULES: list[Rule] = [
+    ADD_RMS_NORM,
+    RMS_NORM,
+    ADD_LAYER_NORM,
+    LAYER_NORM,
+    ADD_LAYER_NORMALIZATION,
+    LAYER_NORMALIZATION,
+    ADD_RMS_NORMALIZATION,
+    RMS_NORMALIZATION,
+]
