@@ -228,4 +228,10 @@ OutputTensor KernelContext::Output(size_t index, const Shape& shape) const {
   return tensor;
 }
 
+InputTensor RequiredInput(const KernelContext& ctx, size_t index, const std::string& name) {
+  std::optional<InputTensor> tensor = ctx.Input(index);
+  if (!tensor) throw Error("input '" + name + "' is required");
+  return *tensor;
+}
+
 }  // namespace otfuse

@@ -117,4 +117,7 @@ class KernelContext {
   OrtKernelContext* context_;
 };
 
+// Input `index`, or Error "input '<name>' is required" when the node leaves it out.
+InputTensor RequiredInput(const KernelContext& ctx, size_t index, const std::string& name);
+
 }  // namespace otfuse

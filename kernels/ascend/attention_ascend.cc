@@ -16,6 +16,7 @@
 //   * innerPrecise bit 1 = invalid row correction (fully masked rows);
 //   * Q_S > 1: N <= 256, D <= 512, D 16-byte aligned for FLOAT16/BFLOAT16, B <= 65536.
 // anchors.md §3: numHeads / numKeyValueHeads <= 64.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -74,12 +75,6 @@ enum class Fp32 { kCpu, kFloat16, kBFloat16 };
 
 const char* Name(Layout l) { return l == Layout::kBnsd ? "BNSD" : "BSND"; }
 
-InputTensor RequiredInput(const KernelContext& ctx, size_t index, const char* name) {
-  std::optional<InputTensor> tensor = ctx.Input(index);
-  if (!tensor) throw Error(std::string("input '") + name + "' is required");
-  return *tensor;
-}
-
 int64_t Numel(const Shape& s) { return DimProduct(s, 0, s.size()); }
 
 // A [B, heads, S, D] tensor stored in `layout`: its shape and strides seen in layout `as`.
@@ -97,10 +92,7 @@ struct Heads {
   bool SameMemory(Layout as) const { return as == layout || s == 1 || n == 1; }
 };
 
-Heads ViewHeads(const char* name, const InputTensor& t, Layout layout, int64_t heads, const char* heads_attr) {
-  const AttentionHeadDims h = ReadHeadDims(name, t.shape, layout, heads, heads_attr);
-  return Heads{h.batch, h.heads, h.seq, h.d, layout};
-}
+Heads ViewHeads(const AttentionHeadDims& h, Layout layout) { return Heads{h.batch, h.heads, h.seq, h.d, layout}; }
 
 void CheckBroadcast(const char* name, const Shape& shape, const Shape& target, const char* target_name) {
   const std::string message = std::string(name) + " has shape " + ToString(shape) + ", not broadcastable to " +
@@ -150,18 +142,18 @@ class AscendAttentionKernel {
       : rt_(&BindRuntime(kPlacement)),
         fia_(AclnnOp<FiaV3GetWorkspace>::Bind(*rt_, "aclnnFusedInferAttentionScoreV3")),
         copy_(AclnnOp<InplaceCopyGetWorkspace>::Bind(*rt_, "aclnnInplaceCopy")) {
-    const AttentionParams params = ReadAttentionParams(info);
+    params_ = ReadAttentionParams(info);
+    const AttentionParams& params = params_;
     num_heads_ = params.num_heads;
     kv_num_heads_ = params.kv_num_heads;
     scale_ = params.scale;
     causal_ = params.causal;
-    window_ = params.window;
     const float softcap = params.softcap;
     layout_ = params.layout;
     output_layout_ = params.output_layout;
     uniform_empty_rows_ = params.uniform_empty_rows;
     if constexpr (kRope) {
-      rotary_ = ReadRopeAttentionRotary(info);
+      rotary_ = ReadRotaryAttributes(info, "rotary_mode", "rotary_sections");
       rotary_ops_ = RotaryOps::Bind(*rt_);
     }
     // What aclnnFusedInferAttentionScoreV3 cannot express, known from the attributes alone.
@@ -207,12 +199,13 @@ class AscendAttentionKernel {
 
   // The [B, 1, Sq, Skv] bool mask (True = masked) of causal / window / key_padding_mask, built on
   // the device from views of the compressed mask.
-  aclTensor* FullMask(AclnnCall& call, int64_t batch, int64_t sq, int64_t skv, const std::optional<InputTensor>& pad) const;
+  aclTensor* FullMask(AclnnCall& call, int64_t batch, int64_t sq, int64_t skv, int64_t window,
+                      const std::optional<InputTensor>& pad) const;
 
   // empty_rows = "uniform": [B, N, Sq] flags of the rows that see no key (causal, window,
   // key_padding_mask, a -inf attn_bias), worked out on the host; empty when there is none. Reads
   // key_padding_mask and attn_bias back after synchronising the stream.
-  std::vector<uint8_t> EmptyRows(AclnnCall& call, int64_t batch, int64_t sq, int64_t skv,
+  std::vector<uint8_t> EmptyRows(AclnnCall& call, int64_t batch, int64_t sq, int64_t skv, int64_t window,
                                  const std::optional<InputTensor>& pad, const std::optional<InputTensor>& bias) const;
 
   const CannRuntime* rt_;
@@ -220,22 +213,22 @@ class AscendAttentionKernel {
   AclnnOp<InplaceCopyGetWorkspace> copy_;
   AclnnOp<LogicalNotGetWorkspace> logical_not_;
   AclnnOp<InplaceLogicalOrGetWorkspace> logical_or_;
+  AttentionParams params_;
   RotaryOps rotary_ops_{};
   RotaryAttributes rotary_;
   int64_t num_heads_ = 0, kv_num_heads_ = 0;
   float scale_ = 0.0f;
   bool causal_ = false;
-  int64_t window_ = 0;
   bool uniform_empty_rows_ = false;  // empty_rows = "uniform"
   Layout layout_ = Layout::kBnsd, output_layout_ = Layout::kBnsd;
 };
 
 template <bool kRope, Placement kPlacement, Fp32 kFp32>
 aclTensor* AscendAttentionKernel<kRope, kPlacement, kFp32>::FullMask(AclnnCall& call, int64_t batch, int64_t sq,
-                                                                     int64_t skv,
+                                                                     int64_t skv, int64_t window,
                                                                      const std::optional<InputTensor>& pad) const {
   constexpr auto kBool = ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL;
-  const bool geometry = causal_ || window_ > 0;
+  const bool geometry = causal_ || window > 0;
   if (geometry && (sq > kMaskSize || skv > kMaskSize)) {
     throw Error("a causal/window mask combined with key_padding_mask (or a window while decoding) is built from the "
                 "compressed 2048 x 2048 mask, so Sq and Skv must be <= 2048; got Sq = " + std::to_string(sq) +
@@ -257,12 +250,19 @@ aclTensor* AscendAttentionKernel<kRope, kPlacement, kFp32>::FullMask(AclnnCall& 
     call.Run(copy_, mask, call.View(m, kBool, Shape{1, 1, sq, skv}, Shape{0, 0, kMaskSize, 1}, a * kMaskSize + b,
                                     "causal part of the compressed mask"));
   }
-  if (window_ > 0) {
-    // masked iff j < i + c - window + 1 = i + w: M[j + b][i + a] (transposed view) with a - b = w.
-    const int64_t w = c - window_ + 1;
-    const int64_t a = w >= 0 ? w : 0, b = w >= 0 ? 0 : -w;
-    call.Run(logical_or_, mask, call.View(m, kBool, Shape{1, 1, sq, skv}, Shape{0, 0, 1, kMaskSize},
-                                          b * kMaskSize + a, "window part of the compressed mask"));
+  if (window > 0) {
+    // masked iff j < i + c - window + 1 = i + w: M[j][i + w] (a transposed view). The rows i < -w
+    // have no such key and are left out: shifting the view down by -w rows instead would read past
+    // the 2048 x 2048 mask once Sq + window > 2049.
+    const int64_t w = c - window + 1;
+    const int64_t first = std::max<int64_t>(0, -w), a = std::max<int64_t>(0, w);
+    if (first < sq) {
+      aclTensor* rows = first == 0 ? mask
+                                   : call.View(data, kBool, Shape{batch, 1, sq - first, skv},
+                                               Shape{sq * skv, sq * skv, skv, 1}, first * skv, "attenMask rows");
+      call.Run(logical_or_, rows, call.View(m, kBool, Shape{1, 1, sq - first, skv}, Shape{0, 0, 1, kMaskSize}, a,
+                                            "window part of the compressed mask"));
+    }
   }
   if (pad) {
     void* not_pad = call.Scratch(static_cast<size_t>(batch * skv), "padding mask");
@@ -280,7 +280,7 @@ aclTensor* AscendAttentionKernel<kRope, kPlacement, kFp32>::FullMask(AclnnCall& 
 
 template <bool kRope, Placement kPlacement, Fp32 kFp32>
 std::vector<uint8_t> AscendAttentionKernel<kRope, kPlacement, kFp32>::EmptyRows(
-    AclnnCall& call, int64_t batch, int64_t sq, int64_t skv, const std::optional<InputTensor>& pad,
+    AclnnCall& call, int64_t batch, int64_t sq, int64_t skv, int64_t window, const std::optional<InputTensor>& pad,
     const std::optional<InputTensor>& bias) const {
   // Device tensors to the host, once the stream has produced them (one synchronisation).
   if (pad || bias) {
@@ -345,7 +345,7 @@ std::vector<uint8_t> AscendAttentionKernel<kRope, kPlacement, kFp32>::EmptyRows(
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t i = 0; i < sq; ++i) {
       const int64_t t = i + c;
-      const int64_t lo = window_ > 0 ? std::max<int64_t>(0, t - window_ + 1) : 0;
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, t - window + 1) : 0;
       const int64_t hi = causal_ ? std::min(skv, t + 1) : skv;
       const int64_t visible = hi <= lo ? 0 : pad ? kept[b * (skv + 1) + hi] - kept[b * (skv + 1) + lo] : hi - lo;
       for (int64_t h = 0; h < nq; ++h) {
@@ -370,49 +370,18 @@ std::vector<uint8_t> AscendAttentionKernel<kRope, kPlacement, kFp32>::EmptyRows(
 template <bool kRope, Placement kPlacement, Fp32 kFp32>
 void AscendAttentionKernel<kRope, kPlacement, kFp32>::Compute(const KernelContext& ctx) const {
   const char* cpu = " (run this node on CPU)";
-  const InputTensor q = RequiredInput(ctx, 0, "Q");
-  const InputTensor k = RequiredInput(ctx, 1, "K");
-  const InputTensor v = RequiredInput(ctx, 2, "V");
+  const CheckedAttentionInputs inputs = ReadAttentionInputs(ctx, params_, kIn.past_key);
+  const InputTensor& q = inputs.q;
+  const InputTensor& k = inputs.k;
+  const InputTensor& v = inputs.v;
+  const std::optional<InputTensor>& past_k = inputs.past_key;
+  const std::optional<InputTensor>& past_v = inputs.past_value;
   const ONNXTensorElementDataType t = q.type;
-  for (const InputTensor* in : {&k, &v}) {
-    if (in->type != t) {
-      throw Error(std::string(in == &k ? "K" : "V") + " has element type " + ElementTypeName(in->type) + " but Q has " +
-                  ElementTypeName(t));
-    }
-  }
-  const Heads qh = ViewHeads("Q", q, layout_, num_heads_, "num_heads");
-  const Heads kh = ViewHeads("K", k, layout_, kv_num_heads_, "kv_num_heads");
-  const Heads vh = ViewHeads("V", v, layout_, kv_num_heads_, "kv_num_heads");
+  const Heads qh = ViewHeads(inputs.qh, layout_);
+  const Heads kh = ViewHeads(inputs.kh, layout_);
+  const Heads vh = ViewHeads(inputs.vh, layout_);
   const int64_t batch = qh.b, sq = qh.s, s_new = kh.s, d = qh.d, dv = vh.d, nq = num_heads_, nkv = kv_num_heads_;
-  if (kh.b != batch || vh.b != batch) {
-    throw Error("batch sizes differ: Q " + std::to_string(batch) + ", K " + std::to_string(kh.b) + ", V " +
-                std::to_string(vh.b));
-  }
-  if (kh.d != d) throw Error("K's head size D = " + std::to_string(kh.d) + " differs from Q's D = " + std::to_string(d));
-  if (vh.s != s_new) throw Error("V has " + std::to_string(vh.s) + " positions but K has " + std::to_string(s_new));
-
-  const std::optional<InputTensor> past_k = ctx.Input(kIn.past_key);
-  const std::optional<InputTensor> past_v = ctx.Input(kIn.past_value);
-  if (past_k.has_value() != past_v.has_value()) {
-    throw Error(std::string("past_key and past_value must be given together; only ") +
-                (past_k ? "past_key" : "past_value") + " is");
-  }
-  int64_t past = 0;
-  if (past_k) {
-    for (const InputTensor* p : {&*past_k, &*past_v}) {
-      if (p->type != t) {
-        throw Error(std::string(p == &*past_k ? "past_key" : "past_value") + " has element type " +
-                    ElementTypeName(p->type) + " but Q has " + ElementTypeName(t));
-      }
-    }
-    if (past_k->shape.size() != 4) {
-      throw Error("past_key has shape " + ToString(past_k->shape) + "; expected rank 4 [B, Nkv, P, D]");
-    }
-    past = past_k->shape[2];
-    ExpectShape("past_key", past_k->shape, "[B, kv_num_heads, P, D]", Shape{batch, nkv, past, d});
-    ExpectShape("past_value", past_v->shape, "[B, kv_num_heads, P, Dv]", Shape{batch, nkv, past, dv});
-  }
-  const int64_t skv = past + s_new;
+  const int64_t past = inputs.past, skv = inputs.skv, window = inputs.window;
   const Shape scores{batch, nq, sq, skv};
   const std::optional<InputTensor> bias = ctx.Input(kIn.bias);
   if (bias) {
@@ -472,17 +441,12 @@ void AscendAttentionKernel<kRope, kPlacement, kFp32>::Compute(const KernelContex
   }
 
   // Outputs.
-  Shape y_shape;
-  if (output_layout_ == Layout::kBnsd) {
-    y_shape = {batch, nq, sq, dv};
-  } else {
-    y_shape = q.shape.size() == 3 ? Shape{batch, sq, nq * dv} : Shape{batch, sq, nq, dv};
-  }
+  const Shape& y_shape = inputs.y;
   const OutputTensor y = ctx.Output(0, y_shape);
   if (!y) throw Error("output 'Y' is required");
-  const OutputTensor present_k = ctx.Output(1, Shape{batch, nkv, skv, d});
-  const OutputTensor present_v = ctx.Output(2, Shape{batch, nkv, skv, dv});
-  if (Numel(Shape{batch, nkv, skv, d}) == 0 && Numel(y_shape) == 0) return;
+  const OutputTensor present_k = ctx.Output(1, inputs.present_key);
+  const OutputTensor present_v = ctx.Output(2, inputs.present_value);
+  if (Numel(inputs.present_key) == 0 && Numel(y_shape) == 0) return;
 
   AclnnCall call(*rt_, ctx, 0);
   const size_t es = ElementBytes(t), fes = ElementBytes(ft);
@@ -584,20 +548,20 @@ void AscendAttentionKernel<kRope, kPlacement, kFp32>::Compute(const KernelContex
   // mask with key_padding_mask, or for a window while decoding (Q_S = 1 ignores sparseMode).
   int64_t sparse_mode = 0, pre_tokens = kAllTokens, next_tokens = kAllTokens;
   aclTensor* mask = nullptr;
-  if (pad || (window_ > 0 && sq == 1 && skv > window_)) {
-    mask = FullMask(call, batch, sq, skv, pad);
+  if (pad || (window > 0 && sq == 1 && skv > window)) {
+    mask = FullMask(call, batch, sq, skv, window, pad);
   } else if (causal_ && sq > 1) {
     const void* m = CompressedMask(*rt_);
     mask = call.Tensor(m, ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL, Shape{kMaskSize, kMaskSize}, "attenMask");
-    if (window_ > 0) {
+    if (window > 0) {
       sparse_mode = 4;
-      pre_tokens = window_ - 1;
+      pre_tokens = window - 1;
       next_tokens = 0;
     } else {
       sparse_mode = 3;
     }
   }
-  const bool rows_may_be_empty = pad.has_value() || bias.has_value() || window_ > 0 || (causal_ && sq > skv);
+  const bool rows_may_be_empty = pad.has_value() || bias.has_value() || window > 0 || (causal_ && sq > skv);
   const int64_t inner_precise = rows_may_be_empty ? 2 : 0;
 
   aclTensor* query = call.Tensor(q_fia, ft, q_heads.Dims(in), "query");
@@ -623,7 +587,7 @@ void AscendAttentionKernel<kRope, kPlacement, kFp32>::Compute(const KernelContex
   // key_padding_mask and attn_bias are read back after a stream synchronisation); nothing more
   // happens when there are none.
   if (uniform_empty_rows_ && (pad || bias || (causal_ && sq > skv))) {
-    const std::vector<uint8_t> empty = EmptyRows(call, batch, sq, skv, pad, bias);
+    const std::vector<uint8_t> empty = EmptyRows(call, batch, sq, skv, window, pad, bias);
     if (empty.empty()) return;
     // The mean of V per (batch, kv head): FIA over the same key/value lists with a zero query
     // row per kv head (every score 0, so every key weighs 1/Skv), no mask, no bias.

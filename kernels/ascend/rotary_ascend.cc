@@ -65,27 +65,6 @@ RotaryOps RotaryOps::Bind(const CannRuntime& rt) {
                    AclnnOp<InplaceCopyGetWorkspace>::Bind(rt, "aclnnInplaceCopy")};
 }
 
-int64_t RotaryWidth(const char* x_name, int64_t d, const RotaryAttributes& attrs) {
-  if (attrs.rotary_dim > d) {
-    throw Error("rotary_dim " + std::to_string(attrs.rotary_dim) + " is larger than " + x_name +
-                "'s last dim D = " + std::to_string(d));
-  }
-  const int64_t r = attrs.rotary_dim > 0 ? attrs.rotary_dim : d;
-  if (r % 2 != 0) {
-    throw Error(std::string("rotary_dim 0 rotates all of ") + x_name + "'s last dim D = " + std::to_string(d) +
-                ", which is odd; r must be even");
-  }
-  if (!attrs.sections.empty()) {
-    int64_t sum = 0;
-    for (int64_t w : attrs.sections) sum += w;
-    if (sum != r) {
-      throw Error("attribute 'sections' " + ToString(attrs.sections) + " sums to " + std::to_string(sum) +
-                  " but must sum to r = " + std::to_string(r));
-    }
-  }
-  return r;
-}
-
 RotaryPlan RotaryPlan::Make(const char* x_name, const Shape& x, ONNXTensorElementDataType type, const Shape& cos,
                             ONNXTensorElementDataType cos_type, const RotaryAttributes& attrs, Product product) {
   const char* api = "aclnnRotaryPositionEmbedding";
@@ -98,23 +77,10 @@ RotaryPlan RotaryPlan::Make(const char* x_name, const Shape& x, ONNXTensorElemen
   plan.r_ = RotaryWidth(x_name, plan.d_, attrs);
   plan.mode_ = attrs.interleaved ? 1 : 0;
 
-  // cos/sin broadcast to X.shape[:-1] + [r] (numpy rules, aligned right).
-  const size_t n = x.size() - 1;
-  Shape target(x.begin(), x.end() - 1);
-  target.push_back(plan.r_);
-  if (cos.empty() || cos.size() > x.size() || cos.back() != plan.r_) {
-    throw Error("cos has shape " + ToString(cos) + ", which does not broadcast to " + x_name +
-                ".shape[:-1] + [r] = " + ToString(target) + " (its last dim must be r = " + std::to_string(plan.r_) + ")");
-  }
-  const size_t k = cos.size() - 1;
-  for (size_t i = 0; i < k; ++i) {
-    const int64_t xd = x[i + (n - k)];
-    if (cos[i] != xd && cos[i] != 1) {
-      throw Error("cos has shape " + ToString(cos) + ", which does not broadcast to " + x_name +
-                  ".shape[:-1] + [r] = " + ToString(target));
-    }
-  }
+  CheckRotaryBroadcast(x_name, x, cos, plan.r_);
   Numel(cos);
+  const size_t n = x.size() - 1;
+  const size_t k = cos.size() - 1;
 
   switch (product) {
     case Product::kAtlasInference:
@@ -252,40 +218,6 @@ using ApplyRotaryPosEmbV2GetWorkspace = aclnnStatus (*)(aclTensor* query_ref, ac
 constexpr int64_t kApplyRopeHeadDim = 128;
 constexpr int64_t kUnifiedBufferBytes = 192 * 1024;  // Atlas A2/A3 AI Core UB (assumption, see top)
 
-InputTensor RequiredInput(const KernelContext& ctx, size_t index, const char* name) {
-  std::optional<InputTensor> tensor = ctx.Input(index);
-  if (!tensor) throw Error(std::string("input '") + name + "' is required");
-  return *tensor;
-}
-
-RotaryAttributes ReadRotaryAttributes(const KernelInfo& info, const char* mode_name, const char* sections_name) {
-  RotaryAttributes attrs;
-  const std::string mode = info.StringAttribute(mode_name).value_or("half");
-  if (mode != "half" && mode != "interleaved") {
-    throw Error(std::string("attribute '") + mode_name + "' must be \"half\" or \"interleaved\", got \"" + mode + "\"");
-  }
-  attrs.interleaved = mode == "interleaved";
-  attrs.rotary_dim = info.IntAttribute("rotary_dim").value_or(0);
-  if (attrs.rotary_dim < 0 || attrs.rotary_dim % 2 != 0) {
-    throw Error("attribute 'rotary_dim' must be even and >= 0 (0 means the whole last dim), got " +
-                std::to_string(attrs.rotary_dim));
-  }
-  attrs.sections = info.IntsAttribute(sections_name).value_or(std::vector<int64_t>{});
-  int64_t sum = 0;
-  for (int64_t w : attrs.sections) {
-    if (w < 0 || w % 2 != 0) {
-      throw Error(std::string("attribute '") + sections_name + "' " + ToString(attrs.sections) +
-                  " must hold even widths >= 0, got " + std::to_string(w));
-    }
-    sum += w;
-  }
-  if (!attrs.sections.empty() && attrs.rotary_dim > 0 && sum != attrs.rotary_dim) {
-    throw Error(std::string("attribute '") + sections_name + "' " + ToString(attrs.sections) + " sums to " +
-                std::to_string(sum) + " but must sum to rotary_dim = " + std::to_string(attrs.rotary_dim));
-  }
-  return attrs;
-}
-
 // cos/sin reshaped for aclnnApplyRotaryPosEmbV2, and the layout, when Q/K/cos qualify.
 struct ApplyRopeForm {
   int64_t layout;  // 1 BSND, 3 BNSD
@@ -368,6 +300,12 @@ class AscendRotaryKernel {
       throw Error("Q has head dim " + std::to_string(x[0].shape.back()) + " (last dim) but K has " +
                   std::to_string(x[1].shape.back()) + "; they must be equal");
     }
+    // The contract's checks come first, whichever call runs: aclnnApplyRotaryPosEmbV2's path would
+    // broadcast a cos of last dim 1 over the 128 lanes instead of refusing it.
+    for (size_t i = 0; i < kCount; ++i) {
+      DimProduct(x[i].shape, 0, x[i].shape.size());
+      CheckRotaryBroadcast(kNames[i], x[i].shape, cos.shape, RotaryWidth(kNames[i], x[i].shape.back(), attrs_));
+    }
     const Product product = ClassifySoc(rt_->SocName());
     OutputTensor y[kCount];
 
@@ -442,10 +380,6 @@ void AppendAll(CustomOpList& ops) {
 }
 
 }  // namespace
-
-RotaryAttributes ReadRopeAttentionRotary(const KernelInfo& info) {
-  return ReadRotaryAttributes(info, "rotary_mode", "rotary_sections");
-}
 
 void AppendAscendRotaryOps(CustomOpList& ops, Placement placement) {
   if (placement == Placement::kCannEp) {

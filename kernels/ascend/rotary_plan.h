@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "ascend/aclnn_call.h"
+#include "common/rotary_params.h"
 
 namespace otfuse::ascend {
 
@@ -29,11 +30,7 @@ using RotaryPositionEmbeddingGetWorkspace = aclnnStatus (*)(const aclTensor* x, 
                                                             const aclTensor* sin, int64_t mode, aclTensor* out,
                                                             uint64_t* workspace_size, aclOpExecutor** executor);
 
-struct RotaryAttributes {
-  bool interleaved = false;
-  int64_t rotary_dim = 0;         // 0: the whole last dim
-  std::vector<int64_t> sections;  // empty: one section of r lanes
-};
+using ::otfuse::RotaryAttributes;  // common/rotary_params.h
 
 // The aclnn operators a rotation needs, bound once per kernel.
 struct RotaryOps {
@@ -70,12 +67,4 @@ class RotaryPlan {
   bool empty_ = false;
 };
 
-// Rotated width r of X whose last dim is d, checked as the contract says.
-int64_t RotaryWidth(const char* x_name, int64_t d, const RotaryAttributes& attrs);
-
-}  // namespace otfuse::ascend
-
-namespace otfuse::ascend {
-// RopeAttention's rotary_mode / rotary_dim / rotary_sections, checked as RotaryEmbedding's.
-RotaryAttributes ReadRopeAttentionRotary(const KernelInfo& info);
 }  // namespace otfuse::ascend

@@ -1,5 +1,6 @@
 #include "common/attention_params.h"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -42,6 +43,86 @@ AttentionHeadDims ReadHeadDims(const char* name, const Shape& s, AttentionLayout
                 layout_name + " but " + heads_attr + " = " + std::to_string(heads));
   }
   return h;
+}
+
+namespace {
+
+void ExpectType(const char* name, const InputTensor& tensor, ONNXTensorElementDataType expected) {
+  if (tensor.type != expected) {
+    throw Error(std::string(name) + " has element type " + ElementTypeName(tensor.type) + " but Q has " +
+                ElementTypeName(expected));
+  }
+}
+
+// `shape`, once its dims are known not to overflow as strides (DimProduct).
+Shape OutputShape(const char* name, Shape shape) {
+  try {
+    DimProduct(shape, 0, shape.size());
+  } catch (const Error& e) {
+    throw Error(std::string("output ") + name + ": " + e.what());
+  }
+  return shape;
+}
+
+}  // namespace
+
+CheckedAttentionInputs ReadAttentionInputs(const KernelContext& ctx, const AttentionParams& p,
+                                           size_t past_key_index) {
+  CheckedAttentionInputs in;
+  in.q = RequiredInput(ctx, 0, "Q");
+  in.k = RequiredInput(ctx, 1, "K");
+  in.v = RequiredInput(ctx, 2, "V");
+  in.past_key = ctx.Input(past_key_index);
+  in.past_value = ctx.Input(past_key_index + 1);
+  const ONNXTensorElementDataType t = in.q.type;
+  ExpectType("K", in.k, t);
+  ExpectType("V", in.v, t);
+  in.qh = ReadHeadDims("Q", in.q.shape, p.layout, p.num_heads, "num_heads");
+  in.kh = ReadHeadDims("K", in.k.shape, p.layout, p.kv_num_heads, "kv_num_heads");
+  in.vh = ReadHeadDims("V", in.v.shape, p.layout, p.kv_num_heads, "kv_num_heads");
+  const int64_t batch = in.qh.batch, d = in.qh.d, dv = in.vh.d;
+  if (in.kh.batch != batch || in.vh.batch != batch) {
+    throw Error("batch sizes differ: Q " + std::to_string(batch) + ", K " + std::to_string(in.kh.batch) + ", V " +
+                std::to_string(in.vh.batch));
+  }
+  if (in.kh.d != d) {
+    throw Error("K's head size D = " + std::to_string(in.kh.d) + " differs from Q's D = " + std::to_string(d));
+  }
+  if (in.vh.seq != in.kh.seq) {
+    throw Error("V has " + std::to_string(in.vh.seq) + " positions but K has " + std::to_string(in.kh.seq));
+  }
+  if (in.past_key.has_value() != in.past_value.has_value()) {
+    throw Error(std::string("past_key and past_value must be given together; only ") +
+                (in.past_key ? "past_key" : "past_value") + " is");
+  }
+  if (in.past_key) {
+    ExpectType("past_key", *in.past_key, t);
+    ExpectType("past_value", *in.past_value, t);
+    if (in.past_key->shape.size() != 4) {
+      throw Error("past_key has shape " + ToString(in.past_key->shape) + "; expected rank 4 [B, Nkv, P, D]");
+    }
+    DimProduct(in.past_key->shape, 0, 4);
+    in.past = in.past_key->shape[2];
+    ExpectShape("past_key", in.past_key->shape, "[B, kv_num_heads, P, D]", Shape{batch, p.kv_num_heads, in.past, d});
+    ExpectShape("past_value", in.past_value->shape, "[B, kv_num_heads, P, Dv]",
+                Shape{batch, p.kv_num_heads, in.past, dv});
+  }
+  if (__builtin_add_overflow(in.past, in.kh.seq, &in.skv)) throw Error("past + new sequence length overflows");
+  in.window = p.window > 0 ? std::min(p.window, std::max<int64_t>(in.skv, 1)) : 0;
+
+  const int64_t nq = p.num_heads, sq = in.qh.seq;
+  int64_t y_last = dv;  // [B, Sq, N*Dv] when Q was given as [B, Sq, N*D]
+  const bool rank3 = p.output_layout == AttentionLayout::kBsnd && in.qh.rank3;
+  if (rank3 && __builtin_mul_overflow(nq, dv, &y_last)) {
+    throw Error("output Y's last dim num_heads * Dv = " + std::to_string(nq) + " * " + std::to_string(dv) +
+                " overflows int64");
+  }
+  in.y = OutputShape("Y", p.output_layout == AttentionLayout::kBnsd ? Shape{batch, nq, sq, dv}
+                          : rank3                                   ? Shape{batch, sq, y_last}
+                                                                    : Shape{batch, sq, nq, dv});
+  in.present_key = OutputShape("present_key", Shape{batch, p.kv_num_heads, in.skv, d});
+  in.present_value = OutputShape("present_value", Shape{batch, p.kv_num_heads, in.skv, dv});
+  return in;
 }
 
 AttentionParams ReadAttentionParams(const KernelInfo& info) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "common/custom_op.h"
 #include "ort_glue.h"
@@ -37,6 +38,24 @@ struct AttentionHeadDims {
 };
 AttentionHeadDims ReadHeadDims(const char* name, const Shape& s, AttentionLayout layout, int64_t heads,
                                const char* heads_attr);
+
+// Q, K, V and past_key / past_value (input `past_key_index` and the next) of one run, checked as
+// every backend checks them: one element type; heads per the layout; one batch, one D, one S; the
+// past both or neither, [B, Nkv, P, D] and [B, Nkv, P, Dv]; then Skv = P + S and the output shapes,
+// whose dims (as every input's) must not overflow int64 even when empty.
+struct CheckedAttentionInputs {
+  InputTensor q, k, v;
+  std::optional<InputTensor> past_key, past_value;
+  AttentionHeadDims qh, kh, vh;
+  int64_t past = 0;  // P
+  int64_t skv = 0;   // P + S
+  // The window attribute, capped at max(Skv, 1): the same mask (a query at position t < Skv sees
+  // all of [0, t] once window > t), and t - window can no longer overflow.
+  int64_t window = 0;
+  Shape y, present_key, present_value;
+};
+CheckedAttentionInputs ReadAttentionInputs(const KernelContext& ctx, const AttentionParams& params,
+                                           size_t past_key_index);
 
 // num_heads, kv_num_heads, scale, causal, window, softcap, layout, output_layout and empty_rows,
 // checked in that order; throws otfuse::Error on the first bad one.

@@ -38,12 +38,6 @@ float ReadNormEpsilon(const KernelInfo& info, NormKind kind) {
   return epsilon;
 }
 
-InputTensor RequiredInput(const KernelContext& ctx, size_t index, const std::string& name) {
-  std::optional<InputTensor> tensor = ctx.Input(index);
-  if (!tensor) throw Error("input '" + name + "' is required");
-  return *tensor;
-}
-
 NormInput ReadNormInput(const KernelContext& ctx, bool add) {
   NormInput input{RequiredInput(ctx, 0, add ? "A" : "X"), std::nullopt, add ? "A" : "X"};
   const ONNXTensorElementDataType t = input.x.type;

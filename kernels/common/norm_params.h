@@ -21,8 +21,6 @@ bool IsNormType(ONNXTensorElementDataType type);
 // Attribute `epsilon`: 1e-6 (RMS) / 1e-5 (LayerNorm) when absent; must be finite and >= 0.
 float ReadNormEpsilon(const KernelInfo& info, NormKind kind);
 
-InputTensor RequiredInput(const KernelContext& ctx, size_t index, const std::string& name);
-
 // X (input 0), or A and B (inputs 0 and 1) for the residual forms: float32, float16 or bfloat16,
 // B of A's type and shape.
 struct NormInput {

@@ -19,16 +19,23 @@ inline size_t NormalizeAxis(int64_t axis, size_t rank) {
   return static_cast<size_t>(axis < 0 ? axis + r : axis);
 }
 
-// Product of shape[begin, end), refusing negative dims and overflow.
+// Product of shape[begin, end), refusing negative dims and overflow. Zero dims are left out of
+// the overflow check, not of the result: an empty [0, 2**62, 4] is refused too, because its
+// strides (2**62 * 4) overflow. So once DimProduct(s, 0, rank) has passed, every stride and
+// partial product of s a kernel computes fits in int64.
 inline int64_t DimProduct(const Shape& shape, size_t begin, size_t end) {
   int64_t product = 1;
+  bool empty = false;
   for (size_t i = begin; i < end; ++i) {
     if (shape[i] < 0) throw Error("negative dimension in shape " + ToString(shape));
-    if (__builtin_mul_overflow(product, shape[i], &product)) {
-      throw Error("element count of shape " + ToString(shape) + " overflows int64");
+    if (shape[i] == 0) {
+      empty = true;
+    } else if (__builtin_mul_overflow(product, shape[i], &product)) {
+      throw Error("the dims of shape " + ToString(shape) + " overflow int64 (their product, zero dims left out, is "
+                  "a stride)");
     }
   }
-  return product;
+  return empty ? 0 : product;
 }
 
 inline Shape Slice(const Shape& shape, size_t begin) { return Shape(shape.begin() + begin, shape.end()); }

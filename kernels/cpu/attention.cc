@@ -16,6 +16,7 @@
 #include "common/attention_params.h"
 #include "common/cpu_features.h"
 #include "common/float_types.h"
+#include "common/rotary_params.h"
 #include "common/shape_check.h"
 #include "contract/attention_index.h"
 #include "cpu/attention_tiles.h"
@@ -40,12 +41,6 @@ bool IsSupportedType(ONNXTensorElementDataType type) {
          type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
 }
 
-InputTensor RequiredInput(const KernelContext& ctx, size_t index, const char* name) {
-  std::optional<InputTensor> tensor = ctx.Input(index);
-  if (!tensor) throw Error(std::string("input '") + name + "' is required");
-  return *tensor;
-}
-
 void ExpectType(const char* name, const InputTensor& tensor, ONNXTensorElementDataType expected,
                 const char* expected_from) {
   if (tensor.type != expected) {
@@ -61,9 +56,9 @@ struct HeadView {
   bool rank3;  // a BSND tensor given as [B, S, heads * D]
 };
 
-HeadView ViewHeads(const char* name, const InputTensor& t, Layout layout, int64_t heads, const char* heads_attr) {
+// Strides of a tensor whose dims ReadAttentionInputs has checked (so they cannot overflow).
+HeadView ViewHeads(const InputTensor& t, const AttentionHeadDims& h, Layout layout) {
   const Shape& s = t.shape;
-  const AttentionHeadDims h = ReadHeadDims(name, s, layout, heads, heads_attr);
   if (h.rank3) return HeadView{h.batch, h.heads, h.seq, h.d, s[1] * s[2], h.d, s[2], true};
   if (layout == Layout::kBnsd) return HeadView{s[0], s[1], s[2], s[3], s[1] * s[2] * s[3], s[2] * s[3], s[3], false};
   return HeadView{s[0], s[2], s[1], s[3], s[1] * s[2] * s[3], s[3], s[2] * s[3], false};
@@ -162,37 +157,17 @@ template <bool kRope>
 class AttentionKernel {
  public:
   explicit AttentionKernel(const KernelInfo& info) {
-    const AttentionParams params = ReadAttentionParams(info);
+    params_ = ReadAttentionParams(info);
+    const AttentionParams& params = params_;
     num_heads_ = params.num_heads;
     kv_num_heads_ = params.kv_num_heads;
     scale_ = params.scale;
     causal_ = params.causal;
-    window_ = params.window;
     softcap_ = params.softcap;
     layout_ = params.layout;
     output_layout_ = params.output_layout;
     uniform_empty_rows_ = params.uniform_empty_rows;
-    if constexpr (kRope) {
-      const std::string mode = info.StringAttribute("rotary_mode").value_or("half");
-      if (mode != "half" && mode != "interleaved") {
-        throw Error("attribute 'rotary_mode' must be \"half\" or \"interleaved\", got \"" + mode + "\"");
-      }
-      interleaved_ = mode == "interleaved";
-      rotary_dim_ = info.IntAttribute("rotary_dim").value_or(0);
-      if (rotary_dim_ < 0 || rotary_dim_ % 2 != 0) {
-        throw Error("attribute 'rotary_dim' must be even and >= 0, got " + std::to_string(rotary_dim_));
-      }
-      sections_ = info.IntsAttribute("rotary_sections").value_or(std::vector<int64_t>{});
-      int64_t total = 0;
-      for (int64_t w : sections_) {
-        if (w < 0 || w % 2 != 0) throw Error("attribute 'rotary_sections' must hold even widths >= 0");
-        total += w;
-      }
-      if (!sections_.empty() && rotary_dim_ != 0 && total != rotary_dim_) {
-        throw Error("attribute 'rotary_sections' sums to " + std::to_string(total) + " but rotary_dim = " +
-                    std::to_string(rotary_dim_));
-      }
-    }
+    if constexpr (kRope) rotary_ = ReadRotaryAttributes(info, "rotary_mode", "rotary_sections");
     const CpuIsa isa = SelectCpuIsa();
     use_avx2_ = isa == CpuIsa::kAvx2 && __builtin_cpu_supports("fma");
     use_avx512_ = use_avx2_ && Avx512Allowed();
@@ -225,48 +200,16 @@ class AttentionKernel {
   template <typename T>
   void Run(const KernelContext& ctx, const InputTensor& q) const {
     constexpr AttentionInputIndex kIn = AttentionInputs<kRope>();
-    const InputTensor k = RequiredInput(ctx, 1, "K");
-    const InputTensor v = RequiredInput(ctx, 2, "V");
-    ExpectType("K", k, q.type, "Q");
-    ExpectType("V", v, q.type, "Q");
-    const HeadView qv = ViewHeads("Q", q, layout_, num_heads_, "num_heads");
-    const HeadView kv = ViewHeads("K", k, layout_, kv_num_heads_, "kv_num_heads");
-    const HeadView vv = ViewHeads("V", v, layout_, kv_num_heads_, "kv_num_heads");
-    const int64_t batch = qv.batch;
-    if (kv.batch != batch || vv.batch != batch) {
-      throw Error("batch sizes differ: Q " + std::to_string(batch) + ", K " + std::to_string(kv.batch) + ", V " +
-                  std::to_string(vv.batch));
-    }
-    if (kv.d != qv.d) {
-      throw Error("K's head size D = " + std::to_string(kv.d) + " differs from Q's D = " + std::to_string(qv.d));
-    }
-    if (vv.seq != kv.seq) {
-      throw Error("V has " + std::to_string(vv.seq) + " positions but K has " + std::to_string(kv.seq));
-    }
-    const int64_t d = qv.d, dv = vv.d, sq = qv.seq, s_new = kv.seq;
-    const int64_t nq = num_heads_, nkv = kv_num_heads_;
-
-    // past_key / past_value: both or neither, [B, Nkv, P, D] and [B, Nkv, P, Dv].
-    const std::optional<InputTensor> past_k = ctx.Input(kIn.past_key);
-    const std::optional<InputTensor> past_v = ctx.Input(kIn.past_value);
-    if (past_k.has_value() != past_v.has_value()) {
-      throw Error(std::string("past_key and past_value must be given together; only ") +
-                  (past_k ? "past_key" : "past_value") + " is");
-    }
-    int64_t past = 0;
-    if (past_k) {
-      ExpectType("past_key", *past_k, q.type, "Q");
-      ExpectType("past_value", *past_v, q.type, "Q");
-      if (past_k->shape.size() != 4) {
-        throw Error("past_key has shape " + ToString(past_k->shape) + "; expected rank 4 [B, Nkv, P, D]");
-      }
-      DimProduct(past_k->shape, 0, 4);
-      past = past_k->shape[2];
-      ExpectShape("past_key", past_k->shape, "[B, kv_num_heads, P, D]", Shape{batch, nkv, past, d});
-      ExpectShape("past_value", past_v->shape, "[B, kv_num_heads, P, Dv]", Shape{batch, nkv, past, dv});
-    }
-    int64_t skv = 0;
-    if (__builtin_add_overflow(past, s_new, &skv)) throw Error("past + new sequence length overflows");
+    const CheckedAttentionInputs in = ReadAttentionInputs(ctx, params_, kIn.past_key);
+    const InputTensor& k = in.k;
+    const InputTensor& v = in.v;
+    const std::optional<InputTensor>& past_k = in.past_key;
+    const std::optional<InputTensor>& past_v = in.past_value;
+    const HeadView qv = ViewHeads(q, in.qh, layout_);
+    const HeadView kv = ViewHeads(k, in.kh, layout_);
+    const HeadView vv = ViewHeads(v, in.vh, layout_);
+    const int64_t batch = qv.batch, d = qv.d, dv = vv.d, sq = qv.seq, s_new = kv.seq;
+    const int64_t nq = num_heads_, nkv = kv_num_heads_, past = in.past, skv = in.skv, window = in.window;
     const Shape scores_shape{batch, nq, sq, skv};
 
     AttentionJob<T> job{};
@@ -280,7 +223,7 @@ class AttentionKernel {
     job.dv = dv;
     job.causal_offset = skv - sq;
     job.causal = causal_;
-    job.window = window_;
+    job.window = window;
     job.scale = scale_ != 0.0f ? scale_ : (d > 0 ? 1.0f / std::sqrt(static_cast<float>(d)) : 1.0f);
     job.softcap = softcap_;
     job.q = q.As<T>();
@@ -331,29 +274,17 @@ class AttentionKernel {
       }
       ExpectType("sin", sin, cos.type, "cos");
       ExpectShape("sin", sin.shape, "cos.shape", cos.shape);
-      const int64_t r = rotary_dim_ == 0 ? d : rotary_dim_;
-      if (r > d || r % 2 != 0) {
-        throw Error("rotary_dim = " + std::to_string(r) + " must be even and <= the head size D = " + std::to_string(d));
-      }
-      if (!sections_.empty()) {
-        int64_t total = 0;
-        for (int64_t w : sections_) total += w;
-        if (total != r) {
-          throw Error("attribute 'rotary_sections' sums to " + std::to_string(total) + " but the rotary width is " +
-                      std::to_string(r));
-        }
-      }
-      BuildRotation(interleaved_, sections_, r, rot_src, rot_sign);
-      if (cos.shape.empty() || cos.shape.back() != r) {
-        throw Error("cos has shape " + ToString(cos.shape) + "; its last dim must be the rotary width " +
-                    std::to_string(r));
-      }
-      const auto view = [&](const HeadView& hv) {
-        return layout_ == Layout::kBnsd ? Shape{hv.batch, hv.heads, hv.seq, r} : Shape{hv.batch, hv.seq, hv.heads, r};
+      const int64_t r = RotaryWidth("Q", d, rotary_);
+      BuildRotation(rotary_.interleaved, rotary_.sections, r, rot_src, rot_sign);
+      // The rank-4 views of Q and K in the layout, with D (checked as RotaryEmbedding's X) or r lanes.
+      const auto view = [&](const HeadView& hv, int64_t lanes) {
+        return layout_ == Layout::kBnsd ? Shape{hv.batch, hv.heads, hv.seq, lanes}
+                                        : Shape{hv.batch, hv.seq, hv.heads, lanes};
       };
-      const char* view_name = layout_ == Layout::kBnsd ? "[B, N, S, r]" : "[B, S, N, r]";
-      const std::vector<int64_t> cq = BroadcastStrides("cos", cos.shape, view(qv), std::string("Q's ") + view_name);
-      const std::vector<int64_t> ck = BroadcastStrides("cos", cos.shape, view(kv), std::string("K's ") + view_name);
+      CheckRotaryBroadcast("Q", view(qv, d), cos.shape, r);
+      CheckRotaryBroadcast("K", view(kv, d), cos.shape, r);
+      const std::vector<int64_t> cq = BroadcastStrides("cos", cos.shape, view(qv, r), "Q's view");
+      const std::vector<int64_t> ck = BroadcastStrides("cos", cos.shape, view(kv, r), "K's view");
       const bool bnsd = layout_ == Layout::kBnsd;
       job.rotary_dim = r;
       job.cos = cos.data;
@@ -366,19 +297,16 @@ class AttentionKernel {
     }
 
     // Outputs.
-    Shape y_shape;
     if (output_layout_ == Layout::kBnsd) {
-      y_shape = {batch, nq, sq, dv};
       job.y_sb = nq * sq * dv, job.y_sh = sq * dv, job.y_ss = dv;
     } else {
-      y_shape = qv.rank3 ? Shape{batch, sq, nq * dv} : Shape{batch, sq, nq, dv};
       job.y_sb = sq * nq * dv, job.y_sh = dv, job.y_ss = nq * dv;
     }
-    const OutputTensor y = ctx.Output(0, y_shape);
+    const OutputTensor y = ctx.Output(0, in.y);
     if (!y) throw Error("output 'Y' is required");
     job.y = y.As<T>();
-    const OutputTensor present_k = ctx.Output(1, Shape{batch, nkv, skv, d});
-    const OutputTensor present_v = ctx.Output(2, Shape{batch, nkv, skv, dv});
+    const OutputTensor present_k = ctx.Output(1, in.present_key);
+    const OutputTensor present_v = ctx.Output(2, in.present_value);
 
     // Tiling and scratch sizes.
     job.block_q = tiles_.block_q;
@@ -423,7 +351,7 @@ class AttentionKernel {
 
     // Keys any query may see: [first_key, end_key); tiles outside are never packed nor read.
     const int64_t end_key = causal_ ? std::min(skv, std::max<int64_t>(job.causal_offset + sq, 0)) : skv;
-    const int64_t first_key = window_ > 0 ? std::max<int64_t>(0, job.causal_offset - window_ + 1) : 0;
+    const int64_t first_key = window > 0 ? std::max<int64_t>(0, job.causal_offset - window + 1) : 0;
 
     // Phase 2: pack the used key/value tiles into float32 panels.
     const bool packed = tiles_.force_path == 2 || (tiles_.force_path == 0 && sq >= kMinRowsForPacking);
@@ -511,18 +439,16 @@ class AttentionKernel {
     if (out_of_memory) throw Error("out of memory for " + std::to_string(scratch_floats) + " floats of scratch");
   }
 
+  AttentionParams params_;
   int64_t num_heads_ = 0;
   int64_t kv_num_heads_ = 0;
   float scale_ = 0.0f;
   bool causal_ = false;
-  int64_t window_ = 0;
   float softcap_ = 0.0f;
   Layout layout_ = Layout::kBnsd;
   Layout output_layout_ = Layout::kBnsd;
   bool uniform_empty_rows_ = false;  // empty_rows = "uniform"
-  bool interleaved_ = false;
-  int64_t rotary_dim_ = 0;
-  std::vector<int64_t> sections_;
+  RotaryAttributes rotary_;  // RopeAttention
   bool use_avx2_ = false;
   bool use_avx512_ = false;
   Tiles tiles_;

@@ -40,12 +40,6 @@ bool IsSupportedType(ONNXTensorElementDataType type) {
          type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
 }
 
-InputTensor RequiredInput(const KernelContext& ctx, size_t index, const char* name) {
-  std::optional<InputTensor> tensor = ctx.Input(index);
-  if (!tensor) throw Error(std::string("input '") + name + "' is required");
-  return *tensor;
-}
-
 template <typename T, typename C>
 RotaryRowsFn<T, C> RowsFor(CpuIsa isa) {
 #if defined(OTFUSE_HAVE_AVX2_KERNELS)
@@ -104,37 +98,12 @@ struct RowPlan {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Checks that cos (shape already equal to sin's) broadcasts to x.shape[:-1] + [r] and plans the
-// walk over x's rows. `x_name` names x in errors.
+// Plans the walk over x's rows, once cos (shape already equal to sin's) is known to broadcast to
+// x.shape[:-1] + [r]. `x_name` names x in errors.
 RowPlan PlanRows(const char* x_name, const Shape& x_shape, const Shape& cos_shape, int64_t r, size_t cos_bytes) {
+  CheckRotaryBroadcast(x_name, x_shape, cos_shape, r);
   const size_t n = x_shape.size() - 1;  // leading dims of X
-  if (cos_shape.empty()) throw Error("cos must have rank >= 1 (its last dim is r), got a scalar");
-  if (cos_shape.size() > x_shape.size()) {
-    throw Error("cos has shape " + ToString(cos_shape) + " of rank " + std::to_string(cos_shape.size()) +
-                ", more than " + x_name + "'s rank " + std::to_string(x_shape.size()) + "; cos/sin broadcast to " +
-                x_name + ".shape[:-1] + [r] and cannot add dims");
-  }
   const size_t k = cos_shape.size() - 1;  // leading dims of cos, aligned right with X's
-  Shape target(x_shape.begin(), x_shape.end() - 1);
-  target.push_back(r);
-  if (cos_shape.back() != r) {
-    throw Error("cos has shape " + ToString(cos_shape) + " but its last dim must be r = " + std::to_string(r) +
-                " (cos/sin broadcast to " + x_name + ".shape[:-1] + [r] = " + ToString(target) + ")");
-  }
-  for (size_t i = 0; i < k; ++i) {
-    const size_t j = i + (n - k);
-    if (cos_shape[i] != x_shape[j] && cos_shape[i] != 1) {
-      std::string message = "cos has shape " + ToString(cos_shape) + ", which does not broadcast to " + x_name +
-                            ".shape[:-1] + [r] = " + ToString(target) + ": its dim " + std::to_string(i) + " is " +
-                            std::to_string(cos_shape[i]) + ", not " + std::to_string(x_shape[j]) + " or 1";
-      if (cos_shape[i] < x_shape[j]) {
-        message += " (cos/sin cover " + std::to_string(cos_shape[i]) + " positions along " + x_name + "'s dim " +
-                   std::to_string(j) + " of " + std::to_string(x_shape[j]) + ")";
-      }
-      throw Error(message);
-    }
-  }
-
   RowPlan plan;
   int64_t x_stride = 1;  // in rows of X
   std::vector<int64_t> x_strides(n), c_strides(n, 0);
@@ -200,33 +169,8 @@ struct Rotated {
 template <bool kQK>
 class RotaryKernel {
  public:
-  explicit RotaryKernel(const KernelInfo& info) {
-    const std::string mode = info.StringAttribute("mode").value_or("half");
-    if (mode != "half" && mode != "interleaved") {
-      throw Error("attribute 'mode' must be \"half\" or \"interleaved\", got \"" + mode + "\"");
-    }
-    interleaved_ = mode == "interleaved";
-    rotary_dim_ = info.IntAttribute("rotary_dim").value_or(0);
-    if (rotary_dim_ < 0 || rotary_dim_ % 2 != 0) {
-      throw Error("attribute 'rotary_dim' must be even and >= 0 (0 means the whole last dim), got " +
-                  std::to_string(rotary_dim_));
-    }
-    sections_ = info.IntsAttribute("sections").value_or(std::vector<int64_t>{});
-    int64_t sum = 0;
-    for (int64_t width : sections_) {
-      if (width < 0 || width % 2 != 0) {
-        throw Error("attribute 'sections' " + ToString(sections_) + " must hold even widths >= 0, got " +
-                    std::to_string(width));
-      }
-      if (__builtin_add_overflow(sum, width, &sum)) throw Error("attribute 'sections' sum overflows int64");
-    }
-    sections_sum_ = sum;
-    if (!sections_.empty() && rotary_dim_ > 0 && sum != rotary_dim_) {
-      throw Error("attribute 'sections' " + ToString(sections_) + " sums to " + std::to_string(sum) +
-                  " but must sum to rotary_dim = " + std::to_string(rotary_dim_));
-    }
-    isa_ = SelectCpuIsa();
-  }
+  explicit RotaryKernel(const KernelInfo& info)
+      : attrs_(ReadRotaryAttributes(info, "mode", "sections")), isa_(SelectCpuIsa()) {}
 
   void Compute(const KernelContext& ctx) const {
     constexpr size_t kCount = kQK ? 2 : 1;
@@ -263,7 +207,7 @@ class RotaryKernel {
     const size_t cos_bytes = cos.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT ? 4 : 2;
     for (Rotated& item : rotated) {
       item.d = item.x.shape.back();
-      item.r = RotaryLanes(item.name, item.d);
+      item.r = RotaryWidth(item.name, item.d, attrs_);
       item.plan = PlanRows(item.name, item.x.shape, cos.shape, item.r, cos_bytes);
     }
     for (size_t i = 0; i < kCount; ++i) {
@@ -285,24 +229,6 @@ class RotaryKernel {
   }
 
  private:
-  // r for an input whose last dim is d.
-  int64_t RotaryLanes(const char* name, int64_t d) const {
-    if (rotary_dim_ > d) {
-      throw Error("rotary_dim " + std::to_string(rotary_dim_) + " is larger than " + name +
-                  "'s last dim D = " + std::to_string(d));
-    }
-    const int64_t r = rotary_dim_ > 0 ? rotary_dim_ : d;
-    if (r % 2 != 0) {
-      throw Error(std::string("rotary_dim 0 rotates all of ") + name + "'s last dim D = " + std::to_string(d) +
-                  ", which is odd; r must be even");
-    }
-    if (!sections_.empty() && sections_sum_ != r) {
-      throw Error("attribute 'sections' " + ToString(sections_) + " sums to " + std::to_string(sections_sum_) +
-                  " but must sum to r = " + std::to_string(r) + " (rotary_dim 0: " + name + "'s last dim)");
-    }
-    return r;
-  }
-
   // Streaming stores need every 8-lane store 16-byte aligned: Y and its rows, and (half mode)
   // the first and second half of every section.
   bool StreamStores(const Rotated& item, size_t t_bytes, const std::vector<int64_t>& sections) const {
@@ -313,7 +239,7 @@ class RotaryKernel {
       return false;
     }
     if (reinterpret_cast<uintptr_t>(item.y.data) % 16 != 0 || (item.d * tb) % 16 != 0) return false;
-    if (interleaved_) return true;  // stores at multiples of 8 lanes from the row start
+    if (attrs_.interleaved) return true;  // stores at multiples of 8 lanes from the row start
     int64_t offset = 0;
     for (int64_t width : sections) {
       if ((offset * tb) % 16 != 0 || ((offset + width / 2) * tb) % 16 != 0) return false;
@@ -326,7 +252,7 @@ class RotaryKernel {
   void Run(const KernelContext& ctx, const Rotated* rotated, size_t count, const InputTensor& cos,
            const InputTensor& sin) const {
     const std::vector<int64_t> whole{rotated[0].r};
-    const std::vector<int64_t>& sections = sections_.empty() ? whole : sections_;
+    const std::vector<int64_t>& sections = attrs_.sections.empty() ? whole : attrs_.sections;
     std::vector<RotaryJob<T, C>> jobs(count);
     std::vector<size_t> first_task(count + 1, 0);
     for (size_t i = 0; i < count; ++i) {
@@ -334,7 +260,7 @@ class RotaryKernel {
       RotaryJob<T, C>& job = jobs[i];
       job.d = item.d;
       job.r = item.r;
-      job.interleaved = interleaved_;
+      job.interleaved = attrs_.interleaved;
       job.sections = sections.data();
       job.section_count = static_cast<int64_t>(sections.size());
       job.x = item.x.As<T>();
@@ -370,10 +296,7 @@ class RotaryKernel {
     if (out_of_memory) throw Error("out of memory for a " + std::to_string(scratch_floats) + "-float row buffer");
   }
 
-  bool interleaved_ = false;
-  int64_t rotary_dim_ = 0;
-  std::vector<int64_t> sections_;
-  int64_t sections_sum_ = 0;
+  RotaryAttributes attrs_;
   CpuIsa isa_;
 };
 

@@ -249,7 +249,7 @@ def attention(
         j = np.arange(skv)[None, :]
         band = j <= t
         if window:
-            band &= j > t - window
+            band &= t - j < window  # j > t - window, without wrapping int64 for huge windows
         visible &= band
     scores = np.where(visible, scores, _F32(-np.inf)).astype(_F32)
     with np.errstate(invalid="ignore"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import functools
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -29,7 +30,9 @@ def build() -> Path:
     atexit.register(shutil.rmtree, work, ignore_errors=True)
     build_dir = work / "build"
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
-    for cmd in (["cmake", "-S", str(SOURCE), "-B", str(build_dir), *generator],
+    # .ci/sanitize sets OTFUSE_SANITIZE: the double then carries the library's sanitizers too.
+    sanitize = [f"-DOTFUSE_SANITIZE={os.environ['OTFUSE_SANITIZE']}"] if os.environ.get("OTFUSE_SANITIZE") else []
+    for cmd in (["cmake", "-S", str(SOURCE), "-B", str(build_dir), *generator, *sanitize],
                 ["cmake", "--build", str(build_dir)]):
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if done.returncode != 0:

@@ -106,9 +106,14 @@ bool Contiguous(const aclTensor* t) {
   return true;
 }
 
-// {"shape", "dtype"}, plus "strides" and "offset" for a non-contiguous view.
+// {"shape", "dtype"}, plus "strides" and "offset" for a non-contiguous view. A handle that is not
+// live is logged as such, never read (the call then fails its liveness check).
 std::string Json(const aclTensor* t) {
   if (t == nullptr) return "null";
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (g_tensors.count(t) == 0) return "\"not a live aclTensor\"";
+  }
   std::string view;
   if (!Contiguous(t) || t->offset != 0) {
     view = ",\"strides\":" + Json(t->strides) + ",\"offset\":" + std::to_string(t->offset);
@@ -501,7 +506,12 @@ EXPORT aclTensor* aclCreateTensor(const int64_t* view_dims, uint64_t view_dims_n
 }
 
 EXPORT Status aclDestroyTensor(const aclTensor* tensor) {
-  Log("aclDestroyTensor", "\"shape\":" + (tensor ? Json(tensor->dims) : std::string("null")));
+  std::string shape = "null";
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (g_tensors.count(tensor) != 0) shape = Json(tensor->dims);  // a dead handle is never read
+  }
+  Log("aclDestroyTensor", "\"shape\":" + shape);
   std::lock_guard<std::mutex> lock(g_mutex);
   if (tensor == nullptr || g_tensors.erase(tensor) == 0) {
     t_error = "[fake CANN] aclDestroyTensor: not a live aclTensor";
@@ -1340,6 +1350,10 @@ std::set<const aclScalar*> g_scalars;
 
 std::string Json(const aclScalar* s) {
   if (s == nullptr) return "null";
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (g_scalars.count(s) == 0) return "\"not a live aclScalar\"";  // never read a destroyed one
+  }
   return "{\"value\":" + Json(s->value) + ",\"dtype\":\"" + (s->dtype == kF64 ? "float64" : DTypeName(s->dtype)) +
          "\"}";
 }

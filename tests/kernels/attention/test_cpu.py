@@ -705,14 +705,14 @@ def test_error_rope_cos(library):
     inputs = small()
     inputs["cos"] = np.ones((1, 1, 5, 6), np.float32)
     inputs["sin"] = np.ones((1, 1, 5, 6), np.float32)
-    expect_error(library, inputs, {"num_heads": 4, "kv_num_heads": 2}, "last dim must be the rotary width 8",
+    expect_error(library, inputs, {"num_heads": 4, "kv_num_heads": 2}, "but its last dim must be r = 8",
                  op="RopeAttention")
     inputs["cos"] = inputs["sin"] = np.ones((1, 4, 5, 8), np.float32)  # 4 heads: does not fit K's 2
-    expect_error(library, inputs, {"num_heads": 4, "kv_num_heads": 2}, "not broadcastable to K's",
+    expect_error(library, inputs, {"num_heads": 4, "kv_num_heads": 2}, "does not broadcast to K.shape[:-1] + [r]",
                  op="RopeAttention")
     inputs["cos"] = inputs["sin"] = np.ones((5, 8), np.float32)
-    expect_error(library, inputs, {"num_heads": 4, "kv_num_heads": 2, "rotary_dim": 10}, "must be even and <=",
-                 op="RopeAttention")
+    expect_error(library, inputs, {"num_heads": 4, "kv_num_heads": 2, "rotary_dim": 10},
+                 "rotary_dim 10 is larger than Q's last dim D = 8", op="RopeAttention")
 
 
 def test_session_survives_errors(library):
