@@ -1,9 +1,10 @@
 #!/usr/bin/env python
-"""Contrib-op fixtures: onnxscript's ``optimize_for_ort`` applied to committed export-matrix
-variants, packed against the matrix's own weights (models/fixtures/contrib).
+"""Contrib-op fixtures: onnxscript's ``optimize_for_ort`` (``.ofo``) and ORT's transformers
+optimizer ``optimize_model`` (``.ortopt``) applied to committed export-matrix variants, packed
+against the matrix's own weights (models/fixtures/contrib).
 
 Run with the export venv (onnxscript): ``/work/venvs/export/bin/python models/optimize_for_ort.py``.
-Each output graph is stored gzip-compressed as ``contrib/<family>/<variant>.ofo.onnx.gz``; every
+Each output graph is stored gzip-compressed as ``contrib/<family>/<variant>.<tool>.onnx.gz``; every
 large initializer whose bytes the family's ``matrix/<family>/weights.bin`` already holds points
 into that file (ONNX external data, location ``weights.bin``: the tests materialise the pair in a
 temporary folder), anything new stays inline. ``contrib/manifest.json`` lists each fixture with
@@ -67,45 +68,67 @@ def point_into(proto: onnx.ModelProto, index: dict) -> int:
     return moved
 
 
-def optimise(key: str, entry: dict, folder: Path) -> onnx.ModelProto:
-    import onnx_ir as ir
-    from onnxscript.rewriter.ort_fusions import optimize_for_ort
-
+def _materialise(entry: dict, folder: Path) -> Path:
     sys.path.insert(0, str(REPO / "bench"))
     from coverage import materialise  # noqa: E402
 
-    path = materialise(MATRIX / entry["file"], folder)
-    model, _ = optimize_for_ort(ir.load(path))
+    return materialise(MATRIX / entry["file"], folder)
+
+
+def optimise(key: str, entry: dict, folder: Path) -> onnx.ModelProto:
+    """onnxscript's optimize_for_ort."""
+    import onnx_ir as ir
+    from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+    model, _ = optimize_for_ort(ir.load(_materialise(entry, folder)))
     return ir.serde.serialize_model(model)
+
+
+def ort_optimise(key: str, entry: dict, folder: Path) -> onnx.ModelProto:
+    """ORT's transformers optimizer (``optimize_model``, its graph fusions only: opt_level 0), as a
+    GPT-2-like decoder (BERT as ``bert``), with the variant's heads and hidden size."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    path = _materialise(entry, folder)
+    model_type = "bert" if entry["architecture"] == "bert" else "gpt2"
+    model = optimize_model(str(path), model_type=model_type, num_heads=HEADS, hidden_size=HIDDEN, opt_level=0)
+    out = folder / "ort_optimised.onnx"
+    model.save_model_to_file(str(out))
+    return onnx.load(out)
+
+
+HEADS, HIDDEN = 4, 64  # every matrix family's config (models/export_matrix.py)
+TOOLS = {"ofo": optimise, "ortopt": ort_optimise}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("variants", nargs="*", default=list(DEFAULT_VARIANTS))
+    parser.add_argument("--tools", default="ofo,ortopt", help="ofo (onnxscript), ortopt (ORT's optimize_model)")
     args = parser.parse_args(argv)
     manifest = json.loads((MATRIX / "manifest.json").read_text())
     out_manifest = {"models": {}}
-    for key in args.variants:
+    for tool, key in ((t, k) for t in args.tools.split(",") for k in args.variants):
         entry, family = manifest["models"][key], key.split("/")[0]
         with tempfile.TemporaryDirectory() as tmp:
-            proto = optimise(key, entry, Path(tmp))
+            proto = TOOLS[tool](key, entry, Path(tmp))
         for tensor in proto.graph.initializer:  # onnx_ir keeps untouched weights where they were
             info = {kv.key: kv.value for kv in tensor.external_data}
             if tensor.data_location == onnx.TensorProto.EXTERNAL and info.get("location") != "weights.bin":
                 raise SystemExit(f"{key}: {tensor.name} points into {info.get('location')}")
         moved = point_into(proto, weight_index(family, manifest))
         data = proto.SerializeToString()
-        target = OUT / family / f"{entry['variant']}.ofo.onnx.gz"
+        target = OUT / family / f"{entry['variant']}.{tool}.onnx.gz"
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
         ops = collections.Counter(n.op_type for n in proto.graph.node
                                   if n.domain == "com.microsoft" or "LayerNormalization" in n.op_type)
-        out_manifest["models"][f"{key}.ofo"] = {
+        out_manifest["models"][f"{key}.{tool}"] = {
             "file": f"{family}/{target.name}", "source": key, "weights": f"matrix/{family}/weights.bin",
             "sha256": hashlib.sha256(data).hexdigest(), "contrib_ops": dict(sorted(ops.items())),
             "expected": {k: entry["expected"][k] for k in ("rope", "attention", "norm", "residual_norm")},
             "inputs": entry["inputs"]}
-        print(f"{key}: {len(data)} bytes ({target.stat().st_size} gz), {moved} tensors in weights.bin, {dict(ops)}")
+        print(f"{key}.{tool}: {len(data)} bytes ({target.stat().st_size} gz), {moved} tensors in weights.bin, {dict(ops)}")
     (OUT / "manifest.json").write_text(json.dumps(out_manifest, indent=1, sort_keys=True) + "\n")
     return 0
 

@@ -1,6 +1,6 @@
 """ORT's contrib ops brought back to otfuse ops (docs/ops.md, "Re-targeted ops"): the outputs of
-onnxscript's ``optimize_for_ort`` on export-matrix variants (models/fixtures/contrib, made by
-models/optimize_for_ort.py) and ORT's ``extended`` offline optimisation (the matrix's
+onnxscript's ``optimize_for_ort`` and of ORT's ``optimize_model`` on export-matrix variants
+(models/fixtures/contrib, made by models/optimize_for_ort.py) and ORT's ``extended`` offline optimisation (the matrix's
 ``*.ort_extended`` variants, tests/models/test_export_matrix.py) fuse every site with no norm,
 rotary or attention contrib op left and a clean diff; mutations of those real exports (an
 attribute, input or used output the rules do not model) are refused with a near miss naming it;
@@ -51,7 +51,7 @@ def left_ops(path: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("key", sorted(CONTRIB_ENTRIES))
-def test_optimize_for_ort_output_fuses_back_with_a_clean_diff(tmp_path, key):
+def test_optimised_output_fuses_back_with_a_clean_diff(tmp_path, key):
     entry = CONTRIB_ENTRIES[key]
     path = materialise(key, tmp_path)
     out = tmp_path / "fused.onnx"

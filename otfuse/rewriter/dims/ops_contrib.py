@@ -92,3 +92,15 @@ def _group_query_attention(ctx: NodeContext):
         elif heads and kv_heads and query[2].is_const and query[2].value % (heads + 2 * kv_heads) == 0:
             out = (query[0], query[1], E.const(query[2].value // (heads + 2 * kv_heads) * heads))
     return [(ctx.elem(0), out, None), (ctx.elem(0), None, None), (ctx.elem(0), None, None)]
+
+
+@handles("EmbedLayerNormalization", domain=MS)
+def _embed_layer_norm(ctx: NodeContext):
+    """output and embedding_sum [B, S, H] (input_ids [B, S], word_embedding [vocab, H]); mask_index [B]."""
+    ids, words = ctx.shape(0), ctx.shape(2)
+    out = None
+    if ids is not None and words is not None and len(ids) == 2 and len(words) == 2:
+        out = (ids[0], ids[1], words[1])
+    mask_index = (ids[0],) if ids is not None and len(ids) == 2 else None
+    int32 = 6  # TensorProto.INT32
+    return [(ctx.elem(2), out, None), (int32, mask_index, None), (ctx.elem(2), out, None)]
