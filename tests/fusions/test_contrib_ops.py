@@ -279,3 +279,22 @@ def test_ort_rotary_embedding_matches_ort(tmp_path, spec):
 ], ids=str)
 def test_ort_rotary_embedding_mutations_are_refused(spec, reason):
     _refused(_rotary_model(**spec), "rope", "RotaryEmbedding", reason)
+
+
+def test_group_query_attention_is_refused_with_its_reason():
+    """onnxruntime-genai's GQA (packed QKV, rotary inside, seqlens_k from the mask's sums)."""
+    b = onnx.helper
+    heads, kv_heads, head_dim = 4, 2, 8
+    node = b.make_node("GroupQueryAttention", ["qkv", "", "", "past_k", "past_v", "seqlens_k", "total", "cos", "sin"],
+                       ["y", "present_k", "present_v"], domain=MS, num_heads=heads, kv_num_heads=kv_heads,
+                       do_rotary=1)
+    f32, i32 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT32
+    cache = ["batch", kv_heads, "past", head_dim]
+    graph = b.make_graph([node], "g", [
+        b.make_tensor_value_info("qkv", f32, ["batch", "seq", (heads + 2 * kv_heads) * head_dim]),
+        b.make_tensor_value_info("past_k", f32, cache), b.make_tensor_value_info("past_v", f32, cache),
+        b.make_tensor_value_info("seqlens_k", i32, ["batch"]), b.make_tensor_value_info("total", i32, [])],
+        [b.make_tensor_value_info("y", f32, ["batch", "seq", heads * head_dim])],
+        [numpy_helper.from_array(np.ones((32, head_dim // 2), np.float32), n) for n in ("cos", "sin")])
+    model = b.make_model(graph, opset_imports=[b.make_opsetid("", 17), b.make_opsetid(MS, 1)])
+    _refused(model, "attention", "GroupQueryAttention", "seqlens_k / total_sequence_length give per-row key counts")
