@@ -298,3 +298,24 @@ def test_group_query_attention_is_refused_with_its_reason():
         [numpy_helper.from_array(np.ones((32, head_dim // 2), np.float32), n) for n in ("cos", "sin")])
     model = b.make_model(graph, opset_imports=[b.make_opsetid("", 17), b.make_opsetid(MS, 1)])
     _refused(model, "attention", "GroupQueryAttention", "seqlens_k / total_sequence_length give per-row key counts")
+
+
+def test_residual_add_before_simplified_layer_norm_becomes_add_rms_norm(tmp_path):
+    """ORT leaves the residual Add in front of SimplifiedLayerNormalization when the sum is read
+    elsewhere (gemma's TorchScript export after the extended optimisation): AddRMSNorm, S = the sum."""
+    b = onnx.helper
+    f32 = onnx.TensorProto.FLOAT
+    nodes = [b.make_node("Add", ["a", "b"], ["sum"]),
+             b.make_node("SimplifiedLayerNormalization", ["sum", "w"], ["y"], epsilon=1e-6, axis=-1),
+             b.make_node("Mul", ["sum", "y"], ["out"])]
+    shape = ["batch", "seq", 16]
+    graph = b.make_graph(nodes, "g", [b.make_tensor_value_info(n, f32, shape) for n in ("a", "b")],
+                         [b.make_tensor_value_info("out", f32, shape)],
+                         [numpy_helper.from_array(np.linspace(0.5, 1.5, 16).astype(np.float32), "w")])
+    model = b.make_model(graph, opset_imports=[b.make_opsetid("", 17)])
+    model.ir_version = 9
+    src, out = tmp_path / "m.onnx", tmp_path / "m_fused.onnx"
+    onnx.save(model, src)
+    report = otfuse.fuse(src, out, only=["norm"])
+    assert report.fusions == {"AddRMSNorm": 1}, report.near_misses
+    assert otfuse.diff(src, out, dims={"batch": 2, "seq": 5}).ok

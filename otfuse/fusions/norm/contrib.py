@@ -4,7 +4,8 @@ re-targeted to the otfuse norm ops (docs/ops.md, "Re-targeted ops"):
 
     SkipLayerNormalization (com.microsoft)            -> AddLayerNorm  (bias: a plain Add in front)
     SkipSimplifiedLayerNormalization (com.microsoft)  -> AddRMSNorm
-    SimplifiedLayerNormalization (ORT's, default domain) -> RMSNorm
+    SimplifiedLayerNormalization (ORT's, default domain) -> RMSNorm, or AddRMSNorm with the
+                                                            residual Add in front of it
 
 Per ORT's schemas (ORT 1.32): the Skip ops normalise ``input + skip (+ bias)`` over the last axis,
 epsilon defaulting to 1e-12; output 3 (``input_skip_bias_sum``) is that sum, outputs 1 and 2 are
@@ -84,7 +85,11 @@ def _analyse(form: _ContribForm, ctx: RewriteContext, match: Match) -> Fusion:
     if not form.skip:
         axis = checks.trailing_axis([attr(node, "axis", -1)], graph.rank(x))
         checks.require_row_parameter(graph, match.value("scale"), x, axis, "scale")
-        call = form.op(X=x, scale=checks.row_parameter(graph, match.value("scale"), x, axis), Y=y,
+        named = {"X": x}
+        if match.has("residual"):  # Add(a, b) -> SimplifiedLayerNormalization: AddRMSNorm, the sum as S
+            checks.require_same_shape(graph, match.value("a"), match.value("b"))
+            named = {"A": match.value("a"), "B": match.value("b"), "S": x}
+        call = form.op(**named, scale=checks.row_parameter(graph, match.value("scale"), x, axis), Y=y,
                        epsilon=epsilon, axis=axis)
         return Fusion(call, match.covered, helpers)
     for position in _STATISTICS:
@@ -119,6 +124,9 @@ _SKIP_LAYER_NORM = op.SkipLayerNormalization(Var("x"), Var("skip"), Var("scale")
 _SKIP_SIMPLIFIED = op.SkipSimplifiedLayerNormalization(Var("x"), Var("skip"), Var("scale"), _optional("residual_bias"),
                                                        _domain=CONTRIB_DOMAIN, _bind="norm", _optional_tail=True)
 _SIMPLIFIED = op.SimplifiedLayerNormalization(Var("x"), Var("scale"), _bind="norm")
+# ORT leaves the residual Add in front when its sum is read elsewhere (no SkipSimplified then).
+_ADD_SIMPLIFIED = op.SimplifiedLayerNormalization(op.Add(Var("a"), Var("b"), _bind="residual", _as="x"), Var("scale"),
+                                                  _bind="norm")
 
 
 def _rule(name: str, form: _ContribForm, pattern) -> Rule:
@@ -132,6 +140,9 @@ RULES: list[Rule] = [
     _rule("AddRMSNorm(SkipSimplifiedLayerNormalization)",
           _ContribForm(ops.AddRMSNorm, SKIP_SIMPLIFIED_LAYER_NORMALIZATION_OP, ORT_SKIP_EPSILON, skip=True),
           _SKIP_SIMPLIFIED),
+    _rule("AddRMSNorm(SimplifiedLayerNormalization)",
+          _ContribForm(ops.AddRMSNorm, SIMPLIFIED_LAYER_NORMALIZATION_OP, ORT_SIMPLIFIED_EPSILON, skip=False),
+          _ADD_SIMPLIFIED),
     _rule("RMSNorm(SimplifiedLayerNormalization)",
           _ContribForm(ops.RMSNorm, SIMPLIFIED_LAYER_NORMALIZATION_OP, ORT_SIMPLIFIED_EPSILON, skip=False),
           _SIMPLIFIED),
