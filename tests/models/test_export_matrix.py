@@ -41,25 +41,12 @@ KINDS = COVERAGE.KINDS
 # variant -> why it does not fuse every site today: the first site kind short and otfuse's near miss for it
 # (or "no near miss reported", itself a bug: issue 10 wants every site left unfused in the report).
 XFAIL: dict[str, str] = {
-    'bloom/dynamo_nopos_dyn.unoptimised': 'attention 0/2 fused: no near miss reported',
     'bloom/dynamo_nopos_static': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
     'bloom/optimum_nopast': 'attention 0/2 fused: no near miss reported',
     'bloom/optimum_past': 'attention 0/2 fused: no near miss reported',
     'bloom/ts14_nopos_dyn': 'attention 0/2 fused: no near miss reported',
-    'bloom/ts14_nopos_static': 'attention 0/2 fused: no near miss reported',
     'bloom/ts17_nopos_dyn': 'attention 0/2 fused: no near miss reported',
-    'bloom/ts17_nopos_static': 'attention 0/2 fused: no near miss reported',
     'bloom/ts20_nopos_dyn': 'attention 0/2 fused: no near miss reported',
-    'bloom/ts20_nopos_static': 'attention 0/2 fused: no near miss reported',
-    'gptj/dynamo_pos_dyn.unoptimised': "rope 0/2 fused: RotaryEmbedding(interleaved): 'x' must be one value, but two different values meet here",
-    'gptj/optimum_nopast': 'attention 0/2 fused: RopeAttention(BSND): expected Cast, found Slice (/transformer/h.0/attn/Slice_12)',
-    'gptj/optimum_past': 'attention 0/2 fused: RopeAttention(BSND): expected Cast, found Slice (/transformer/h.0/attn/Slice_12)',
-    'llama/dynamo_nopos_static': "attention 0/2 fused: Attention: k 'expand_1' must have a known rank-4 shape, has (2, 2, 2, 7, 16)",
-    'llama/dynamo_pos_static': "attention 0/2 fused: Attention: k 'expand_1' must have a known rank-4 shape, has (2, 2, 2, 7, 16)",
-    'mistral/dynamo_nopos_static': "attention 0/2 fused: Attention: k 'expand_1' must have a known rank-4 shape, has (2, 2, 2, 7, 16)",
-    'mistral/dynamo_pos_static': "attention 0/2 fused: Attention: k 'expand_1' must have a known rank-4 shape, has (2, 2, 2, 7, 16)",
-    'qwen2/dynamo_nopos_static': "attention 0/2 fused: Attention: k 'expand_1' must have a known rank-4 shape, has (2, 2, 2, 7, 16)",
-    'qwen2/dynamo_pos_static': "attention 0/2 fused: Attention: k 'expand_1' must have a known rank-4 shape, has (2, 2, 2, 7, 16)",
 }
 
 
