@@ -29,7 +29,9 @@ class OpAllowList:
     For another ``domain`` (ORT's contrib ops, which have no ONNX schema), ``versions`` are the
     domain opsets modelled.
     ``attributes``: every attribute the rule models; a check (or None: the rule reads it itself).
-    ``inputs``: how many inputs are modelled; ``outputs``: how many outputs may be used."""
+    ``inputs``: how many inputs are modelled; ``outputs``: how many outputs may be used.
+    ``formals``: the op's input and output names, for ops whose schema the ``onnx`` package does
+    not know (ORT's contrib ops, domain ``com.microsoft``), so near misses name them."""
 
     op_type: str
     versions: frozenset[int]
@@ -39,6 +41,12 @@ class OpAllowList:
     domain: str = ""
     ort_builtin_below: int = 0
     notes: Mapping[str, str] = field(default_factory=dict)  # attribute -> why it is refused
+    formals: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())  # (inputs, outputs) by name
+
+
+# ORT's contrib ops (com.microsoft) have no schema in the onnx package; every one of them is at
+# version 1 of that domain, which is what models import.
+CONTRIB_DOMAIN = "com.microsoft"
 
 
 def only(*allowed) -> AttributeCheck:
@@ -64,6 +72,10 @@ def op_version(graph: GraphIndex, node: onnx.NodeProto, allow: OpAllowList) -> i
     label = f"{allow.op_type} (opset {opset})"
     if opset is None:
         raise Refuse(f"{label}: the model imports no opset for domain {allow.domain!r}")
+    if allow.domain == CONTRIB_DOMAIN:
+        if opset not in allow.versions:
+            raise Refuse(f"{label}: only versions {sorted(allow.versions)} of {CONTRIB_DOMAIN} are modelled")
+        return opset
     if allow.domain == "" and opset < allow.ort_builtin_below:
         return 0  # ORT's own op of that name (no ONNX schema): the rule models it as such
     if allow.domain not in ("", "ai.onnx"):
@@ -99,27 +111,27 @@ def require_allowed(graph: GraphIndex, node: onnx.NodeProto, allow: OpAllowList)
                 check(onnx.helper.get_attribute_value(attribute))
         except Refuse as refusal:
             raise Refuse(f"{allow.op_type} attribute {attribute.name!r} {refusal}") from None
-    schema = _schema(graph, allow)
+    inputs, outputs = _formals(graph, allow)
     for position, name in enumerate(node.input):
         if position >= allow.inputs and name:
-            raise Refuse(f"{allow.op_type} input {_formal(schema, 'inputs', position)} ({name!r}) is not modelled")
+            raise Refuse(f"{allow.op_type} input {_formal(inputs, position)} ({name!r}) is not modelled")
     for position, name in enumerate(node.output):
         if position >= allow.outputs and name and (graph.uses(name) or graph.is_graph_output(name)):
-            raise Refuse(f"{allow.op_type} output {_formal(schema, 'outputs', position)} ({name!r}) is used "
+            raise Refuse(f"{allow.op_type} output {_formal(outputs, position)} ({name!r}) is used "
                          f"but not modelled")
     return version
 
 
-def _schema(graph: GraphIndex, allow: OpAllowList):
+def _formals(graph: GraphIndex, allow: OpAllowList) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    if any(allow.formals):
+        return allow.formals
     try:
-        return onnx.defs.get_schema(allow.op_type, model_opset(graph, allow.domain) or 1, allow.domain)
+        schema = onnx.defs.get_schema(allow.op_type, model_opset(graph, allow.domain) or 1, allow.domain)
     except onnx.defs.SchemaError:
-        return None
+        return (), ()
+    return tuple(f.name for f in schema.inputs), tuple(f.name for f in schema.outputs)
 
 
-def _formal(schema, kind: str, position: int) -> str:
+def _formal(formals: tuple[str, ...], position: int) -> str:
     """The schema's name of an input or output (``qk_matmul_output``), else its position."""
-    formals = getattr(schema, kind, []) if schema is not None else []
-    if position < len(formals):
-        return formals[position].name
-    return f"#{position}"
+    return formals[position] if position < len(formals) else f"#{position}"

@@ -41,21 +41,12 @@ KINDS = COVERAGE.KINDS
 # variant -> why it does not fuse every site today: the first site kind short and otfuse's near miss for it
 # (or "no near miss reported", itself a bug: issue 10 wants every site left unfused in the report).
 XFAIL: dict[str, str] = {
-    'bert/dynamo_pos_dyn.ort_extended': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
-    'bloom/dynamo_nopos_dyn.ort_extended': 'attention 0/2 fused: Attention(flat heads, ALiBi): expected MatMul, found Reshape (node_view)',
     'bloom/dynamo_nopos_static': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
     'bloom/optimum_nopast': 'attention 0/2 fused: no near miss reported',
     'bloom/optimum_past': 'attention 0/2 fused: no near miss reported',
     'bloom/ts14_nopos_dyn': 'attention 0/2 fused: no near miss reported',
     'bloom/ts17_nopos_dyn': 'attention 0/2 fused: no near miss reported',
     'bloom/ts20_nopos_dyn': 'attention 0/2 fused: no near miss reported',
-    'gpt2/dynamo_pos_dyn.ort_extended': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
-    'gpt_neox/dynamo_pos_dyn.ort_extended': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
-    'gptj/dynamo_pos_dyn.ort_extended': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
-    'llama/dynamo_pos_dyn.ort_extended': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
-    'mistral/dynamo_pos_dyn.ort_extended': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
-    'phi/dynamo_pos_dyn.ort_extended': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
-    'qwen2/dynamo_pos_dyn.ort_extended': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
 }
 
 

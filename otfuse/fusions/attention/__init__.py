@@ -8,6 +8,8 @@ when the rope family's q/k rotation feeds only that attention (contract in docs/
     keys_transposed.py  layouts of keys the graph holds transposed (GPT-2's permute, inputs, caches)
     flat_heads.py       heads merged into the batch with an ALiBi bias (BLOOM)
     onnx_op.py          the ONNX Attention op (opset 23), re-targeted
+    contrib.py          ORT's MultiHeadAttention (com.microsoft), re-targeted
+    fused_matmul.py     ORT's FusedMatMul as the chain's scores (alpha joins the scale)
     fold_rope.py        the pass that folds a rotation into any Attention that reads it
     masks.py            which masks are causal / window / padding, proven by running them
 
@@ -18,7 +20,7 @@ probabilities to float32, copies in a float32 model.
 """
 
 from otfuse.canonicalise import NoOpsPass, ShapeReadsPass
-from otfuse.fusions.attention import flat_heads, fold_rope, keys_transposed, onnx_op, sdpa
+from otfuse.fusions.attention import contrib, flat_heads, fold_rope, keys_transposed, onnx_op, sdpa
 from otfuse.rewriter.family import Family
 from otfuse.rewriter.passes import RulePass
 from otfuse.rewriter.sites import SiteSignature
@@ -33,7 +35,7 @@ def _scores_softmax(scan, node) -> bool:
 
 FAMILY = Family(
     name="attention",
-    passes=(RulePass([*sdpa.RULES, *flat_heads.RULES, *keys_transposed.RULES]), RulePass(onnx_op.RULES),
+    passes=(RulePass([*sdpa.RULES, *flat_heads.RULES, *keys_transposed.RULES]), RulePass([*onnx_op.RULES, *contrib.RULES]),
             RulePass(fold_rope.RULES)),
     emits=("Attention", "RopeAttention"),
     canonicalise=(NoOpsPass(), ShapeReadsPass()),

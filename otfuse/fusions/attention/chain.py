@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from otfuse.domain import OP_DOMAIN
+from otfuse.fusions.attention.fused_matmul import fused_scores
 from otfuse.rewriter.pattern import ANY, Const, Either, Var, op
 from otfuse.rewriter.refuse import Refuse
 from otfuse.rewriter.spellings import unsqueeze
@@ -110,8 +111,10 @@ def _probabilities(scores):
 def sdpa_chain(q, k, v=None, keys_t=None):
     """The chain; ``keys_t`` replaces Kᵀ (= the transpose of repeat_kv(k)) when the keys come
     already transposed."""
+    keys = None if keys_t is not None else repeat_kv(k, "k")  # for ORT's FusedMatMul(transB=1)
     keys_t = keys_t if keys_t is not None else _transposed(k)
-    scores = op.MatMul(scaled(q, "q"), scaled(keys_t, "kt"), _bind="qk")
+    scores = Either(op.MatMul(scaled(q, "q"), scaled(keys_t, "kt"), _bind="qk"),
+                    *fused_scores(scaled(q, "q"), scaled(keys_t, "kt"), keys))
     probs = _probabilities(_soft_capped(scaled(scores, "scores")))
     guarded = Either(op.Where(op.IsNaN(probs), Const("nan_fill"), probs, _bind="nan_guard"), probs)
     out = op.MatMul(guarded, repeat_kv(v if v is not None else with_cache("v"), "v"), _bind="pv")

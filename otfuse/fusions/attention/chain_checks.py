@@ -10,6 +10,7 @@ import math
 import numpy as np
 import onnx
 
+from otfuse.fusions.attention.fused_matmul import fused_alpha
 from otfuse.fusions.attention.masks import classify_bool_mask, classify_mask
 from otfuse.rewriter import checks
 from otfuse.rewriter.builder import Helpers, Value
@@ -40,8 +41,9 @@ def _scalar(graph: GraphIndex, match: Match, name: str) -> float:
 
 
 def scale(graph: GraphIndex, match: Match) -> float:
-    """The product of the scale constants the chain multiplies by (and divides by)."""
-    value = 1.0
+    """The product of the scale constants the chain multiplies by (and divides by), and the
+    alpha of ORT's FusedMatMul when it computes the scores."""
+    value = fused_alpha(graph, match)
     for tag in ("q", "kt", "scores"):
         if match.has(f"{tag}_mul"):
             value *= _scalar(graph, match, f"{tag}_mul")

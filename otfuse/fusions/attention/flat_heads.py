@@ -9,6 +9,7 @@ from __future__ import annotations
 from otfuse import ops
 from otfuse.fusions.attention import chain_checks as chain
 from otfuse.fusions.attention.chain import scaled
+from otfuse.fusions.attention.fused_matmul import fused_alpha, fused_scores
 from otfuse.rewriter import checks
 from otfuse.rewriter.builder import Helpers
 from otfuse.rewriter.pattern import Either, Match, Var, op
@@ -25,7 +26,9 @@ def _merged_heads(tag: str):
 
 def _flat_attention():
     keys_t = op.Transpose(_merged_heads("k"), perm=[0, 2, 1], _bind="k_transpose3")
-    scores = scaled(op.MatMul(scaled(_merged_heads("q"), "q"), keys_t, _bind="qk"), "scores")
+    query = scaled(_merged_heads("q"), "q")
+    scores = scaled(Either(op.MatMul(query, keys_t, _bind="qk"), *fused_scores(query, keys_t, _merged_heads("k"))),
+                    "scores")
     biased = Either(op.Add(scores, Var("alibi")), scores)
     scores4 = op.Reshape(biased, Var("scores_shape"), _bind="scores_unflat")
     probs = op.Softmax(Either(op.Add(scores4, Var("mask")), scores4), _bind="softmax")
@@ -60,6 +63,7 @@ def _analyse(ctx: RewriteContext, match: Match) -> Fusion:
     fused node's attn_bias is the ALiBi as [B, N, 1, Skv] (+ the mask): one bias, as the graph
     added both."""
     graph = ctx.graph
+    fused_alpha(graph, match)  # ORT's FusedMatMul as the scores: its allow-list first
     q, k, v = match.value("q"), match.value("k"), match.value("v")
     dims = ctx.dims(q="B N Sq D", k="_ Nk Skv Dk", v="_ Nv Sv Dv")
     checks.require_static(heads=dims["N"], head_size=dims["D"], kv_heads=dims["Nk"], v_head_size=dims["Dv"])

@@ -23,6 +23,7 @@ from functools import partial
 from otfuse import ops
 from otfuse.fusions.attention import chain_checks as chain
 from otfuse.fusions.attention.chain import rope_keys, rope_pair, sdpa_chain, to_bnsd, with_cache
+from otfuse.fusions.attention.fused_matmul import fused_alpha
 from otfuse.rewriter import checks
 from otfuse.rewriter.builder import Fresh, Helpers, OutputName
 from otfuse.rewriter.dim_binder import Dims
@@ -148,6 +149,7 @@ def _attributes(ctx: RewriteContext, layout: Layout, match: Match, dims: Dims) -
 def analyse_sdpa(layout: Layout, ctx: RewriteContext, match: Match) -> Fusion:
     if layout.candidate is not None:
         layout.candidate(ctx, match)
+    fused_alpha(ctx.graph, match)  # ORT's FusedMatMul as the scores: its allow-list first, for every layout
     dims = _bind_dims(ctx, layout, match)
     _check_chain(ctx, layout, match, dims)
     attributes_ = _attributes(ctx, layout, match, dims)

@@ -1,7 +1,8 @@
 """The norm family: RMSNorm, LayerNorm and their residual-Add forms, spelled out or as the ONNX
-LayerNormalization / RMSNormalization ops (rules.py; contract in docs/ops.md)."""
+LayerNormalization / RMSNormalization ops (rules.py), or as ORT's (Skip)(Simplified)LayerNormalization
+(contrib.py; contract in docs/ops.md)."""
 
-from otfuse.fusions.norm import rules
+from otfuse.fusions.norm import contrib, rules
 from otfuse.rewriter.family import Family
 from otfuse.rewriter.passes import RulePass
 from otfuse.rewriter.sites import SiteSignature
@@ -19,7 +20,7 @@ def _squared_mean(scan, node) -> bool:
 
 FAMILY = Family(
     name="norm",
-    passes=(RulePass(rules.RULES),),
+    passes=(RulePass([*rules.RULES, *contrib.RULES]),),
     emits=("RMSNorm", "AddRMSNorm", "LayerNorm", "AddLayerNorm"),
     sites=(
         SiteSignature("a normalisation op", frozenset({

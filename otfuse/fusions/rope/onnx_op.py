@@ -96,7 +96,12 @@ def _full_table(helpers: Helpers, match: Match, name: str, geometry: dict, bnsd:
 
 
 def _analyse(ctx: RewriteContext, match: Match) -> Fusion:
-    geometry = _geometry(ctx.graph, match)
+    return rotation_fusion(match, _geometry(ctx.graph, match))
+
+
+def rotation_fusion(match: Match, geometry: dict) -> Fusion:
+    """The fused rotation of a half-width-table op (this one, ORT's contrib op): full-width tables
+    by plain nodes, a 3-D X viewed as [B, S, N, D] around the node."""
     root = match.root
     helpers = Helpers(root)
     bnsd = geometry["rank"] == 4

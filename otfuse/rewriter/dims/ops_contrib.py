@@ -44,11 +44,13 @@ def _norm_stats(shape, axis: int):
 
 @handles("SkipLayerNormalization", "SkipSimplifiedLayerNormalization", domain=MS)
 def _skip_layer_norm(ctx: NodeContext):
-    """output, mean, inv_std_var, input_skip_bias_sum: the input's shape (skip has it too)."""
+    """output, mean, inv_std_var, input_skip_bias_sum: the input's shape. ORT broadcasts a skip
+    of (1, S, H) or (S, H) over the batch, so only the skip's dims that are not 1 equal the input's."""
     shape, skip = ctx.shape(0), ctx.shape(1)
     if shape is not None and skip is not None and len(shape) == len(skip):
         for have, want in zip(shape, skip):
-            ctx.learn(have, want)
+            if want != E.ONE:
+                ctx.learn(have, want)
     stats = _norm_stats(shape, -1)
     return [(ctx.elem(0), shape, None), (1, stats, None), (1, stats, None), (ctx.elem(0), shape, None)]
 
@@ -64,3 +66,41 @@ def _simplified_layer_norm(ctx: NodeContext):
 @handles("RotaryEmbedding", domain=MS)
 def _rotary(ctx: NodeContext):
     return [(ctx.elem(0), ctx.shape(0), None)]
+
+
+@handles("MultiHeadAttention", domain=MS)
+def _multi_head_attention(ctx: NodeContext):
+    """3-D query [B, S, N*D] and value [B, L, N*Dv]: output [B, S, N*Dv]; present_key/value BNSD
+    (their lengths not followed); the packed forms are left unknown."""
+    query, value = ctx.shape(0), ctx.shape(2) if ctx.has(2) else None
+    out = None
+    if query is not None and value is not None and len(query) == 3 and len(value) == 3:
+        out = (query[0], query[1], value[2])
+    return [(ctx.elem(0), out, None), (ctx.elem(0), None, None), (ctx.elem(0), None, None)]
+
+
+@handles("GroupQueryAttention", domain=MS)
+def _group_query_attention(ctx: NodeContext):
+    """output [B, S, N*D]: the query's shape when key and value are given (else packed QKV, whose
+    last dim is (N + 2 Nkv) * D)."""
+    query = ctx.shape(0)
+    heads, kv_heads = ctx.attr("num_heads", 0), ctx.attr("kv_num_heads", 0)
+    out = None
+    if query is not None and len(query) == 3:
+        if ctx.has(1):
+            out = query
+        elif heads and kv_heads and query[2].is_const and query[2].value % (heads + 2 * kv_heads) == 0:
+            out = (query[0], query[1], E.const(query[2].value // (heads + 2 * kv_heads) * heads))
+    return [(ctx.elem(0), out, None), (ctx.elem(0), None, None), (ctx.elem(0), None, None)]
+
+
+@handles("EmbedLayerNormalization", domain=MS)
+def _embed_layer_norm(ctx: NodeContext):
+    """output and embedding_sum [B, S, H] (input_ids [B, S], word_embedding [vocab, H]); mask_index [B]."""
+    ids, words = ctx.shape(0), ctx.shape(2)
+    out = None
+    if ids is not None and words is not None and len(ids) == 2 and len(words) == 2:
+        out = (ids[0], ids[1], words[1])
+    mask_index = (ids[0],) if ids is not None and len(ids) == 2 else None
+    int32 = 6  # TensorProto.INT32
+    return [(ctx.elem(2), out, None), (int32, mask_index, None), (ctx.elem(2), out, None)]
