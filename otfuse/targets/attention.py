@@ -1,0 +1,198 @@
+"""Attention-family ops as ORT's ``com.microsoft.MultiHeadAttention`` and ONNX's ``Attention`` (opset 23).
+
+Both emitters put Q in the op's layout and K / V in BNSD, concatenate the past themselves
+(``present_*`` are then exactly otfuse's), and write the masks as the op's mask input:
+- visibility by otfuse's rules (docs/ops.md, "Masks"): query row ``i`` at position
+  ``t = Skv - Sq + i`` sees key ``j`` iff ``j <= t`` (causal), ``t - window < j`` (window) and
+  ``key_padding_mask[b, j] != 0``;
+- ``empty_rows = "uniform"``: an additive mask, ``0`` where visible and a finite minimum ``c``
+  elsewhere, so a row that sees no key is uniform over all keys, as otfuse's op and the exporter's
+  ``finfo.min`` mask compute (``c`` = ``finfo(T).min``; ``-1e30`` in float32, as ORT's Attention
+  zeroes rows that are exactly ``finfo(float32).min``, measured with ORT 1.32);
+- ``empty_rows = "zero"``: ONNX's boolean mask, whose fully masked rows are 0 (the ONNX spec);
+  ORT's ops have no such mask, so only where no row can be empty (no padding mask, ``Sq`` = the new
+  keys' length).
+An additive ``attn_bias`` is passed as the mask when no other mask is set. Grouped heads: ONNX's op
+takes them; ORT's MultiHeadAttention needs ``Nkv = N``, so K and V are repeated per query head
+(a copy; ``present_*`` keep ``Nkv`` heads). ``softcap``: ONNX's op (applied before the mask, as
+otfuse's); ORT's MultiHeadAttention has none.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from otfuse.rewriter.checks import dims_equal, type_name
+from otfuse.targets import rope
+from otfuse.targets.build import MS_DOMAIN, CannotExpress, Emitter
+from otfuse.targets.call import FusedCall
+
+_NP = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16}
+
+
+def _fill(elem_type: int):
+    """The finite minimum of an additive mask of ``elem_type``."""
+    if elem_type == onnx.TensorProto.FLOAT:
+        return np.float32(-1e30)
+    if elem_type == onnx.TensorProto.FLOAT16:
+        return np.float16(np.finfo(np.float16).min)
+    raise CannotExpress(f"an additive mask of type {type_name(elem_type)}")
+
+
+def _bnsd(em: Emitter, value: str, layout: str, heads: int, like: str) -> str:
+    """``value`` (shaped as ``like``, in ``layout``) as 4-D BNSD."""
+    rank = em.graph.rank(like)
+    if layout == "BNSD":
+        return value
+    if rank == 3:
+        value = em.op1("Reshape", [value, em.ints([0, 0, heads, -1])])
+    return em.op1("Transpose", [value], perm=[0, 2, 1, 3])
+
+
+def _visible(em: Emitter, call: FusedCall, q: str, kall: str) -> str | None:
+    """The bool ``[B or 1, 1, Sq, Skv]`` of the keys each query row sees, or None (all)."""
+    a = call.attributes
+    parts = []
+    if a["causal"] or a["window"]:
+        sq, skv = em.dim_range(q, 2, 3), em.dim_range(kall, 2, 3)
+        zero, one = em.constant(np.int64(0)), em.constant(np.int64(1))
+        sq0, skv0 = (em.op1("Squeeze", [v, em.ints([0])]) for v in (sq, skv))
+        rows = em.op1("Add", [em.op1("Range", [zero, sq0, one]), em.op1("Sub", [skv0, sq0])])
+        rows = em.op1("Unsqueeze", [rows, em.ints([1])])
+        cols = em.op1("Unsqueeze", [em.op1("Range", [zero, skv0, one]), em.ints([0])])
+        parts.append(em.op1("LessOrEqual", [cols, rows]))
+        if a["window"]:
+            parts.append(em.op1("Greater", [cols, em.op1("Sub", [rows, em.constant(np.int64(a["window"]))])]))
+    band = None
+    for part in parts:
+        band = part if band is None else em.op1("And", [band, part])
+    if band is not None:
+        band = em.op1("Unsqueeze", [band, em.ints([0, 1])])
+    kpm = call.input("key_padding_mask")
+    if kpm:
+        padded = em.op1("Unsqueeze", [em.op1("Cast", [kpm], to=onnx.TensorProto.BOOL), em.ints([1, 2])])
+        band = padded if band is None else em.op1("And", [band, padded])
+    return band
+
+
+def _mask(em: Emitter, call: FusedCall, q: str, kall: str, elem_type: int, target: str) -> str:
+    """The op's mask input ("" for none): additive in ``elem_type``, or bool (ONNX, empty rows 0)."""
+    a = call.attributes
+    bias = call.input("attn_bias")
+    visible = _visible(em, call, q, kall)
+    if bias:
+        if visible is not None:
+            raise CannotExpress("an additive bias together with causal / window / padding masks")
+        if em.graph.elem_type(bias) != elem_type:
+            raise CannotExpress(f"the bias {bias!r} is {type_name(em.graph.elem_type(bias))}, the attention "
+                                f"{type_name(elem_type)}")
+        if a["empty_rows"] != "uniform":
+            raise CannotExpress("a bias whose fully masked rows otfuse outputs as 0 (empty_rows = 'zero')")
+        return bias
+    if visible is None:
+        return ""
+    if a["empty_rows"] == "zero":
+        if target == "onnx":
+            return visible
+        seq = 2 if a["layout"] == "BNSD" else 1
+        q_len, k_len = (em.graph.shape(call.input(v))[seq] if em.graph.shape(call.input(v)) else None for v in "QK")
+        if call.input("key_padding_mask") or q_len is None or not dims_equal(q_len, k_len):
+            raise CannotExpress("rows that see no key output as 0 (empty_rows = 'zero'): MultiHeadAttention's "
+                                "additive mask averages them")
+    fill = _fill(elem_type)
+    return em.op1("Where", [visible, em.constant(np.asarray(0, dtype=fill.dtype)), em.constant(fill)])
+
+
+def _keys(em: Emitter, call: FusedCall, k: str, heads: int) -> tuple[str, str, str, str]:
+    """(K, V in BNSD with the past in front, and the same new K / V in BNSD), writing present_*."""
+    layout = call.attributes["layout"]
+    k4, v4 = _bnsd(em, k, layout, heads, call.input("K")), _bnsd(em, call.input("V"), layout, heads, call.input("V"))
+    kall, vall = k4, v4
+    if call.input("past_key"):
+        kall = em.op1("Concat", [call.input("past_key"), k4], call.output("present_key") or None, axis=2)
+        vall = em.op1("Concat", [call.input("past_value"), v4], call.output("present_value") or None, axis=2)
+    else:
+        if call.output("present_key"):
+            em.op1("Identity", [k4], call.output("present_key"))
+        if call.output("present_value"):
+            em.op1("Identity", [v4], call.output("present_value"))
+    return kall, vall, k4, v4
+
+
+def _output(em: Emitter, call: FusedCall, y: str, y_layout: str, heads: int) -> None:
+    """Write ``y`` (``y_layout``: "BNSD" 4-D, or "BSH" 3-D) as the node's Y."""
+    want, rank = call.attributes["output_layout"], em.graph.rank(call.output("Y"))
+    target = call.output("Y")
+    if y_layout == "BNSD":
+        if want == "BNSD":
+            em.op1("Identity", [y], target)
+            return
+        t = em.op1("Transpose", [y], perm=[0, 2, 1, 3])
+        em.op1("Reshape", [t, em.ints([0, 0, -1])], target) if rank == 3 else em.op1("Identity", [t], target)
+        return
+    if want == "BSND" and rank == 3:
+        em.op1("Identity", [y], target)
+        return
+    four = em.op1("Reshape", [y, em.ints([0, 0, heads, -1])])
+    em.op1("Transpose", [four], target, perm=[0, 2, 1, 3]) if want == "BNSD" else em.op1("Identity", [four], target)
+
+
+def _repeat_heads(em: Emitter, value: str, groups: int, heads: int) -> str:
+    if groups == 1:
+        return value
+    wide = em.op1("Unsqueeze", [value, em.ints([2])])
+    shape = em.op1("Concat", [em.dim_range(value, 0, 2), em.ints([groups]), em.dim_range(value, 2, 4)], axis=0)
+    wide = em.op1("Expand", [wide, shape])
+    return em.op1("Reshape", [wide, em.op1("Concat", [em.dim_range(value, 0, 1), em.ints([heads, -1]),
+                                                       em.dim_range(value, 3, 4)], axis=0)])
+
+
+def _attend(em: Emitter, call: FusedCall, q: str, k: str, target: str) -> None:
+    a = call.attributes
+    heads, kv_heads = a["num_heads"], a["kv_num_heads"]
+    elem_type = em.graph.elem_type(call.input("Q"))
+    if a["scale"] < 0:
+        raise CannotExpress(f"scale {a['scale']}")
+    scale = float(a["scale"]) if a["scale"] else None
+    kall, vall, _, _ = _keys(em, call, k, heads=kv_heads)
+    q4 = _bnsd(em, q, a["layout"], heads, call.input("Q"))
+    mask = _mask(em, call, q4, kall, elem_type, target)
+    if target == "onnx":
+        y = em.op1("Attention", [q4, kall, vall] + ([mask] if mask else []), opset=23, scale=scale,
+                   softcap=float(a["softcap"]) if a["softcap"] else None)
+        _output(em, call, y, "BNSD", heads)
+        return
+    if a["softcap"]:
+        raise CannotExpress(f"softcap {a['softcap']} (MultiHeadAttention has no soft-capping)")
+    q3 = em.op1("Reshape", [em.op1("Transpose", [q4], perm=[0, 2, 1, 3]), em.ints([0, 0, -1])])
+    kh, vh = (_repeat_heads(em, v, heads // kv_heads, heads) for v in (kall, vall))
+    inputs = [q3, kh, vh, "", "", mask] if mask else [q3, kh, vh]
+    y = em.op1("MultiHeadAttention", inputs, domain=MS_DOMAIN, opset=1, num_heads=heads, scale=scale)
+    _output(em, call, y, "BSH", heads)
+
+
+def _rotation_call(call: FusedCall) -> FusedCall:
+    a = call.attributes
+    return FusedCall("RotaryEmbedding", {"cos": call.input("cos"), "sin": call.input("sin")}, {},
+                     {"mode": a["rotary_mode"], "rotary_dim": a["rotary_dim"], "sections": a["rotary_sections"]},
+                     call.node)
+
+
+def _plain(target: str):
+    def emit(em: Emitter, call: FusedCall) -> None:
+        _attend(em, call, call.input("Q"), call.input("K"), target)
+    return emit
+
+
+def _with_rope(target: str):
+    def emit(em: Emitter, call: FusedCall) -> None:
+        rotation = _rotation_call(call)
+        q = rope.rotate(em, rotation, call.input("Q"), target)
+        k = rope.rotate(em, rotation, call.input("K"), target)
+        _attend(em, call, q, k, target)
+    return emit
+
+
+ORT = {"Attention": _plain("ort"), "RopeAttention": _with_rope("ort")}
+ONNX = {"Attention": _plain("onnx"), "RopeAttention": _with_rope("onnx")}
