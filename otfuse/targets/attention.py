@@ -73,7 +73,11 @@ def _visible(em: Emitter, call: FusedCall, q: str, kall: str) -> str | None:
     if kpm:
         padded = em.op1("Unsqueeze", [em.op1("Cast", [kpm], to=onnx.TensorProto.BOOL), em.ints([1, 2])])
         band = padded if band is None else em.op1("And", [band, padded])
-    return band
+    if band is None:
+        return None
+    # Both ops want the mask's query axis to be Sq, not a broadcast 1.
+    rows = em.op1("Concat", [em.ints([1, 1]), em.dim_range(q, 2, 3), em.dim_range(kall, 2, 3)], axis=0)
+    return em.op1("Expand", [band, rows])
 
 
 def _mask(em: Emitter, call: FusedCall, q: str, kall: str, elem_type: int, target: str) -> str:
@@ -87,8 +91,11 @@ def _mask(em: Emitter, call: FusedCall, q: str, kall: str, elem_type: int, targe
         if em.graph.elem_type(bias) != elem_type:
             raise CannotExpress(f"the bias {bias!r} is {type_name(em.graph.elem_type(bias))}, the attention "
                                 f"{type_name(elem_type)}")
-        if a["empty_rows"] != "uniform":
-            raise CannotExpress("a bias whose fully masked rows otfuse outputs as 0 (empty_rows = 'zero')")
+        # A row whose every key the bias masks with -inf: ONNX's Attention outputs 0 (the spec), as
+        # empty_rows = "zero"; the mean of "uniform" has no such mask, nor has MultiHeadAttention.
+        if a["empty_rows"] != "zero" or target != "onnx":
+            raise CannotExpress(f"an additive bias with empty_rows = {a['empty_rows']!r} (rows the bias masks "
+                                f"entirely: otfuse's op outputs {'0' if a['empty_rows'] == 'zero' else 'the mean of V'})")
         return bias
     if visible is None:
         return ""

@@ -77,9 +77,27 @@ def _duplicated(graph, value: str, mode: str, r: int, depth: int = 16) -> bool:
     if op == "Gather" and _last_axis(node, graph.rank(node.input[0])):
         indices = graph.constant_value(node.input[1])
         return indices is not None and np.ndim(indices) == 1 and _lanes_equal(np.asarray(indices), mode, r)
+    if op == "Reshape" and _merges_copies(graph, node, mode, r):
+        return True
     if op in _KEEPS_LANES and _keeps_last_axis(graph, node):
         return _duplicated(graph, node.input[0], mode, r, depth - 1)
     return False
+
+
+def _merges_copies(graph, node: onnx.NodeProto, mode: str, r: int) -> bool:
+    """``Reshape`` of ``[..., r/2, 2]`` (interleaved) or ``[..., 2, r/2]`` (half) into ``[..., r]``,
+    whose axis of 2 is an ``Expand`` of 1: torch's ``repeat_interleave`` / ``repeat`` of a table."""
+    source, out = graph.shape(node.input[0]), graph.shape(node.output[0])
+    if not source or not out or len(source) < 2 or out[-1] != r:
+        return False
+    axis = -1 if mode == "interleaved" else -2
+    if source[axis] != 2 or source[-1 - (axis == -1)] * 2 != r:
+        return False
+    expand = graph.producer.get(node.input[0])
+    if expand is None or expand.op_type != "Expand":
+        return False
+    inner = graph.shape(expand.input[0])
+    return inner is not None and len(inner) >= -axis and inner[axis] == 1
 
 
 def _broadcast_lanes(graph, name: str) -> bool:
