@@ -10,8 +10,9 @@ for the residual forms.
 
 Both normalisations compute in float32 (``stash_type = 1``). A float32 scale with a float16 /
 bfloat16 input is kept float32 where the op lets its output take the scale's type
-(SimplifiedLayerNormalization, RMSNormalization: ``Y`` is then float32, cast to the input's type
-once, as the otfuse op rounds once); the LayerNorm ops want one type and refuse it.
+(SimplifiedLayerNormalization: ``Y`` is then float32, cast to the input's type once, as the otfuse
+op rounds once; RMSNormalization, which ORT runs with one type only, reads the input widened to
+float32, exactly); the LayerNorm ops want one type and refuse it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def _rms(em: Emitter, call: FusedCall, x: str, y: str, op_type: str, opset: int)
     if ts == tx:
         em.op(op_type, [x, scale], [y], **kw)
         return
+    if op_type == "RMSNormalization":  # ORT runs the ONNX op with one type only: widen X (exact)
+        x = em.cast(x, ts)
     wide = em.op1(op_type, [x, scale], **kw)  # Y takes the scale's type (float32): round once
     em.op1("Cast", [wide], y, to=tx)
 
