@@ -170,13 +170,52 @@ def _attend(em: Emitter, call: FusedCall, q: str, k: str, target: str) -> None:
                    softcap=float(a["softcap"]) if a["softcap"] else None)
         _output(em, call, y, "BNSD", heads)
         return
+    q3 = _merged_heads(em, q4)
+    if _group_query_fits(em, call):
+        _group_query(em, call, q3, kall, vall, mask, scale)
+        return
     if a["softcap"]:
-        raise CannotExpress(f"softcap {a['softcap']} (MultiHeadAttention has no soft-capping)")
-    q3 = em.op1("Reshape", [em.op1("Transpose", [q4], perm=[0, 2, 1, 3]), em.ints([0, 0, -1])])
+        raise CannotExpress(f"softcap {a['softcap']} with a KV cache or queries not as long as the new keys "
+                            f"(MultiHeadAttention has no soft-capping; GroupQueryAttention reads no past here)")
     kh, vh = (_repeat_heads(em, v, heads // kv_heads, heads) for v in (kall, vall))
     inputs = [q3, kh, vh, "", "", mask] if mask else [q3, kh, vh]
     y = em.op1("MultiHeadAttention", inputs, domain=MS_DOMAIN, opset=1, num_heads=heads, scale=scale)
     _output(em, call, y, "BSH", heads)
+
+
+def _merged_heads(em: Emitter, bnsd: str) -> str:
+    """``[B, N, S, D]`` as ``[B, S, N*D]``."""
+    return em.op1("Reshape", [em.op1("Transpose", [bnsd], perm=[0, 2, 1, 3]), em.ints([0, 0, -1])])
+
+
+def _group_query_fits(em: Emitter, call: FusedCall) -> bool:
+    """GroupQueryAttention (no causal skipping: ``causal = 0``, every mask in ``attention_bias``) is
+    used where MultiHeadAttention would need copies or has no softcap: grouped heads or softcap,
+    without a past (its past with several queries wants batch 1), queries as long as the keys (its
+    query and key share ``sequence_length``) and values of the keys' head size."""
+    a = call.attributes
+    if not (a["softcap"] or a["kv_num_heads"] != a["num_heads"]) or call.input("past_key"):
+        return False
+    seq = 2 if a["layout"] == "BNSD" else 1
+    shapes = [em.graph.shape(call.input(n)) for n in "QKV"]
+    if any(s is None or len(s) != 4 for s in shapes):
+        return False
+    return dims_equal(shapes[0][seq], shapes[1][seq]) and dims_equal(shapes[1][-1], shapes[2][-1])
+
+
+def _group_query(em: Emitter, call: FusedCall, q3: str, k4: str, v4: str, mask: str, scale) -> None:
+    """``seqlens_k`` = S - 1 for every batch row and ``total_sequence_length`` = S: no padding as
+    GroupQueryAttention sees it (padding is in ``attention_bias``, as every other mask)."""
+    a = call.attributes
+    keys = em.dim_range(k4, 2, 3)
+    int32 = onnx.TensorProto.INT32
+    lengths = em.op1("Expand", [em.cast(em.op1("Sub", [keys, em.ints([1])]), int32), em.dim_range(q3, 0, 1)])
+    total = em.cast(em.op1("Squeeze", [keys, em.ints([0])]), int32)
+    inputs = [q3, _merged_heads(em, k4), _merged_heads(em, v4), "", "", lengths, total, "", "", "", mask]
+    y = em.op1("GroupQueryAttention", inputs if mask else inputs[:7], domain=MS_DOMAIN, opset=1,
+               num_heads=a["num_heads"], kv_num_heads=a["kv_num_heads"], causal=0, scale=scale,
+               softcap=float(a["softcap"]) if a["softcap"] else None)
+    _output(em, call, y, "BSH", a["num_heads"])
 
 
 def _rotation_call(call: FusedCall) -> FusedCall:

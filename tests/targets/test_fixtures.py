@@ -24,8 +24,6 @@ TARGETS = ("ort", "onnx")
 REFUSED = {
     ("bloom", "ort"): "an additive bias together with causal / window / padding masks",
     ("bloom", "onnx"): "an additive bias together with causal / window / padding masks",
-    ("gemma2", "ort"): "softcap 5.0 (MultiHeadAttention has no soft-capping)",
-    ("legacy_kt_softcap", "ort"): "softcap 2.0 (MultiHeadAttention has no soft-capping)",
     ("legacy_where_causal", "ort"): "an additive bias with empty_rows = 'zero'",
     ("meta_rope_causal", "ort"): "an additive bias with empty_rows = 'zero'",
     ("llama_opset23", "ort"): "rows that see no key output as 0 (empty_rows = 'zero')",
