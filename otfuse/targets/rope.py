@@ -146,41 +146,89 @@ def _half_table(em: Emitter, table: str, mode: str, r: int, layout: str, x: str)
     return em.op1("Squeeze", [em.op1("Expand", [half, target]), em.ints([squeeze])])
 
 
-def _check(em: Emitter, call: FusedCall, x: str) -> tuple[str, int, int]:
-    a = call.attributes
-    if a["sections"]:
-        raise CannotExpress(f"rotary sections {list(a['sections'])} (one rotation per section)")
+def _check_types(em: Emitter, call: FusedCall, x: str) -> int:
+    """The static head size of ``x``, after checking the tables have ``x``'s type."""
     xs = em.graph.shape(x)
     d = xs[-1] if xs else None
     if not isinstance(d, int):
         raise CannotExpress(f"the head size of {x!r} is not static")
-    r = a["rotary_dim"] or d
     tx = em.graph.elem_type(x)
     for table in (call.input("cos"), call.input("sin")):
         if em.graph.elem_type(table) != tx:
             raise CannotExpress(f"the table {table!r} is {type_name(em.graph.elem_type(table))}, the input "
                                 f"{type_name(tx)} (the target op takes tables of the input's type)")
-        if not _duplicated(em.graph, table, a["mode"], r):
-            lanes = "halves" if a["mode"] == "half" else "lane pairs"
-            raise CannotExpress(f"the table {table!r} is not provably two equal {lanes} (the target op takes "
-                                f"the half-width table)")
-    return a["mode"], r, d
+    return d
+
+
+def _require_duplicated(em: Emitter, table: str, mode: str, r: int, proven: bool | None = None) -> None:
+    if not (_duplicated(em.graph, table, mode, r) if proven is None else proven):
+        lanes = "halves" if mode == "half" else "lane pairs"
+        raise CannotExpress(f"the table {table!r} is not provably two equal {lanes} (the target op takes "
+                            f"the half-width table)")
 
 
 def _rotate(em: Emitter, call: FusedCall, x: str, y: str, target: str) -> None:
-    mode, r, d = _check(em, call, x)
-    layout = _layout(em, x, (call.input("cos"), call.input("sin")))
-    xs = em.graph.shape(x)
+    a = call.attributes
+    d = _check_types(em, call, x)
+    r = a["rotary_dim"] or d
+    if a["sections"] and a["mode"] == "half":
+        _rotate_sections(em, call, x, y, target, d)
+        return
+    for table in (call.input("cos"), call.input("sin")):
+        _require_duplicated(em, table, a["mode"], r)
+    _apply(em, x, x, y, (call.input("cos"), call.input("sin")), a["mode"], r, d, target)
+
+
+def _section_tables(em: Emitter, table: str, sections) -> list[tuple[str, bool]]:
+    """(table of section i, whether its halves are proven equal): the inputs of the Concat that
+    built the table by sections (rope/rotations.py), or slices of a constant table."""
+    node = em.graph.producer.get(table)
+    widths = [em.graph.shape(i)[-1] if em.graph.shape(i) else None for i in node.input] if node is not None else []
+    if node is not None and node.op_type == "Concat" and _last_axis(node, em.graph.rank(table)) and widths == list(sections):
+        return [(name, _duplicated(em.graph, name, "half", w)) for name, w in zip(node.input, sections)]
+    values = em.graph.constant_value(table)
+    if values is None:
+        raise CannotExpress(f"the table {table!r} is neither a constant nor a concatenation of per-section tables")
+    parts, offset = [], 0
+    for w in sections:
+        piece = em.op1("Slice", [table, em.ints([offset]), em.ints([offset + w]), em.ints([-1])])
+        parts.append((piece, _lanes_equal(np.asarray(values)[..., offset:offset + w], "half", w)))
+        offset += w
+    return parts
+
+
+def _rotate_sections(em: Emitter, call: FusedCall, x: str, y: str, target: str, d: int) -> None:
+    """Multi-axis RoPE: each section of lanes is a half rotation of its own (docs/ops.md), one
+    target op per section on that slice of ``x``, concatenated with the pass-through lanes."""
+    sections = list(call.attributes["sections"])
+    cos, sin = (_section_tables(em, call.input(t), sections) for t in ("cos", "sin"))
+    outputs, offset = [], 0
+    for w, (c, c_ok), (s_, s_ok) in zip(sections, cos, sin):
+        _require_duplicated(em, c, "half", w, c_ok)
+        _require_duplicated(em, s_, "half", w, s_ok)
+        part = em.op1("Slice", [x, em.ints([offset]), em.ints([offset + w]), em.ints([-1])])
+        rotated = em.fresh(f"{x}/section{len(outputs)}")
+        _apply(em, part, x, rotated, (c, s_), "half", w, w, target)
+        outputs.append(rotated)
+        offset += w
+    if offset < d:
+        outputs.append(em.op1("Slice", [x, em.ints([offset]), em.ints([d]), em.ints([-1])]))
+    em.op1("Concat", outputs, y, axis=-1)
+
+
+def _apply(em: Emitter, x: str, like: str, y: str, tables: tuple[str, str], mode: str, r: int, d: int,
+           target: str) -> None:
+    """The target op rotating ``x`` (shaped as ``like`` but for a head size ``d``) into ``y``."""
+    layout = _layout(em, like, tables)
+    xs = em.graph.shape(like)
     heads = 1 if layout == "BSD" else xs[2] if layout == "BSND" else xs[1]
-    if layout == "BSND" and not isinstance(heads, int):
-        raise CannotExpress(f"the head count of {x!r} is not static")
-    cos, sin = (_half_table(em, call.input(t), mode, r, layout, x) for t in ("cos", "sin"))
-    flat = em.op1("Reshape", [x, em.ints([0, 0, -1])]) if layout == "BSND" else x
     attributes = {"interleaved": int(mode == "interleaved"),
                   "rotary_embedding_dim": r if r != d else None,
                   "num_heads": heads if layout != "BNSD" or r != d else None}
-    if isinstance(attributes["num_heads"], str):
-        raise CannotExpress(f"the head count of {x!r} is not static")
+    if attributes["num_heads"] is not None and not isinstance(attributes["num_heads"], int):
+        raise CannotExpress(f"the head count of {like!r} is not static")
+    cos, sin = (_half_table(em, t, mode, r, layout, x) for t in tables)
+    flat = em.op1("Reshape", [x, em.ints([0, 0, -1])]) if layout == "BSND" else x
     out = y if layout != "BSND" else None
     if target == "onnx":
         rotated = em.op1("RotaryEmbedding", [flat, cos, sin], out, opset=23, **attributes)

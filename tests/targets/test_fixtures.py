@@ -29,10 +29,6 @@ REFUSED = {
     ("llama_opset23", "ort"): "rows that see no key output as 0 (empty_rows = 'zero')",
     ("llama_torchscript", "ort"): "rows that see no key output as 0 (empty_rows = 'zero')",
     ("mistral_torchscript", "ort"): "rows that see no key output as 0 (empty_rows = 'zero')",
-    ("rope3d", "ort"): "rotary sections [4, 6, 6]",
-    ("rope3d", "onnx"): "rotary sections [4, 6, 6]",
-    ("rope3d_torchscript", "ort"): "rotary sections [4, 6, 6]",
-    ("rope3d_torchscript", "onnx"): "rotary sections [4, 6, 6]",
 }
 
 _DEFAULT_SITES: dict[str, int] = {}

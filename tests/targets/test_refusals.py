@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 
 import otfuse
 from tests.fusions.norm.graphs import single_norm_model
-from tests.fusions.rope.graphs import rope
+from tests.fusions.rope.graphs import rope, rope_sections_model
 from tests.graphs import GraphBuilder
 
 F32 = TensorProto.FLOAT
@@ -123,3 +123,11 @@ def test_unknown_target_is_one_line_usage_error(tmp_path):
     onnx.save(single_norm_model("rms"), src)
     with pytest.raises(otfuse.OtfuseError, match="unknown target 'tvm'"):
         otfuse.fuse(src, tmp_path / "o.onnx", target="tvm")
+
+
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+def test_sections_with_tables_of_unknown_lanes_stay_unfused(tmp_path, target):
+    src, dst, report = _fuse(tmp_path, rope_sections_model(), target)
+    assert not report.fusions
+    assert any("is not provably two equal halves" in r for r in _reasons(report, target)), report.near_misses
+    assert otfuse.diff(src, dst, dims={"batch": 2, "seq": 5}).ok
