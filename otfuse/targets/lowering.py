@@ -59,8 +59,12 @@ class Ledger:
     def rotation_outputs(self, call: FusedCall) -> tuple[str, str] | None:
         node = _rotation_of(call)
         attrs = tuple(sorted((a.name, str(onnx.helper.get_attribute_value(a))) for a in node.attribute))
-        found = self.rotations.get((*node.input, *(str(a) for a in attrs)))
-        return None if found is None else (found[0], found[1])
+        q, k, cos, sin = node.input
+        found = self.rotations.get((q, k, cos, sin, *(str(a) for a in attrs)))
+        if found is not None:
+            return found[0], found[1]
+        found = self.rotations.get((k, q, cos, sin, *(str(a) for a in attrs)))  # the pair held k first
+        return None if found is None else (found[1], found[0])
 
 
 def _rotation_of(call: FusedCall, outputs=("", "")) -> onnx.NodeProto:

@@ -86,15 +86,16 @@ def _duplicated(graph, value: str, mode: str, r: int, depth: int = 16) -> bool:
 
 def _merges_copies(graph, node: onnx.NodeProto, mode: str, r: int) -> bool:
     """``Reshape`` of ``[..., r/2, 2]`` (interleaved) or ``[..., 2, r/2]`` (half) into ``[..., r]``,
-    whose axis of 2 is an ``Expand`` of 1: torch's ``repeat_interleave`` / ``repeat`` of a table."""
+    whose axis of 2 is an ``Expand`` or ``Tile`` of 1: torch's ``repeat_interleave`` of a table
+    (dynamo: Expand; TorchScript: Tile)."""
     source, out = graph.shape(node.input[0]), graph.shape(node.output[0])
     if not source or not out or len(source) < 2 or out[-1] != r:
         return False
     axis = -1 if mode == "interleaved" else -2
     if source[axis] != 2 or source[-1 - (axis == -1)] * 2 != r:
         return False
-    expand = graph.producer.get(node.input[0])
-    if expand is None or expand.op_type != "Expand":
+    expand = graph.producer.get(node.input[0])  # Expand or Tile of an axis of 1: copies
+    if expand is None or expand.op_type not in ("Expand", "Tile"):
         return False
     inner = graph.shape(expand.input[0])
     return inner is not None and len(inner) >= -axis and inner[axis] == 1
