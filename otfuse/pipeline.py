@@ -85,18 +85,21 @@ def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = 
     fusions, near_misses = fuse_families(model, families, loaded.base_dir,
                                          after_family=ledger.record if ledger else None)
     target_ops: dict[str, int] = {}
+    notes: list[str] = []
     if ledger is not None and fusions:
         lowered = lower(model, target, loaded.base_dir, lambda: load_model(model_path).model, ledger)
         fusions, target_ops = lowered.sites, dict(sorted(lowered.target_ops.items()))
         near_misses += lowered.near_misses
+        if not fusions:  # every site went back: write the input as it was, not a reassembled copy
+            model.CopyFrom(load_model(model_path).model)
+            notes.append(f"no fused site is expressible in target {target} (the near misses say why)")
 
-    notes: list[str] = []
     if fusions:
         _record_otfuse_version(model)
         notes += validate_fused(model, loaded, ort_ops=target == "ort")
     else:
         copy_note = "; the output is an unchanged copy" if output_path is not None else ""
-        notes.append(f"no fusible subgraph found{copy_note}")
+        notes.append(f"no fusible subgraph found{copy_note}" if not notes else f"{notes.pop()}{copy_note}")
     report = FuseReport(
         input_path=str(model_path),
         output_path=str(output_path) if output_path is not None else None,
