@@ -12,6 +12,7 @@ import onnx
 from onnx import numpy_helper
 
 from otfuse.rewriter.graph import GraphIndex
+from otfuse.rewriter.rule import RewriteContext
 from otfuse.targets.opset import OpsetTooLow
 
 MS_DOMAIN = "com.microsoft"
@@ -24,22 +25,23 @@ class CannotExpress(Exception):
 
 class Emitter:
     """Builds the replacement of one fused node ``node``: ``self.nodes`` and ``self.initializers``,
-    every name fresh in the graph (``taken`` is shared by all emitters of one lowering)."""
+    every name fresh in the graph (``names``, the rewriter's context, is shared by all emitters of
+    one lowering) and unused by the original graph (``reserved``: a site put back may bring its
+    values back)."""
 
-    def __init__(self, graph: GraphIndex, node: onnx.NodeProto, taken: set[str], target: str):
+    def __init__(self, graph: GraphIndex, node: onnx.NodeProto, names: RewriteContext, target: str,
+                 reserved: frozenset[str] = frozenset()):
         self.graph, self.node, self.target = graph, node, target
-        self._taken = taken
+        self._names, self._reserved = names, reserved
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self.opsets: dict[str, int] = {}  # domain -> the least version the emitted nodes need
         self.max_opset = 10**6  # the default-domain opset the model can be raised to (opset.py)
 
     def fresh(self, base: str) -> str:
-        name, counter = base, 1
-        while name in self._taken:
-            counter += 1
-            name = f"{base}_{counter}"
-        self._taken.add(name)
+        name = self._names.unique_name(base)
+        while name in self._reserved:
+            name = self._names.unique_name(base)
         return name
 
     def _base(self, op_type: str) -> str:

@@ -22,6 +22,7 @@ from otfuse import ops
 from otfuse.domain import OP_DOMAIN
 from otfuse.rewriter.graph import GraphIndex, forget_indexes, index_for
 from otfuse.rewriter.passes import _toposort
+from otfuse.rewriter.rule import RewriteContext
 from otfuse.targets import attention, norm, opset, rope
 from otfuse.targets.build import MS_DOMAIN, CannotExpress, Emitter
 from otfuse.targets.call import FusedCall, read_call
@@ -48,7 +49,7 @@ class Ledger:
     def __init__(self, model: onnx.ModelProto) -> None:
         self.rotations: dict[tuple[str, ...], tuple[str, ...]] = {}
         # What the input graph computes and holds: dead code among it is not the lowering's to drop.
-        self.original_values = _taken_names(model)
+        self.original_values = frozenset(_taken_names(model))
 
     def record(self, family: str, model: onnx.ModelProto) -> None:
         for node in model.graph.node:
@@ -93,9 +94,9 @@ def _taken_names(model: onnx.ModelProto) -> set[str]:
             | {t.name for t in g.initializer} | {o.name for o in g.output})
 
 
-def _emit(graph: GraphIndex, node: onnx.NodeProto, taken: set[str], target: str, limit: int,
-          call: FusedCall | None = None) -> Emitter:
-    em = Emitter(graph, node, taken, target)
+def _emit(graph: GraphIndex, node: onnx.NodeProto, names: RewriteContext, target: str, limit: int,
+          ledger: Ledger, call: FusedCall | None = None) -> Emitter:
+    em = Emitter(graph, node, names, target, ledger.original_values)
     em.max_opset = limit
     call = call or read_call(node)
     EMITTERS[target][call.op](em, call)
@@ -111,21 +112,21 @@ def lower(model: onnx.ModelProto, target: str, base_dir, load_original: Callable
     if not fused:
         return result
     graph = index_for(model, base_dir)
-    taken = _taken_names(model)
+    names = RewriteContext(graph)  # fresh names for every emitter
     limit, raise_refusal = opset.reachable(model, target)
     replaced: dict[int, Emitter] = {}
     back: list[onnx.NodeProto] = []  # refused sites: every output restored
     partly: list[onnx.NodeProto] = []  # RopeAttention whose rotations stay: outputs restored
     for node in fused:
         try:
-            replaced[id(node)] = _emit(graph, node, taken, target, limit)
+            replaced[id(node)] = _emit(graph, node, names, target, limit, ledger)
             result.sites[node.op_type] += 1
             continue
         except CannotExpress as refusal:
             reason = str(refusal)
         except opset.OpsetTooLow as refusal:
             reason = f"{refusal}: {raise_refusal}"
-        kept = _unfold(graph, node, taken, target, limit, ledger)
+        kept = _unfold(graph, node, names, target, limit, ledger)
         if kept is not None:
             replaced[id(node)] = kept
             partly.append(node)
@@ -150,9 +151,9 @@ def lower(model: onnx.ModelProto, target: str, base_dir, load_original: Callable
     return result
 
 
-def _unfold(graph, node, taken, target, limit, ledger) -> Emitter | None:
+def _unfold(graph, node, names, target, limit, ledger: Ledger) -> Emitter | None:
     """The rotations of a refused RopeAttention, written to the values the rope family named."""
-    if node.op_type != "RopeAttention" or ledger is None:
+    if node.op_type != "RopeAttention":
         return None
     call = read_call(node)
     names = ledger.rotation_outputs(call)
@@ -160,7 +161,7 @@ def _unfold(graph, node, taken, target, limit, ledger) -> Emitter | None:
         return None
     rotation = _rotation_of(call, names)
     try:
-        return _emit(graph, node, taken, target, limit, read_call(rotation))
+        return _emit(graph, node, names, target, limit, ledger, read_call(rotation))
     except (CannotExpress, opset.OpsetTooLow):
         return None
 
