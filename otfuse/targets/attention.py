@@ -10,8 +10,7 @@ Both emitters put Q in the op's layout and K / V in BNSD, concatenate the past t
   ``finfo.min`` mask compute (``c`` = ``finfo(T).min``; ``-1e30`` in float32, as ORT's Attention
   zeroes rows that are exactly ``finfo(float32).min``, measured with ORT 1.32);
 - ``empty_rows = "zero"``: ONNX's boolean mask, whose fully masked rows are 0 (the ONNX spec);
-  ORT's ops have no such mask, so only where no row can be empty (no padding mask, ``Sq`` = the new
-  keys' length).
+  ORT's ops have no such mask: the additive one, then a ``Where`` zeroing the rows that see no key.
 An additive ``attn_bias`` is passed as the mask when no other mask is set. Grouped heads: ONNX's op
 takes them; ORT's MultiHeadAttention needs ``Nkv = N``, so K and V are repeated per query head
 (a copy; ``present_*`` keep ``Nkv`` heads). ``softcap``: ONNX's op (applied before the mask, as
@@ -80,8 +79,10 @@ def _visible(em: Emitter, call: FusedCall, q: str, kall: str) -> str | None:
     return em.op1("Expand", [band, rows])
 
 
-def _mask(em: Emitter, call: FusedCall, q: str, kall: str, elem_type: int, target: str) -> str:
-    """The op's mask input ("" for none): additive in ``elem_type``, or bool (ONNX, empty rows 0)."""
+def _mask(em: Emitter, call: FusedCall, q: str, kall: str, elem_type: int, target: str) -> tuple[str, str]:
+    """(the op's mask input, "" for none: additive in ``elem_type``, or bool for ONNX's empty rows
+    of 0; the bool ``[B or 1, 1, Sq, 1]`` of rows that see a key, where the ORT op's output of the
+    others must be zeroed afterwards, or "")."""
     a = call.attributes
     bias = call.input("attn_bias")
     visible = _visible(em, call, q, kall)
@@ -92,23 +93,31 @@ def _mask(em: Emitter, call: FusedCall, q: str, kall: str, elem_type: int, targe
             raise CannotExpress(f"the bias {bias!r} is {type_name(em.graph.elem_type(bias))}, the attention "
                                 f"{type_name(elem_type)}")
         # A row whose every key the bias masks with -inf: ONNX's Attention outputs 0 (the spec), as
-        # empty_rows = "zero"; the mean of "uniform" has no such mask, nor has MultiHeadAttention.
+        # empty_rows = "zero"; the mean of "uniform" has no such mask, nor have ORT's ops.
         if a["empty_rows"] != "zero" or target != "onnx":
             raise CannotExpress(f"an additive bias with empty_rows = {a['empty_rows']!r} (rows the bias masks "
                                 f"entirely: otfuse's op outputs {'0' if a['empty_rows'] == 'zero' else 'the mean of V'})")
-        return bias
+        return bias, ""
     if visible is None:
-        return ""
-    if a["empty_rows"] == "zero":
-        if target == "onnx":
-            return visible
-        seq = 2 if a["layout"] == "BNSD" else 1
-        q_len, k_len = (em.graph.shape(call.input(v))[seq] if em.graph.shape(call.input(v)) else None for v in "QK")
-        if call.input("key_padding_mask") or q_len is None or not dims_equal(q_len, k_len):
-            raise CannotExpress("rows that see no key output as 0 (empty_rows = 'zero'): MultiHeadAttention's "
-                                "additive mask averages them")
+        return "", ""
+    if a["empty_rows"] == "zero" and target == "onnx":
+        return visible, ""
     fill = _fill(elem_type)
-    return em.op1("Where", [visible, em.constant(np.asarray(0, dtype=fill.dtype)), em.constant(fill)])
+    additive = em.op1("Where", [visible, em.constant(np.asarray(0, dtype=fill.dtype)), em.constant(fill)])
+    if a["empty_rows"] != "zero":
+        return additive, ""
+    # ORT's ops average a row the additive mask covers entirely: zero those rows afterwards.
+    seen = em.op1("ReduceSum", [em.cast(visible, onnx.TensorProto.FLOAT), em.ints([-1])], keepdims=1)
+    return additive, em.op1("Greater", [seen, em.constant(np.float32(0))])
+
+
+def _zero_empty_rows(em: Emitter, y3: str, rows: str, elem_type: int) -> str:
+    """``y3`` ``[B, Sq, N*Dv]`` with the rows that saw no key set to 0 (``rows``: ``_mask``'s)."""
+    if not rows:
+        return y3
+    keep = em.op1("Squeeze", [rows, em.ints([1])])  # [B or 1, Sq, 1]
+    zero = em.constant(np.asarray(0, dtype=onnx.helper.tensor_dtype_to_np_dtype(elem_type)))
+    return em.op1("Where", [keep, y3, zero])
 
 
 def _keys(em: Emitter, call: FusedCall, k: str, heads: int) -> tuple[str, str, str, str]:
@@ -164,7 +173,7 @@ def _attend(em: Emitter, call: FusedCall, q: str, k: str, target: str) -> None:
     scale = float(a["scale"]) if a["scale"] else None
     kall, vall, _, _ = _keys(em, call, k, heads=kv_heads)
     q4 = _bnsd(em, q, a["layout"], heads, call.input("Q"))
-    mask = _mask(em, call, q4, kall, elem_type, target)
+    mask, rows = _mask(em, call, q4, kall, elem_type, target)
     if target == "onnx":
         y = em.op1("Attention", [q4, kall, vall] + ([mask] if mask else []), opset=23, scale=scale,
                    softcap=float(a["softcap"]) if a["softcap"] else None)
@@ -172,7 +181,8 @@ def _attend(em: Emitter, call: FusedCall, q: str, k: str, target: str) -> None:
         return
     q3 = _merged_heads(em, q4)
     if _group_query_fits(em, call):
-        _group_query(em, call, q3, kall, vall, mask, scale)
+        _output(em, call, _zero_empty_rows(em, _group_query(em, call, q3, kall, vall, mask, scale), rows, elem_type),
+                "BSH", heads)
         return
     if a["softcap"]:
         raise CannotExpress(f"softcap {a['softcap']} with a KV cache or queries not as long as the new keys "
@@ -180,7 +190,7 @@ def _attend(em: Emitter, call: FusedCall, q: str, k: str, target: str) -> None:
     kh, vh = (_repeat_heads(em, v, heads // kv_heads, heads) for v in (kall, vall))
     inputs = [q3, kh, vh, "", "", mask] if mask else [q3, kh, vh]
     y = em.op1("MultiHeadAttention", inputs, domain=MS_DOMAIN, opset=1, num_heads=heads, scale=scale)
-    _output(em, call, y, "BSH", heads)
+    _output(em, call, _zero_empty_rows(em, y, rows, elem_type), "BSH", heads)
 
 
 def _merged_heads(em: Emitter, bnsd: str) -> str:
@@ -203,7 +213,7 @@ def _group_query_fits(em: Emitter, call: FusedCall) -> bool:
     return dims_equal(shapes[0][seq], shapes[1][seq]) and dims_equal(shapes[1][-1], shapes[2][-1])
 
 
-def _group_query(em: Emitter, call: FusedCall, q3: str, k4: str, v4: str, mask: str, scale) -> None:
+def _group_query(em: Emitter, call: FusedCall, q3: str, k4: str, v4: str, mask: str, scale) -> str:
     """``seqlens_k`` = S - 1 for every batch row and ``total_sequence_length`` = S: no padding as
     GroupQueryAttention sees it (padding is in ``attention_bias``, as every other mask)."""
     a = call.attributes
@@ -215,7 +225,7 @@ def _group_query(em: Emitter, call: FusedCall, q3: str, k4: str, v4: str, mask: 
     y = em.op1("GroupQueryAttention", inputs if mask else inputs[:7], domain=MS_DOMAIN, opset=1,
                num_heads=a["num_heads"], kv_num_heads=a["kv_num_heads"], causal=0, scale=scale,
                softcap=float(a["softcap"]) if a["softcap"] else None)
-    _output(em, call, y, "BSH", a["num_heads"])
+    return y
 
 
 def _rotation_call(call: FusedCall) -> FusedCall:

@@ -26,9 +26,6 @@ REFUSED = {
     ("bloom", "onnx"): "an additive bias together with causal / window / padding masks",
     ("legacy_where_causal", "ort"): "an additive bias with empty_rows = 'zero'",
     ("meta_rope_causal", "ort"): "an additive bias with empty_rows = 'zero'",
-    ("llama_opset23", "ort"): "rows that see no key output as 0 (empty_rows = 'zero')",
-    ("llama_torchscript", "ort"): "rows that see no key output as 0 (empty_rows = 'zero')",
-    ("mistral_torchscript", "ort"): "rows that see no key output as 0 (empty_rows = 'zero')",
 }
 
 _DEFAULT_SITES: dict[str, int] = {}

@@ -131,3 +131,14 @@ def test_sections_with_tables_of_unknown_lanes_stay_unfused(tmp_path, target):
     assert not report.fusions
     assert any("is not provably two equal halves" in r for r in _reasons(report, target)), report.near_misses
     assert otfuse.diff(src, dst, dims={"batch": 2, "seq": 5}).ok
+
+
+def test_norm_linear_sites_go_back_with_the_reason(tmp_path):
+    from fixtures import fixture_path
+
+    out = tmp_path / "llama_ort.onnx"
+    report = otfuse.fuse(fixture_path("llama"), out, only=["norm", "norm_linear"], target="ort")
+    reasons = _reasons(report, "ort")
+    assert reasons and all("a norm and the projections that read it" in r for r in reasons), report.near_misses
+    assert not any(n.domain == "otfuse" for n in onnx.load(out).graph.node)
+    assert otfuse.diff(fixture_path("llama"), out).ok
