@@ -93,11 +93,15 @@ def _mask(em: Emitter, call: FusedCall, q: str, kall: str, elem_type: int, targe
             raise CannotExpress(f"the bias {bias!r} is {type_name(em.graph.elem_type(bias))}, the attention "
                                 f"{type_name(elem_type)}")
         # A row whose every key the bias masks with -inf: ONNX's Attention outputs 0 (the spec), as
-        # empty_rows = "zero"; the mean of "uniform" has no such mask, nor have ORT's ops.
-        if a["empty_rows"] != "zero" or target != "onnx":
-            raise CannotExpress(f"an additive bias with empty_rows = {a['empty_rows']!r} (rows the bias masks "
-                                f"entirely: otfuse's op outputs {'0' if a['empty_rows'] == 'zero' else 'the mean of V'})")
-        return bias, ""
+        # empty_rows = "zero"; ORT's ops are then followed by a Where zeroing it. The mean of
+        # "uniform" has no such mask.
+        if a["empty_rows"] != "zero":
+            raise CannotExpress("an additive bias with empty_rows = 'uniform' (a row the bias masks entirely "
+                                "with -inf: otfuse's op outputs the mean of V, the target ops 0 or NaN)")
+        if target == "onnx":
+            return bias, ""
+        return _ort_bias(em, bias, q, kall)
+
     if visible is None:
         return "", ""
     if a["empty_rows"] == "zero" and target == "onnx":
@@ -109,6 +113,19 @@ def _mask(em: Emitter, call: FusedCall, q: str, kall: str, elem_type: int, targe
     # ORT's ops average a row the additive mask covers entirely: zero those rows afterwards.
     seen = em.op1("ReduceSum", [em.cast(visible, onnx.TensorProto.FLOAT), em.ints([-1])], keepdims=1)
     return additive, em.op1("Greater", [seen, em.constant(np.float32(0))])
+
+
+def _ort_bias(em: Emitter, bias: str, q: str, kall: str) -> tuple[str, str]:
+    """The bias as ORT's ``attention_bias`` (``[B or 1, N or 1, Sq, Skv]``) and the rows it leaves a
+    key (not all ``-inf``); only for a bias the same for every head (the rows are zeroed per row)."""
+    shape = em.graph.shape(bias)
+    if shape is None or len(shape) > 4 or (len(shape) >= 3 and shape[-3] != 1):
+        raise CannotExpress(f"a bias {bias!r} that may differ per head, with empty_rows = 'zero'")
+    rows = em.op1("Concat", [em.ints([1, 1]), em.dim_range(q, 2, 3), em.dim_range(kall, 2, 3)], axis=0)
+    full = em.op1("Expand", [bias, rows])
+    finite = em.op1("Not", [em.op1("IsInf", [em.cast(full, onnx.TensorProto.FLOAT)], detect_positive=0)])
+    seen = em.op1("ReduceSum", [em.cast(finite, onnx.TensorProto.FLOAT), em.ints([-1])], keepdims=1)
+    return full, em.op1("Greater", [seen, em.constant(np.float32(0))])
 
 
 def _zero_empty_rows(em: Emitter, y3: str, rows: str, elem_type: int) -> str:

@@ -24,8 +24,6 @@ TARGETS = ("ort", "onnx")
 REFUSED = {
     ("bloom", "ort"): "an additive bias together with causal / window / padding masks",
     ("bloom", "onnx"): "an additive bias together with causal / window / padding masks",
-    ("legacy_where_causal", "ort"): "an additive bias with empty_rows = 'zero'",
-    ("meta_rope_causal", "ort"): "an additive bias with empty_rows = 'zero'",
 }
 
 _DEFAULT_SITES: dict[str, int] = {}
