@@ -153,15 +153,16 @@ def lower(model: onnx.ModelProto, target: str, base_dir, load_original: Callable
     return result
 
 
-def _unfold(graph, node, names, target, limit, ledger: Ledger) -> Emitter | None:
+def _unfold(graph: GraphIndex, node: onnx.NodeProto, names: RewriteContext, target: str, limit: int,
+            ledger: Ledger) -> Emitter | None:
     """The rotations of a refused RopeAttention, written to the values the rope family named."""
     if node.op_type != "RopeAttention":
         return None
     call = read_call(node)
-    names = ledger.rotation_outputs(call)
-    if names is None:
+    rotated = ledger.rotation_outputs(call)
+    if rotated is None:
         return None
-    rotation = _rotation_of(call, names)
+    rotation = _rotation_of(call, rotated)
     try:
         return _emit(graph, node, names, target, limit, ledger, read_call(rotation))
     except (CannotExpress, opset.OpsetTooLow):

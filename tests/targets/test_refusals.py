@@ -142,3 +142,27 @@ def test_norm_linear_sites_go_back_with_the_reason(tmp_path):
     assert reasons and all("a norm and the projections that read it" in r for r in reasons), report.near_misses
     assert not any(n.domain == "otfuse" for n in onnx.load(out).graph.node)
     assert otfuse.diff(fixture_path("llama"), out).ok
+
+
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+def test_rope_attention_whose_attention_is_refused_keeps_its_rotations(tmp_path, monkeypatch, target):
+    """No committed fixture has an attention the targets refuse behind a rotation any more: the
+    attention emitter is made to refuse, as a softcap with a KV cache makes ORT's."""
+    from fixtures import fixture_path
+
+    from otfuse.targets import attention
+    from otfuse.targets.build import CannotExpress
+
+    def refuse(*args, **kwargs):
+        raise CannotExpress("refused by the test")
+
+    monkeypatch.setattr(attention, "_attend", refuse)
+    out = tmp_path / f"llama_{target}.onnx"
+    report = otfuse.fuse(fixture_path("llama"), out, target=target)
+    misses = [m for m in report.near_misses if m["reason"].endswith("refused by the test")]
+    assert len(misses) == 2 and all(m["fused_as"] == "RotaryEmbeddingQK (target ops)" for m in misses)
+    assert report.fusions == {"AddRMSNorm": 4, "RMSNorm": 1, "RotaryEmbeddingQK": 2}
+    model = onnx.load(out)
+    assert sum(n.op_type == "RotaryEmbedding" for n in model.graph.node) == 4
+    assert any(n.op_type == "Softmax" for n in model.graph.node)  # the attention as exported
+    assert otfuse.diff(fixture_path("llama"), out, dims={"batch": 2, "seq": 5}).ok
