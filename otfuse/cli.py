@@ -255,7 +255,9 @@ def diff_command(original, fused, inputs, dims, seed, rtol, atol, per_fusion, js
     Both run at the same ORT graph optimisation level (--ort-opt; default: as written), so ORT's
     own rewrites cannot pass for otfuse's. An element passes when |fused - original| <= atol +
     rtol * |original|, with the tolerances of the type each output was computed in. Exit 0 when
-    every output is within tolerance, 1 when one is not.
+    every output is within tolerance, 1 when one is not. Either may be the original, an otfuse
+    model (run with the otfuse library) or an --target ort/onnx model (run in stock onnxruntime,
+    as a model without otfuse ops always is).
     """
     import warnings
 
