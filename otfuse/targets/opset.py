@@ -26,7 +26,8 @@ _TYPES_19_TO_24 = ("Cast", "CastLike", "Constant", "Identity", "Reshape", "Shape
 
 # op -> versions whose change only added types, or an optional attribute/input defaulting to the old
 # behaviour (Shape-15 start/end, Pad-18 axes, Pad-19 wrap mode, Split-18 num_outputs, Cast-19
-# saturate and Cast-24 round_mode for float8 targets only).
+# saturate and Cast-24 round_mode for float8 targets only, Scatter*-16/18 reduction modes,
+# Resize-18 antialias/axes/keep_aspect_ratio_policy and Resize-19 half_pixel_symmetric).
 COMPATIBLE: dict[str, set[int]] = {
     **{op: {19, 21, 23, 24} for op in _TYPES_19_TO_24},
     **{op: {22} for op in _BF16_22},
@@ -35,7 +36,9 @@ COMPATIBLE: dict[str, set[int]] = {
     "Unsqueeze": {21, 23, 24}, "Transpose": {21, 23, 24}, "Equal": {19}, "Greater": set(), "Less": set(),
     "GreaterOrEqual": {16}, "LessOrEqual": {16}, "Where": {16}, "Pow": {15}, "IsNaN": {20}, "IsInf": {20},
     "ReduceMax": {20}, "ReduceMin": {20}, "SplitToSequence": {24}, "If": {19, 21, 23, 24},
-    "Loop": {19, 21, 23, 24}, "Scan": {19, 21, 23, 24},
+    "Loop": {19, 21, 23, 24}, "Scan": {19, 21, 23, 24}, "Identity": {14, 16, 19, 21, 23, 24},
+    # reduction modes / resize modes added, the default the old behaviour
+    "ScatterND": {16, 18}, "ScatterElements": {16, 18}, "Resize": {18, 19},
 }
 _REDUCE_18 = ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
               "ReduceLogSumExp", "ReduceSumSquare")
