@@ -97,8 +97,8 @@ def _taken_names(model: onnx.ModelProto) -> set[str]:
 def _emit(graph: GraphIndex, node: onnx.NodeProto, names: RewriteContext, target: str, limit: int,
           ledger: Ledger, call: FusedCall | None = None) -> Emitter:
     op = call.op if call is not None else node.op_type
-    if op not in EMITTERS[target]:  # the norm_linear family's ops: no target op has the projections
-        raise CannotExpress(f"no {target} op computes it (a norm and the projections that read it)")
+    if op not in EMITTERS[target]:  # norm_linear's (a norm and its projections), activation's
+        raise CannotExpress(f"no {target} op is mapped to it (docs/ops.md, \"Targets\")")
     em = Emitter(graph, node, names, target, ledger.original_values)
     em.max_opset = limit
     EMITTERS[target][op](em, call or read_call(node))
