@@ -171,9 +171,13 @@ def cli():
               help="External data for an output in another folder: copy it (reflink or sparse copy) or "
                    "hard-link it (instant; onnx.load then refuses both models while the link exists).")
 @click.option("--verify", is_flag=True, help="After fusing, compare the fused model with the original (as 'otfuse diff').")
+@click.option("--target", type=click.Choice(["otfuse", "ort", "onnx"]), default="otfuse", show_default=True,
+              help="Whose ops to write: otfuse's (run with the otfuse library), ONNX Runtime's contrib ops, or "
+                   "standard ONNX opset-23 ops (both run in stock onnxruntime; sites they cannot express stay "
+                   "as they were, listed as near misses).")
 @_dims_option
 @click.option("-v", "--verbose", is_flag=True, help="List the near misses.")
-def fuse_command(model, output, report, only, skip, data_mode, verify, dims, seed, verbose):
+def fuse_command(model, output, report, only, skip, data_mode, verify, target, dims, seed, verbose):
     """Fuse MODEL and write the result to OUT (-o)."""
     from otfuse.pipeline import VerificationFailed, fuse
     from otfuse.run.feeds import parse_dims
@@ -193,7 +197,7 @@ def fuse_command(model, output, report, only, skip, data_mode, verify, dims, see
 
     try:
         result = fuse(model, output, only=only, skip=skip, report_path=report, data_mode=data_mode,
-                      verify=verify_staged if verify else None)
+                      verify=verify_staged if verify else None, target=target)
     except VerificationFailed as e:
         _print_fuse_report(console, model, e.report, verbose)
         _print_diff(console, outcomes[-1])
@@ -209,7 +213,7 @@ def _print_fuse_report(console: Console, model: Path, report, verbose: bool) -> 
     target = report.output_path or "(dry run: nothing written; pass -o OUT)"
     console.print(f"{model} -> {target}", soft_wrap=True)
     table = Table()
-    table.add_column("fused op")
+    table.add_column("fused op" if report.target == "otfuse" else f"site (written in target {report.target})")
     table.add_column("count", justify="right")
     for op_type, count in sorted(report.fusions.items(), key=lambda kv: (-kv[1], kv[0])):
         table.add_row(op_type, str(count))
@@ -251,7 +255,9 @@ def diff_command(original, fused, inputs, dims, seed, rtol, atol, per_fusion, js
     Both run at the same ORT graph optimisation level (--ort-opt; default: as written), so ORT's
     own rewrites cannot pass for otfuse's. An element passes when |fused - original| <= atol +
     rtol * |original|, with the tolerances of the type each output was computed in. Exit 0 when
-    every output is within tolerance, 1 when one is not.
+    every output is within tolerance, 1 when one is not. Either may be the original, an otfuse
+    model (run with the otfuse library) or an --target ort/onnx model (run in stock onnxruntime,
+    as a model without otfuse ops always is).
     """
     import warnings
 

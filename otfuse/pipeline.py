@@ -24,6 +24,7 @@ from otfuse.rewriter.model_io import LoadedModel, load_model, read_paths, stage_
 from otfuse.rewriter.output_paths import StagedFiles, check_disjoint
 from otfuse.rewriter.passes import unique_sites
 from otfuse.rewriter.sites import unfused_sites
+from otfuse.targets.lowering import TARGETS, Ledger, lower
 from otfuse.verify.validation import validate_fused
 
 
@@ -39,6 +40,8 @@ class FuseReport:
     near_misses: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what the user should know (nothing fused, ...)
     otfuse_version: str = VERSION
+    target: str = "otfuse"  # whose ops the fused sites are written in (otfuse/targets/)
+    target_ops: dict[str, int] = field(default_factory=dict)  # ort/onnx: "domain.op" -> nodes written
 
     @property
     def fused_count(self) -> int:
@@ -50,7 +53,8 @@ class FuseReport:
 
 def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = None, *,
          only=None, skip=None, report_path: str | os.PathLike | None = None,
-         data_mode: str = "copy", verify: Callable[[Path, Path], bool] | None = None) -> FuseReport:
+         data_mode: str = "copy", verify: Callable[[Path, Path], bool] | None = None,
+         target: str = "otfuse") -> FuseReport:
     """Fuse the enabled pattern families of ``model_path``; write ``output_path`` and ``report_path``.
 
     All outputs are written, or none: each is staged under a temporary name beside its final
@@ -60,6 +64,9 @@ def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = 
     ``data_mode`` says how external data reaches an output in another folder: ``copy`` (reflink
     or sparse copy) or ``link`` (hard link). When nothing matched, the report says so in
     ``notes`` and an unchanged copy is still written (if an output was asked for).
+    ``target``: ``otfuse`` (our ops), ``ort`` (ONNX Runtime's contrib ops) or ``onnx`` (standard
+    opset-23 ops): the same analysis, each site then written in the target's ops where they compute
+    exactly what it does, else left as the original wrote it (a near miss says why; otfuse/targets/).
     Raises ``OtfuseError`` subclasses for bad input.
     """
     start = time.perf_counter()
@@ -67,20 +74,32 @@ def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = 
         families = select_families(only, skip)
     except ValueError as exc:
         raise OtfuseError(str(exc)) from None
+    if target not in TARGETS:
+        raise OtfuseError(f"unknown target {target!r} (known: {', '.join(TARGETS)})")
     loaded = load_model(model_path)
     _check_output_paths(loaded, output_path, report_path)
     model = loaded.model  # our in-memory copy: the input file is never touched
     nodes_before = len(model.graph.node)
 
-    fusions, near_misses = fuse_families(model, families, loaded.base_dir)
-
+    ledger = Ledger(model) if target != "otfuse" else None
+    fusions, near_misses = fuse_families(model, families, loaded.base_dir,
+                                         after_family=ledger.record if ledger else None)
+    target_ops: dict[str, int] = {}
     notes: list[str] = []
+    if ledger is not None and fusions:
+        lowered = lower(model, target, loaded.base_dir, lambda: load_model(model_path).model, ledger)
+        fusions, target_ops = lowered.sites, dict(sorted(lowered.target_ops.items()))
+        near_misses += lowered.near_misses
+        if not fusions:  # every site went back: write the input as it was, not a reassembled copy
+            model.CopyFrom(load_model(model_path).model)
+            notes.append(f"no fused site is expressible in target {target} (the near misses say why)")
+
     if fusions:
         _record_otfuse_version(model)
-        notes += validate_fused(model, loaded)
+        notes += validate_fused(model, loaded, ort_ops=target == "ort")
     else:
         copy_note = "; the output is an unchanged copy" if output_path is not None else ""
-        notes.append(f"no fusible subgraph found{copy_note}")
+        notes.append(f"no fusible subgraph found{copy_note}" if not notes else f"{notes.pop()}{copy_note}")
     report = FuseReport(
         input_path=str(model_path),
         output_path=str(output_path) if output_path is not None else None,
@@ -91,6 +110,8 @@ def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = 
         seconds=0.0,
         near_misses=near_misses,
         notes=notes,
+        target=target,
+        target_ops=target_ops,
     )
     _write_outputs(loaded, model, report, output_path, report_path, data_mode, verify, start)
     return report
@@ -140,9 +161,11 @@ def _write_outputs(loaded: LoadedModel, model: onnx.ModelProto, report: FuseRepo
         raise
 
 
-def fuse_families(model: onnx.ModelProto, families: list[str], base_dir: Path | None) -> tuple[Counter, list[dict]]:
+def fuse_families(model: onnx.ModelProto, families: list[str], base_dir: Path | None,
+                  after_family: Callable[[str, onnx.ModelProto], None] | None = None) -> tuple[Counter, list[dict]]:
     """Canonicalise and fuse ``model`` in place with ``families`` (names, in the order given):
-    (the otfuse ops it gained, the near misses tagged with their family)."""
+    (the otfuse ops it gained, the near misses tagged with their family). ``after_family(name,
+    model)`` sees the graph after each family (a target's ledger of what later folds absorb)."""
     already_fused = _fused_op_census(model)
     found = []
     canonicalised: list = []
@@ -156,6 +179,8 @@ def fuse_families(model: onnx.ModelProto, families: list[str], base_dir: Path | 
             for step in steps:
                 result = step.run(model, base_dir)
                 found += [(name, miss) for miss in result.near_misses]
+            if after_family is not None:
+                after_family(name, model)
     finally:
         forget_indexes()  # the passes share an index while the graph is unchanged; not beyond
     final_nodes = {node.name for node in model.graph.node}

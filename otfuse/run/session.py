@@ -118,14 +118,15 @@ def baseline_session(path_or_bytes, providers=None) -> InferenceSession:
 
 
 def open_session(path: str | os.PathLike, *, baseline: bool = False, providers=None, shown_as=None,
-                 opt_level: str | None = None) -> InferenceSession:
+                 opt_level: str | None = None, library: bool = True) -> ort.InferenceSession:
     """Open ``path`` for running, at ``opt_level`` (``OPT_LEVELS``; ``baseline``: "disabled"; else
     ORT's default); any failure is a one-line OtfuseError naming the file (``shown_as`` when
-    ``path`` is a temporary copy)."""
+    ``path`` is a temporary copy). ``library=False``: stock onnxruntime, without otfuse's ops."""
     level = opt_level or ("disabled" if baseline else None)
     options = session_options(level) if level else None
+    session_type = InferenceSession if library else ort.InferenceSession
     try:
-        return InferenceSession(str(path), sess_options=options, providers=providers)
+        return session_type(str(path), sess_options=options, providers=providers or DEFAULT_PROVIDERS)
     except OtfuseError:
         raise
     except Exception as e:

@@ -194,9 +194,10 @@ def diff(original, fused, *, inputs=None, dims=None, rtol=None, atol=None, seed=
     extra = [t for _, _, t in probes if t not in output_names]
 
     with with_outputs(orig_loaded, extra) as orig_path, with_outputs(fused_loaded, extra) as fused_path:
-        got_orig, _ = _run(orig_path, original, feeds, output_names + extra, opt_level=opt_level)
+        got_orig, _ = _run(orig_path, original, feeds, output_names + extra, opt_level=opt_level,
+                           library=uses_otfuse_ops(orig_model))
         got_fused, fused_providers = _run(fused_path, fused, feeds, output_names + extra, opt_level=opt_level,
-                                          providers=providers)
+                                          providers=providers, library=uses_otfuse_ops(fused_model))
     computed_in = _computed_types(orig_model)
 
     def row(name, **where):
@@ -288,10 +289,16 @@ def with_outputs(loaded: LoadedModel, names: list[str]):
         tmp.unlink(missing_ok=True)
 
 
-def _open(path: Path, shown_as: Path, providers, *, opt_level: str):
+def uses_otfuse_ops(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` needs otfuse's library; models without otfuse ops (the original, an
+    ``ort``/``onnx``-target model) run in stock onnxruntime, as their users run them."""
+    return any(node.domain == OP_DOMAIN for node in model.graph.node)
+
+
+def _open(path: Path, shown_as: Path, providers, *, opt_level: str, library: bool = True):
     """The session for ``path`` at ``opt_level``: on CPU, or where ``providers`` says."""
     if providers is None or providers == "cpu":
-        return open_session(path, opt_level=opt_level, shown_as=shown_as)
+        return open_session(path, opt_level=opt_level, shown_as=shown_as, library=library)
     if providers == "cann":
         providers = ["CANNExecutionProvider"]
     if isinstance(providers, str):
@@ -300,7 +307,7 @@ def _open(path: Path, shown_as: Path, providers, *, opt_level: str):
     first = providers[0] if providers else None
     name, options = first if isinstance(first, tuple) else (first, {})
     if name != "CANNExecutionProvider":
-        return open_session(path, providers=providers, shown_as=shown_as, opt_level=opt_level)
+        return open_session(path, providers=providers, shown_as=shown_as, opt_level=opt_level, library=library)
     from otfuse.run import ascend
 
     with warnings.catch_warnings(record=True) as caught:
@@ -317,8 +324,8 @@ def _open(path: Path, shown_as: Path, providers, *, opt_level: str):
 
 
 def _run(path: Path, shown_as: Path, feeds, output_names, *, opt_level: str,
-         providers=None) -> tuple[dict[str, np.ndarray], list[str]]:
-    session = _open(path, shown_as, providers, opt_level=opt_level)
+         providers=None, library: bool = True) -> tuple[dict[str, np.ndarray], list[str]]:
+    session = _open(path, shown_as, providers, opt_level=opt_level, library=library)
     try:
         return run(session, feeds, output_names), list(session.get_providers())
     except OtfuseError:
