@@ -76,6 +76,11 @@ AttentionParams ReadAttentionParams(const KernelInfo& info) {
     throw Error("attribute 'empty_rows' must be \"zero\" or \"uniform\", got \"" + empty_rows + "\"");
   }
   p.uniform_empty_rows = empty_rows == "uniform";
+  const std::string positions = info.StringAttribute("alibi_positions").value_or("index");
+  if (positions != "index" && positions != "mask_cumsum") {
+    throw Error("attribute 'alibi_positions' must be \"index\" or \"mask_cumsum\", got \"" + positions + "\"");
+  }
+  p.alibi_mask_cumsum = positions == "mask_cumsum";
   return p;
 }
 
@@ -91,6 +96,7 @@ OpSpec AttentionOpSpec(const char* name, const char* execution_provider, ONNXTen
   spec.inputs.push_back({kAny, true});  // key_padding_mask
   spec.inputs.push_back({t, true});     // past_key
   spec.inputs.push_back({t, true});     // past_value
+  spec.inputs.push_back({ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, true});  // alibi_slopes
   spec.outputs = {{t}, {t, true}, {t, true}};  // Y, present_key, present_value
   return spec;
 }
