@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from otfuse.fusions.attention.masks import input_values_read, probe_session, subgraph_model
+from otfuse.fusions.attention.masks import input_values_read, probe_session, static_sizes, subgraph_model
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.refuse import Refuse
 
@@ -88,11 +88,12 @@ def _as_rows(got: np.ndarray, batch: int, heads: int, skv: int) -> np.ndarray:
                  f"{[batch * heads, 1, skv]} or [B, N, 1, Skv]: not one key-only row per head")
 
 
-def _probes(has_past: bool, key_padding: str | None, rng):
-    """(batch, seq, past, padding or None): batch 1 with no padding first (the slopes come from it)."""
-    for batch in (1, 2):
-        for seq in _SEQUENCES:
-            for past in (0, 3) if has_past else (0,):
+def _probes(has_past: bool, key_padding: str | None, rng, static: tuple[int, int] | None):
+    """(batch, seq, past, padding or None): no padding first (the slopes come from it); a static
+    export only at its own (batch, seq)."""
+    for batch in (1, 2) if static is None else (static[0],):
+        for seq in _SEQUENCES if static is None else (static[1],):
+            for past in (0, 3) if has_past and static is None else (0,):
                 for padding in _paddings(batch, past + seq, rng) if key_padding else [None]:
                     yield batch, seq, past, padding
 
@@ -102,7 +103,7 @@ def _verify_by_running(model, heads: int, key_padding: str | None) -> np.ndarray
 
     session, has_past = probe_session(model, "ALiBi bias")
     slopes = None
-    for batch, seq, past, padding in _probes(has_past, key_padding, np.random.default_rng(0)):
+    for batch, seq, past, padding in _probes(has_past, key_padding, np.random.default_rng(0), static_sizes(model)):
         feeds = make_feeds(model, {"batch": batch, "seq": seq, "past": past})
         if padding is not None:
             feeds[key_padding] = padding.astype(feeds[key_padding].dtype)
@@ -111,7 +112,7 @@ def _verify_by_running(model, heads: int, key_padding: str | None) -> np.ndarray
         except Exception as exc:  # noqa: BLE001
             raise Refuse(f"the ALiBi bias subgraph failed at seq {seq}, past {past} ({type(exc).__name__})") from None
         rows = _as_rows(np.asarray(got), batch, heads, past + seq)
-        if slopes is None:  # keys 1 and 0 of the unpadded batch-1 run
+        if slopes is None:  # keys 1 and 0 of the first, unpadded run
             slopes = rows[0, :, 1].astype(np.float32) - rows[0, :, 0].astype(np.float32)
             if not np.all(np.isfinite(slopes)):
                 raise Refuse("the ALiBi bias has non-finite slopes")

@@ -170,6 +170,8 @@ def _leaf_kind(graph: GraphIndex, value: str, negated: bool, memo: dict) -> tupl
         const = np.asarray(graph.constant_value(value)).astype(bool)
         if const.size and (const.all() if not negated else not const.any()):
             return "true", None
+        if _triangular_constant(graph, value):  # a causal comparison folded at static shapes
+            return "causal", None
         return "unknown", "a constant condition"
     node = graph.producer.get(value)
     if node is None:
@@ -389,7 +391,23 @@ def _sequence_lengths(claim: MaskClaim, offsets: set[int]) -> list[int]:
     return sorted(seqs)
 
 
-def _configurations(claim: MaskClaim, has_past: bool, offsets: set[int]):
+def static_sizes(model: onnx.ModelProto) -> tuple[int, int] | None:
+    """(batch, seq) when every input of the subgraph ``model`` has fixed dims (a static export can
+    run at its own size only), read from its [B, S] inputs; None when some dim is symbolic."""
+    shapes = [[d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
+              for vi in model.graph.input]
+    if any(None in shape for shape in shapes):
+        return None
+    pairs = {tuple(shape) for shape in shapes if len(shape) == 2}
+    if len(pairs) != 1:
+        raise Refuse(f"a static subgraph whose [B, S] size cannot be told from its inputs {shapes}")
+    return next(iter(pairs))
+
+
+def _configurations(claim: MaskClaim, has_past: bool, offsets: set[int], static: tuple[int, int] | None):
+    if static is not None:  # the sequences past the offsets cannot be run: the export fixed its size
+        yield static[0], static[1], 0
+        return
     pasts = [0, 3] if has_past else [0]
     for seq in _sequence_lengths(claim, offsets):
         for past in pasts:
@@ -434,7 +452,7 @@ def _verify_by_running(graph: GraphIndex, output: str, claim: MaskClaim, visible
     model = subgraph_model(graph, output)
     session, has_past = probe_session(model, "mask")
     rng = np.random.default_rng(0)
-    for batch, seq, past in _configurations(claim, has_past, offsets):
+    for batch, seq, past in _configurations(claim, has_past, offsets, static_sizes(model)):
         feeds = make_feeds(model, {"batch": batch, "seq": seq, "past": past})
         total = past + seq
         for padding in _padding_patterns(batch, total, rng):

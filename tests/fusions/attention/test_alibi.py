@@ -166,3 +166,26 @@ def test_fused_bloom_memory_for_the_bias_does_not_grow_with_the_square_of_the_se
     unfused_growth = _peak_rss(src, 2048) - _peak_rss(src, 256)
     assert unfused_growth > 48 * 2**20, unfused_growth
     assert fused_growth < 24 * 2**20, (fused_growth, unfused_growth)
+
+
+# Every committed BLOOM export whose attention fuses gets its ALiBi as slopes (the matrix itself
+# checks the counts and the diff); the others are the matrix's XFAIL entries.
+BLOOM_WITH_SLOPES = ["dynamo_nopos_dyn", "dynamo_nopos_dyn.fp16", "dynamo_nopos_dyn.onnxsim", "dynamo_nopos_dyn.onnxslim",
+                     "dynamo_nopos_dyn.ort_basic", "ts14_nopos_dyn", "ts14_nopos_static", "ts17_nopos_dyn",
+                     "ts17_nopos_static", "ts20_nopos_dyn", "ts20_nopos_static"]
+
+
+@pytest.mark.parametrize("variant", BLOOM_WITH_SLOPES)
+def test_matrix_bloom_exports_generate_alibi_in_the_kernel(tmp_path, variant):
+    from models.test_export_matrix import COVERAGE, ENTRIES, MATRIX
+
+    (tmp_path / "in").mkdir()
+    path = COVERAGE.materialise(MATRIX / ENTRIES[f"bloom/{variant}"]["file"], tmp_path / "in")
+    report = otfuse.fuse(path, tmp_path / "out.onnx")
+    assert report.fusions["Attention"] == 2
+    assert not [m for m in report.near_misses if "ALiBi" in m["pattern"]], report.near_misses
+    model = onnx.load(tmp_path / "out.onnx")
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    for node in [n for n in fused_nodes(model) if n.op_type == "Attention"]:
+        assert _slopes(node, inits) == BLOOM_SLOPES and not node.input[3], node
+        assert attrs(node)["alibi_positions"] == b"mask_cumsum"
