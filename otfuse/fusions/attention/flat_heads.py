@@ -15,11 +15,12 @@ from otfuse.fusions.attention import chain_checks as chain
 from otfuse.fusions.attention.chain import scaled
 from otfuse.rewriter import checks
 from otfuse.rewriter.builder import Helpers
-from otfuse.rewriter.pattern import Either, Match, Var, op
+from otfuse.rewriter.pattern import Either, Match, Var, attr, op
 from otfuse.rewriter.refuse import Refuse
 from otfuse.rewriter.rule import Fusion, RewriteContext, Rule
 
 FAMILY = "attention"
+_ALL = 2**63 - 1  # a Slice end past every dim
 
 
 def _merged_heads(tag: str):
@@ -105,7 +106,8 @@ def _output_shape_reads(graph, match: Match, y: str, helpers: Helpers) -> tuple:
     pv = match.node("pv").output[0]
     readers = [n for n in graph.uses(pv) if n is not match.node("out_unflat")]
     if not readers or graph.is_graph_output(pv) or not all(
-            n.op_type == "Shape" and n.domain in ("", "ai.onnx") and not n.attribute for n in readers):
+            n.op_type == "Shape" and n.domain in ("", "ai.onnx") and {a.name for a in n.attribute} <= {"start", "end"}
+            for n in readers):
         return ()
     heads_axis, seq_axis = (2, 1) if match.has("out_transpose") else (1, 2)
     dims = helpers.node("Shape", [y], after=True)
@@ -113,8 +115,10 @@ def _output_shape_reads(graph, match: Match, y: str, helpers: Helpers) -> tuple:
                                   helpers.node("Gather", [dims, helpers.ints([heads_axis])], after=True, axis=0)],
                           after=True)
     rest = helpers.node("Gather", [dims, helpers.ints([seq_axis, 3])], after=True, axis=0)
-    for reader in readers:
-        helpers.node("Concat", [merged, rest], reader.output[0], after=True, axis=0)
+    full = helpers.node("Concat", [merged, rest], after=True, axis=0)
+    for reader in readers:  # Shape's start/end clamp as Slice's do (opset 15)
+        start, end = attr(reader, "start", 0), attr(reader, "end", _ALL)
+        helpers.node("Slice", [full, helpers.ints([start]), helpers.ints([end])], reader.output[0], after=True)
     return tuple(readers)
 
 
