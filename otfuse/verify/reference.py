@@ -328,7 +328,8 @@ def rope_attention(
         return rotary_embedding(x4, cos, sin, rotary_mode, rotary_dim, rotary_sections).reshape(x.shape)
 
     return attention(rotated(q, num_heads), rotated(k, kv_num_heads), v, attn_bias, key_padding_mask, past_key,
-                     past_value, alibi_slopes, num_heads=num_heads, kv_num_heads=kv_num_heads, layout=layout, **attention_attrs)
+                     past_value, alibi_slopes, num_heads=num_heads, kv_num_heads=kv_num_heads, layout=layout,
+                     **attention_attrs)
 
 
 # ---- Norm + Linear family ----

@@ -170,8 +170,8 @@ def test_fused_bloom_memory_for_the_bias_does_not_grow_with_the_square_of_the_se
 
 # Every committed BLOOM export whose attention fuses gets its ALiBi as slopes (the matrix itself
 # checks the counts and the diff); the others are the matrix's XFAIL entries.
-BLOOM_WITH_SLOPES = ["dynamo_nopos_dyn", "dynamo_nopos_dyn.fp16", "dynamo_nopos_dyn.onnxsim", "dynamo_nopos_dyn.onnxslim",
-                     "dynamo_nopos_dyn.ort_basic", "ts14_nopos_dyn", "ts14_nopos_static", "ts17_nopos_dyn",
+BLOOM_WITH_SLOPES = ["dynamo_nopos_dyn", "dynamo_nopos_dyn.fp16", "dynamo_nopos_dyn.onnxsim",
+                     "dynamo_nopos_dyn.onnxslim", "dynamo_nopos_dyn.ort_basic", "ts14_nopos_dyn", "ts14_nopos_static", "ts17_nopos_dyn",
                      "ts17_nopos_static", "ts20_nopos_dyn", "ts20_nopos_static"]
 
 
@@ -189,3 +189,24 @@ def test_matrix_bloom_exports_generate_alibi_in_the_kernel(tmp_path, variant):
     for node in [n for n in fused_nodes(model) if n.op_type == "Attention"]:
         assert _slopes(node, inits) == BLOOM_SLOPES and not node.input[3], node
         assert attrs(node)["alibi_positions"] == b"mask_cumsum"
+
+
+def test_rope_fold_carries_the_slopes_onto_rope_attention():
+    # otfuse.Attention(alibi_slopes) over a RotaryEmbeddingQK pair folds into RopeAttention with
+    # the slopes at their contract position (input 9) and alibi_positions kept.
+    from fusing import fuse_in_memory
+
+    f, i64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
+    x = [helper.make_tensor_value_info(n, f, [1, 2, 4, 8]) for n in ("q", "k", "v")]
+    tables = [helper.make_tensor_value_info(n, f, [1, 1, 4, 8]) for n in ("cos", "sin")]
+    mask = helper.make_tensor_value_info("mask", i64, [1, 4])
+    nodes = [helper.make_node("RotaryEmbeddingQK", ["q", "k", "cos", "sin"], ["qr", "kr"], domain="otfuse"),
+             helper.make_node("Attention", ["qr", "kr", "v", "", "mask", "", "", "slopes"], ["y"], domain="otfuse",
+                              num_heads=2, causal=1, alibi_positions="mask_cumsum")]
+    graph = helper.make_graph(nodes, "g", x + tables + [mask], [helper.make_tensor_value_info("y", f, [1, 2, 4, 8])],
+                              [numpy_helper.from_array(np.array([0.5, 0.25], np.float32), "slopes")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("otfuse", 1)])
+    fused, report = fuse_in_memory(model, "attention")
+    (node,) = fused_nodes(fused)
+    assert node.op_type == "RopeAttention" and node.input[9] == "slopes" and node.input[6] == "mask"
+    assert attrs(node)["alibi_positions"] == b"mask_cumsum"
