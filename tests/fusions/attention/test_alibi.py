@@ -210,3 +210,21 @@ def test_rope_fold_carries_the_slopes_onto_rope_attention():
     (node,) = fused_nodes(fused)
     assert node.op_type == "RopeAttention" and node.input[9] == "slopes" and node.input[6] == "mask"
     assert attrs(node)["alibi_positions"] == b"mask_cumsum"
+
+
+def test_a_bias_of_key_indices_becomes_index_positions(tmp_path):
+    # slope_h * j from the mask's shape only (cumsum of ones): the op's relative slope_h * (j - t)
+    # differs by slope_h * t in each row, which the softmax cancels; padding no longer shifts it.
+    def indices(model):
+        ones = [helper.make_node("Shape", ["attention_mask"], ["mask_shape"]),
+                helper.make_node("ConstantOfShape", ["mask_shape"], ["ones"],
+                                 value=numpy_helper.from_array(np.array([1], np.int64)))]
+        for node in (_node(model, "CumSum", "cumsum"), _node(model, "Mul", "mul")):
+            node.input[:] = ["ones" if name == "attention_mask" else name for name in node.input]
+        for node in reversed(ones):
+            model.graph.node.insert(0, node)
+    src, out, report = _fuse(tmp_path, _mutated(indices), "indices")
+    node, a, inits = _attention(out)
+    assert _slopes(node, inits) == BLOOM_SLOPES and a.get("alibi_positions", b"index") == b"index"
+    assert not node.input[3]
+    _diff_with_padding(src, out)
