@@ -43,26 +43,16 @@ KINDS = COVERAGE.KINDS
 XFAIL: dict[str, str] = {
     'bert/dynamo_pos_dyn.ort_extended': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
     'bloom/dynamo_nopos_dyn.ort_extended': 'attention 0/2 fused: Attention(flat heads, ALiBi): expected MatMul, found Reshape (node_view)',
-    'bloom/dynamo_nopos_dyn.unoptimised': 'attention 0/2 fused: no near miss reported',
     'bloom/dynamo_nopos_static': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
     'bloom/optimum_nopast': "attention 0/2 fused: Attention(flat heads, ALiBi): the fused node would read 'Slice_output_0' (the mask sliced to Shape(interior keys))",
     'bloom/optimum_past': "attention 0/2 fused: Attention(flat heads, ALiBi): the fused node would read 'Slice_output_0' (the mask sliced to Shape(interior keys))",
     'gpt2/dynamo_pos_dyn.ort_extended': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
     'gpt_neox/dynamo_pos_dyn.ort_extended': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
     'gptj/dynamo_pos_dyn.ort_extended': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
-    'gptj/dynamo_pos_dyn.unoptimised': "rope 0/2 fused: RotaryEmbedding(interleaved): 'x' must be one value, but two different values meet here",
-    'gptj/optimum_nopast': 'attention 0/2 fused: RopeAttention(BSND): expected Cast, found Slice (/transformer/h.0/attn/Slice_12)',
-    'gptj/optimum_past': 'attention 0/2 fused: RopeAttention(BSND): expected Cast, found Slice (/transformer/h.0/attn/Slice_12)',
-    'llama/dynamo_nopos_static': "attention 0/2 fused: Attention: k 'expand_1' must have a known rank-4 shape, has (2, 2, 2, 7, 16)",
     'llama/dynamo_pos_dyn.ort_extended': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
-    'llama/dynamo_pos_static': "attention 0/2 fused: Attention: k 'expand_1' must have a known rank-4 shape, has (2, 2, 2, 7, 16)",
-    'mistral/dynamo_nopos_static': "attention 0/2 fused: Attention: k 'expand_1' must have a known rank-4 shape, has (2, 2, 2, 7, 16)",
     'mistral/dynamo_pos_dyn.ort_extended': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
-    'mistral/dynamo_pos_static': "attention 0/2 fused: Attention: k 'expand_1' must have a known rank-4 shape, has (2, 2, 2, 7, 16)",
     'phi/dynamo_pos_dyn.ort_extended': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
-    'qwen2/dynamo_nopos_static': "attention 0/2 fused: Attention: k 'expand_1' must have a known rank-4 shape, has (2, 2, 2, 7, 16)",
     'qwen2/dynamo_pos_dyn.ort_extended': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
-    'qwen2/dynamo_pos_static': "attention 0/2 fused: Attention: k 'expand_1' must have a known rank-4 shape, has (2, 2, 2, 7, 16)",
 }
 
 
