@@ -152,6 +152,7 @@ class AscendAttentionKernel {
     layout_ = params.layout;
     output_layout_ = params.output_layout;
     uniform_empty_rows_ = params.uniform_empty_rows;
+    alibi_mask_cumsum_ = params.alibi_mask_cumsum;
     if constexpr (kRope) {
       rotary_ = ReadRotaryAttributes(info, "rotary_mode", "rotary_sections");
       rotary_ops_ = RotaryOps::Bind(*rt_);
@@ -208,6 +209,11 @@ class AscendAttentionKernel {
   std::vector<uint8_t> EmptyRows(AclnnCall& call, int64_t batch, int64_t sq, int64_t skv, int64_t window,
                                  const std::optional<InputTensor>& pad, const std::optional<InputTensor>& bias) const;
 
+  // alibi_slopes: FIA V3 has no generated ALiBi, only pseShift, so the bias is built on the host
+  // as a float32 [B or 1, N, Sq, Skv] device tensor (docs/ops.md, "Ascend mapping").
+  InputTensor AlibiBias(AclnnCall& call, const InputTensor& slopes, const std::optional<InputTensor>& pad,
+                        int64_t batch, int64_t sq, int64_t skv) const;
+
   const CannRuntime* rt_;
   AclnnOp<FiaV3GetWorkspace> fia_;
   AclnnOp<InplaceCopyGetWorkspace> copy_;
@@ -220,6 +226,7 @@ class AscendAttentionKernel {
   float scale_ = 0.0f;
   bool causal_ = false;
   bool uniform_empty_rows_ = false;  // empty_rows = "uniform"
+  bool alibi_mask_cumsum_ = false;   // alibi_positions = "mask_cumsum"
   Layout layout_ = Layout::kBnsd, output_layout_ = Layout::kBnsd;
 };
 
@@ -276,6 +283,68 @@ aclTensor* AscendAttentionKernel<kRope, kPlacement, kFp32>::FullMask(AclnnCall& 
     }
   }
   return mask;
+}
+
+template <bool kRope, Placement kPlacement, Fp32 kFp32>
+InputTensor AscendAttentionKernel<kRope, kPlacement, kFp32>::AlibiBias(AclnnCall& call, const InputTensor& slopes,
+                                                                      const std::optional<InputTensor>& pad,
+                                                                      int64_t batch, int64_t sq, int64_t skv) const {
+  if (rt_->rt_synchronize_stream == nullptr || rt_->rt_memcpy == nullptr) {
+    throw Error("alibi_slopes builds the ALiBi bias on the host, which needs aclrtSynchronizeStream and aclrtMemcpy");
+  }
+  if (rt_->rt_synchronize_stream(call.stream()) != 0) {
+    throw Error("aclrtSynchronizeStream failed: " + rt_->RecentErrorMessage());
+  }
+  auto to_host = [&](void* host, size_t bytes, const void* device, const char* what) {
+    if (bytes > 0 && rt_->rt_memcpy(host, bytes, device, bytes, ACL_MEMCPY_DEVICE_TO_HOST) != 0) {
+      throw Error(std::string("aclrtMemcpy of ") + what + " to the host failed: " + rt_->RecentErrorMessage());
+    }
+  };
+  const int64_t nq = num_heads_;
+  std::vector<float> slope(static_cast<size_t>(nq));
+  to_host(slope.data(), slope.size() * sizeof(float), slopes.data, "alibi_slopes");
+  // k_pos per (batch row, key): j ("index", or "mask_cumsum" without a mask), else BLOOM's
+  // (cumsum(m) - 1) * m of the integer mask.
+  const bool per_batch = alibi_mask_cumsum_ && pad.has_value();
+  const int64_t bk = per_batch ? batch : 1;
+  std::vector<int64_t> k_pos(static_cast<size_t>(bk * skv));
+  for (int64_t j = 0; j < skv; ++j) k_pos[j] = j;
+  if (per_batch) {
+    std::vector<uint8_t> host(static_cast<size_t>(Numel(pad->shape)) * ElementBytes(pad->type));
+    to_host(host.data(), host.size(), pad->data, "key_padding_mask");
+    for (int64_t b = 0; b < batch; ++b) {
+      int64_t running = 0;
+      for (int64_t j = 0; j < skv; ++j) {
+        const size_t at = static_cast<size_t>(b * skv + j);
+        int64_t m = 0;
+        if (pad->type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL) m = host[at] != 0;
+        else if (pad->type == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32) m = reinterpret_cast<const int32_t*>(host.data())[at];
+        else m = reinterpret_cast<const int64_t*>(host.data())[at];
+        running += m;
+        k_pos[at] = (running - 1) * m;
+      }
+    }
+  }
+  // Each row is shifted by its query's own term, q_pos = t ("index", the contract's) or the row's
+  // k_pos at t ("mask_cumsum": a per-row constant the softmax cancels), so the scores near the
+  // diagonal stay small in FIA's float16.
+  std::vector<float> host(static_cast<size_t>(bk * nq * sq * skv));
+  for (int64_t b = 0; b < bk; ++b) {
+    for (int64_t i = 0; i < sq; ++i) {
+      const int64_t t = skv - sq + i;
+      const int64_t q_pos = !alibi_mask_cumsum_ ? t : (t >= 0 && t < skv ? k_pos[b * skv + t] : 0);
+      for (int64_t h = 0; h < nq; ++h) {
+        float* row = host.data() + ((b * nq + h) * sq + i) * skv;
+        for (int64_t j = 0; j < skv; ++j) row[j] = slope[h] * static_cast<float>(k_pos[b * skv + j] - q_pos);
+      }
+    }
+  }
+  const size_t bytes = std::max<size_t>(host.size(), 1) * sizeof(float);
+  void* device = call.Scratch(bytes, "ALiBi bias");
+  if (rt_->rt_memcpy(device, bytes, host.data(), bytes, ACL_MEMCPY_HOST_TO_DEVICE) != 0) {
+    throw Error("aclrtMemcpy of the ALiBi bias to the device failed: " + rt_->RecentErrorMessage());
+  }
+  return InputTensor{ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, Shape{bk, nq, sq, skv}, device};
 }
 
 template <bool kRope, Placement kPlacement, Fp32 kFp32>
@@ -383,13 +452,26 @@ void AscendAttentionKernel<kRope, kPlacement, kFp32>::Compute(const KernelContex
   const int64_t batch = qh.b, sq = qh.s, s_new = kh.s, d = qh.d, dv = vh.d, nq = num_heads_, nkv = kv_num_heads_;
   const int64_t past = inputs.past, skv = inputs.skv, window = inputs.window;
   const Shape scores{batch, nq, sq, skv};
-  const std::optional<InputTensor> bias = ctx.Input(kIn.bias);
+  std::optional<InputTensor> bias = ctx.Input(kIn.bias);
   if (bias) {
     if (bias->type != t && bias->type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
       throw Error(std::string("attn_bias has element type ") + ElementTypeName(bias->type) +
                   "; expected float32 or Q's type " + ElementTypeName(t));
     }
     CheckBroadcast("attn_bias", bias->shape, scores, "[B, N, Sq, Skv]");
+  }
+  const std::optional<InputTensor> slopes = ctx.Input(kIn.alibi_slopes);
+  if (slopes) {
+    if (slopes->type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
+      throw Error(std::string("alibi_slopes has element type ") + ElementTypeName(slopes->type) + "; expected float32");
+    }
+    ExpectShape("alibi_slopes", slopes->shape, "[num_heads]", Shape{nq});
+    if (bias) {
+      // FIA V3 takes one pseShift; adding the two would need an elementwise add on the device.
+      throw Error("aclnnFusedInferAttentionScoreV3 takes one pseShift: alibi_slopes together with attn_bias is not "
+                  "mapped (run this node on CPU: leave it out of the CANN session, or fuse without the attention "
+                  "family)");
+    }
   }
   const std::optional<InputTensor> pad = ctx.Input(kIn.key_mask);
   if (pad) {
@@ -530,7 +612,8 @@ void AscendAttentionKernel<kRope, kPlacement, kFp32>::Compute(const KernelContex
   const Heads fia_out_heads{batch, nq, sq, dv, out_layout};
   void* out = direct ? y.data : scratch(Numel(y_shape), fes, "attention output");
 
-  // pseShift: attn_bias in FIA's type, (B or 1, N, Sq, Skv).
+  // pseShift: attn_bias (or the host-built ALiBi bias) in FIA's type, (B or 1, N, Sq, Skv).
+  if (slopes) bias = AlibiBias(call, *slopes, pad, batch, sq, skv);
   aclTensor* pse = nullptr;
   if (bias) {
     Shape b4(4 - bias->shape.size(), 1);

@@ -158,6 +158,11 @@ AttentionParams ReadAttentionParams(const KernelInfo& info) {
     throw Error("attribute 'empty_rows' must be \"zero\" or \"uniform\", got \"" + empty_rows + "\"");
   }
   p.uniform_empty_rows = empty_rows == "uniform";
+  const std::string positions = info.StringAttribute("alibi_positions").value_or("index");
+  if (positions != "index" && positions != "mask_cumsum") {
+    throw Error("attribute 'alibi_positions' must be \"index\" or \"mask_cumsum\", got \"" + positions + "\"");
+  }
+  p.alibi_mask_cumsum = positions == "mask_cumsum";
   return p;
 }
 

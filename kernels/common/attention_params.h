@@ -27,6 +27,7 @@ struct AttentionParams {
   AttentionLayout layout = AttentionLayout::kBnsd;
   AttentionLayout output_layout = AttentionLayout::kBnsd;  // defaults to layout
   bool uniform_empty_rows = false;                         // empty_rows = "uniform"
+  bool alibi_mask_cumsum = false;  // alibi_positions = "mask_cumsum" (else "index")
 };
 
 // B, heads, S, D of a Q/K/V-like input given in `layout`: BNSD needs rank 4 [B, N, S, D]; BSND
@@ -57,12 +58,14 @@ struct CheckedAttentionInputs {
 CheckedAttentionInputs ReadAttentionInputs(const KernelContext& ctx, const AttentionParams& params,
                                            size_t past_key_index);
 
-// num_heads, kv_num_heads, scale, causal, window, softcap, layout, output_layout and empty_rows,
+// num_heads, kv_num_heads, scale, causal, window, softcap, layout, output_layout, empty_rows and
+// alibi_positions,
 // checked in that order; throws otfuse::Error on the first bad one.
 AttentionParams ReadAttentionParams(const KernelInfo& info);
 
 // The schema of Attention (rope = false) or RopeAttention for element type T, shared by every
-// backend: Q, K, V [, cos, sin], attn_bias?, key_padding_mask?, past_key?, past_value? ->
+// backend: Q, K, V [, cos, sin], attn_bias?, key_padding_mask?, past_key?, past_value?,
+// alibi_slopes? (float32) ->
 // Y, present_key?, present_value?. attn_bias, cos and sin (T or float32) and key_padding_mask
 // (bool, int32 or int64) are declared UNDEFINED and checked by the kernels.
 OpSpec AttentionOpSpec(const char* name, const char* execution_provider, ONNXTensorElementDataType t, bool rope);

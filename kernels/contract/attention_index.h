@@ -9,7 +9,7 @@
 namespace otfuse {
 
 struct AttentionInputIndex {
-  size_t cos, sin, bias, key_mask, past_key, past_value;  // cos / sin: RopeAttention only (else 0)
+  size_t cos, sin, bias, key_mask, past_key, past_value, alibi_slopes;  // cos / sin: RopeAttention only (else 0)
 };
 
 template <bool kRope>
@@ -17,9 +17,10 @@ constexpr AttentionInputIndex AttentionInputs() {
   namespace rope = contract::RopeAttention::in;
   namespace plain = contract::Attention::in;
   if constexpr (kRope) {
-    return {rope::kCos, rope::kSin, rope::kAttnBias, rope::kKeyPaddingMask, rope::kPastKey, rope::kPastValue};
+    return {rope::kCos,    rope::kSin,     rope::kAttnBias, rope::kKeyPaddingMask,
+            rope::kPastKey, rope::kPastValue, rope::kAlibiSlopes};
   }
-  return {0, 0, plain::kAttnBias, plain::kKeyPaddingMask, plain::kPastKey, plain::kPastValue};
+  return {0, 0, plain::kAttnBias, plain::kKeyPaddingMask, plain::kPastKey, plain::kPastValue, plain::kAlibiSlopes};
 }
 
 }  // namespace otfuse

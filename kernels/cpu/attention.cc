@@ -153,6 +153,28 @@ bool Avx512Allowed() {
 #endif
 }
 
+// k_pos of alibi_positions = "mask_cumsum" (docs/ops.md): (m[b,0] + ... + m[b,j] - 1) * m[b,j]
+// with m the integer mask (all ones without one), as float32. O(B * Skv).
+std::vector<float> CumsumKeyPositions(const void* mask, MaskType type, int64_t batch, int64_t skv) {
+  std::vector<float> pos(static_cast<size_t>(batch * skv));
+  for (int64_t b = 0; b < batch; ++b) {
+    int64_t running = 0;
+    for (int64_t j = 0; j < skv; ++j) {
+      const int64_t at = b * skv + j;
+      int64_t m = 1;
+      switch (type) {
+        case MaskType::kBool: m = static_cast<const uint8_t*>(mask)[at] != 0; break;
+        case MaskType::kInt32: m = static_cast<const int32_t*>(mask)[at]; break;
+        case MaskType::kInt64: m = static_cast<const int64_t*>(mask)[at]; break;
+        default: break;
+      }
+      running += m;
+      pos[static_cast<size_t>(at)] = static_cast<float>((running - 1) * m);
+    }
+  }
+  return pos;
+}
+
 template <bool kRope>
 class AttentionKernel {
  public:
@@ -167,6 +189,7 @@ class AttentionKernel {
     layout_ = params.layout;
     output_layout_ = params.output_layout;
     uniform_empty_rows_ = params.uniform_empty_rows;
+    alibi_mask_cumsum_ = params.alibi_mask_cumsum;
     if constexpr (kRope) rotary_ = ReadRotaryAttributes(info, "rotary_mode", "rotary_sections");
     const CpuIsa isa = SelectCpuIsa();
     use_avx2_ = isa == CpuIsa::kAvx2 && __builtin_cpu_supports("fma");
@@ -259,6 +282,20 @@ class AttentionKernel {
       }
       ExpectShape("key_padding_mask", mask->shape, "[B, Skv]", Shape{batch, skv});
       job.key_mask = mask->data;
+    }
+    // alibi_slopes: float32 [N]; the bias is generated inside the tiles.
+    std::vector<float> alibi_key_pos;
+    if (const std::optional<InputTensor> slopes = ctx.Input(kIn.alibi_slopes)) {
+      if (slopes->type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
+        throw Error(std::string("alibi_slopes has element type ") + ElementTypeName(slopes->type) +
+                    "; expected float32");
+      }
+      ExpectShape("alibi_slopes", slopes->shape, "[num_heads]", Shape{nq});
+      job.alibi_slopes = slopes->As<float>();
+      if (alibi_mask_cumsum_) {
+        alibi_key_pos = CumsumKeyPositions(job.key_mask, job.key_mask_type, batch, skv);
+        job.alibi_key_pos = alibi_key_pos.data();
+      }
     }
 
     // Rotary embedding: cos/sin broadcast against Q's and K's [.., r] in the input layout.
@@ -449,6 +486,7 @@ class AttentionKernel {
   Layout output_layout_ = Layout::kBnsd;
   bool uniform_empty_rows_ = false;  // empty_rows = "uniform"
   RotaryAttributes rotary_;  // RopeAttention
+  bool alibi_mask_cumsum_ = false;   // alibi_positions = "mask_cumsum"
   bool use_avx2_ = false;
   bool use_avx512_ = false;
   Tiles tiles_;

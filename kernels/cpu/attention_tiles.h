@@ -78,6 +78,12 @@ struct AttentionJob {
   const void* key_mask;  // [B, Skv], nonzero = attend; null: none
   MaskType key_mask_type;
 
+  // ALiBi (docs/ops.md): s += alibi_slopes[h] * (k_pos - q_pos), generated per score, never
+  // stored. alibi_key_pos: [B, Skv] k_pos with q_pos = 0 ("mask_cumsum"); null: k_pos = j,
+  // q_pos = causal_offset + i ("index"). alibi_slopes null: no ALiBi.
+  const float* alibi_slopes;  // [N]
+  const float* alibi_key_pos;
+
   // Rotary embedding of the queries (RopeAttention; rotary_dim == 0: none). cos/sin rows of
   // rotary_dim elements, broadcast over Q's (b, h, i) with the strides below; lane i < rotary_dim
   // of the rotated row is cos[i]*x[i] + sin[i]*(rot_sign[i]*x[rot_src[i]]).

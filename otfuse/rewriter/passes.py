@@ -336,6 +336,9 @@ def run_pass(model: onnx.ModelProto, rules: Sequence[Rule], base_dir: Path | Non
                                    tuple(n.name for n in refused.covered), fused_as=" + ".join(kept),
                                    fused_nodes=_fused_names(refused.covered)))
         if rule is not None:
+            for what, reason in fusion.partial:
+                misses.append(NearMiss(f"{rule.name}: {what}", _node_label(root), reason,
+                                       tuple(n.name for n in fusion.covers), fused_as=rule.fused_op or fusion.op))
             claimed.update(id(node) for node in fusion.covers)
             replacements[id(root)] = replacement
             for node in replacement.nodes:

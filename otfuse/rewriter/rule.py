@@ -90,6 +90,9 @@ class Fusion:
     covers: tuple[onnx.NodeProto, ...]
     helpers: tuple = ()
     produces: frozenset[str] | None = None
+    # Parts fused less than fully, each (what, reason): reported as downgrades next to the fusion
+    # (an ALiBi bias kept materialised because its run contradicted the claim).
+    partial: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.helpers, Helpers):

@@ -188,6 +188,30 @@ def _heads_bnsd(x: np.ndarray, layout: str, heads: int, name: str) -> np.ndarray
     return out
 
 
+def alibi_positions_of(key_padding_mask: np.ndarray | None, mode: str, b: int, sq: int,
+                       skv: int) -> tuple[np.ndarray, np.ndarray]:
+    """(k_pos [B, 1, 1, Skv], q_pos [1, 1, Sq, 1]) as int64 (docs/ops.md, "ALiBi")."""
+    if mode == "index":
+        return np.arange(skv)[None, None, None, :], (skv - sq + np.arange(sq))[None, None, :, None]
+    if mode != "mask_cumsum":
+        raise ValueError(f"alibi_positions must be 'index' or 'mask_cumsum', got {mode!r}")
+    m = np.ones((b, skv), np.int64) if key_padding_mask is None else key_padding_mask.astype(np.int64)
+    k_pos = (np.cumsum(m, axis=-1) - 1) * m
+    return k_pos[:, None, None, :], np.zeros((1, 1, sq, 1), np.int64)
+
+
+def alibi_bias(slopes: np.ndarray, key_padding_mask: np.ndarray | None, mode: str, b: int, sq: int,
+               skv: int) -> np.ndarray:
+    """slope_h * (k_pos - q_pos) as [B, N, Sq, Skv] float32: the difference of two integers, then
+    one float32 product (as the kernel evaluates it)."""
+    slopes = np.asarray(slopes)
+    if slopes.ndim != 1:
+        raise ValueError(f"alibi_slopes must be [N], got shape {slopes.shape}")
+    k_pos, q_pos = alibi_positions_of(key_padding_mask, mode, b, sq, skv)
+    distance = (k_pos - q_pos).astype(_F32)
+    return slopes.astype(_F32)[None, :, None, None] * distance
+
+
 def attention(
     q: np.ndarray,
     k: np.ndarray,
@@ -196,6 +220,7 @@ def attention(
     key_padding_mask: np.ndarray | None = None,
     past_key: np.ndarray | None = None,
     past_value: np.ndarray | None = None,
+    alibi_slopes: np.ndarray | None = None,
     *,
     num_heads: int,
     kv_num_heads: int | None = None,
@@ -206,6 +231,7 @@ def attention(
     layout: str = "BNSD",
     output_layout: str | None = None,
     empty_rows: str = "zero",
+    alibi_positions: str = "index",
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Attention (docs/ops.md, "Attention family"), naive: materialises the [B, N, Sq, Skv] scores.
 
@@ -237,6 +263,10 @@ def attention(
     scores = np.matmul(q4.astype(_F32), k32.transpose(0, 1, 3, 2)) * scale
     if softcap:
         scores = _F32(softcap) * np.tanh(scores / _F32(softcap))
+    if alibi_slopes is not None:
+        if np.shape(alibi_slopes) != (n,):
+            raise ValueError(f"alibi_slopes shape {np.shape(alibi_slopes)} != [N] = {(n,)}")
+        scores = scores + alibi_bias(alibi_slopes, key_padding_mask, alibi_positions, b, sq, skv)
     if attn_bias is not None:
         scores = scores + np.broadcast_to(attn_bias.astype(_F32), (b, n, sq, skv))
     visible = np.ones((b, n, sq, skv), bool)
@@ -282,6 +312,7 @@ def rope_attention(
     key_padding_mask: np.ndarray | None = None,
     past_key: np.ndarray | None = None,
     past_value: np.ndarray | None = None,
+    alibi_slopes: np.ndarray | None = None,
     *,
     num_heads: int,
     kv_num_heads: int | None = None,
@@ -301,7 +332,8 @@ def rope_attention(
         return rotary_embedding(x4, cos, sin, rotary_mode, rotary_dim, rotary_sections).reshape(x.shape)
 
     return attention(rotated(q, num_heads), rotated(k, kv_num_heads), v, attn_bias, key_padding_mask, past_key,
-                     past_value, num_heads=num_heads, kv_num_heads=kv_num_heads, layout=layout, **attention_attrs)
+                     past_value, alibi_slopes, num_heads=num_heads, kv_num_heads=kv_num_heads, layout=layout,
+                     **attention_attrs)
 
 
 # ---- Norm + Linear family ----

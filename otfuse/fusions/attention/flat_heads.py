@@ -1,22 +1,27 @@
 """Eager attention on [B*N, S, D] tensors with an ALiBi bias (BLOOM's ``baddbmm``): the heads are
 merged into the batch for the two bmm, the bias is added to the [B*N, Sq, Skv] scores, and the
-padding/causal mask after splitting the heads again. Fused into ``Attention`` with the ALiBi bias
-(viewed as [B, N, 1, Skv]) plus the mask as ``attn_bias``, the checks and mask claim of sdpa.py.
+padding/causal mask after splitting the heads again. Fused into ``Attention`` with the checks and
+mask claim of sdpa.py; the ALiBi bias becomes ``alibi_slopes`` when alibi.py proves it (generated
+in the kernel), else it stays an ``attn_bias`` (viewed as [B, N, 1, Skv], plus the mask).
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from otfuse import ops
+from otfuse.fusions.attention.alibi import classify_alibi
 from otfuse.fusions.attention import chain_checks as chain
 from otfuse.fusions.attention.chain import scaled
 from otfuse.fusions.attention.fused_matmul import fused_alpha, fused_scores
 from otfuse.rewriter import checks
 from otfuse.rewriter.builder import Helpers
-from otfuse.rewriter.pattern import Either, Match, Var, op
+from otfuse.rewriter.pattern import Either, Match, Var, attr, op
 from otfuse.rewriter.refuse import Refuse
 from otfuse.rewriter.rule import Fusion, RewriteContext, Rule
 
 FAMILY = "attention"
+_ALL = 2**63 - 1  # a Slice end past every dim
 
 
 def _merged_heads(tag: str):
@@ -32,6 +37,8 @@ def _flat_attention():
     biased = Either(op.Add(scores, Var("alibi")), scores)
     scores4 = op.Reshape(biased, Var("scores_shape"), _bind="scores_unflat")
     probs = op.Softmax(Either(op.Add(scores4, Var("mask")), scores4), _bind="softmax")
+    # TorchScript writes softmax(dtype=float32).to(T) as Softmax -> Cast(float) -> Cast(T).
+    probs = Either(op.Cast(op.Cast(probs, _bind="softmax_widen"), _bind="softmax_narrow"), probs)
     probs3 = op.Reshape(probs, Var("probs_shape"), _bind="probs_flat")
     out = op.Reshape(op.MatMul(probs3, _merged_heads("v"), _bind="pv"), Var("out_shape"), _bind="out_unflat")
     return Either(op.Transpose(out, perm=[0, 2, 1, 3], _bind="out_transpose"), out)
@@ -74,6 +81,7 @@ def _analyse(ctx: RewriteContext, match: Match) -> Fusion:
         raise Refuse("q, k and v must share one float type")
     _check_reshapes(graph, match, dims)
     chain.require_softmax_over_keys(graph, match)
+    chain.require_softmax_casts(graph, match, elem)
     if match.has("alibi"):
         alibi = graph.shape(match.value("alibi"))
         if alibi is None or len(alibi) != 3 or alibi[1] != 1:
@@ -83,18 +91,59 @@ def _analyse(ctx: RewriteContext, match: Match) -> Fusion:
     attributes = {"num_heads": dims["N"], "kv_num_heads": dims["N"], "scale": chain.scale(graph, match),
                   "layout": "BNSD", "output_layout": "BSND" if match.has("out_transpose") else "BNSD"}
     helpers = Helpers(match.root)
-    bias = ""
-    if match.has("alibi"):
-        alibi = match.value("alibi")  # [B*N, 1, Skv] -> [B, N, 1, Skv]
-        tail = helpers.node("Slice", [helpers.node("Shape", [alibi]), helpers.ints([1]), helpers.ints([3])])
-        shape = helpers.node("Concat", [helpers.ints([-1, dims["N"]]), tail], axis=0)
-        bias = helpers.node("Reshape", [alibi, shape])
     mask, padding = chain.mask_inputs(ctx, match, attributes, helpers)
+    bias, slopes, partial = _alibi_inputs(ctx, match, dims["N"], padding, attributes, helpers)
     if mask:
         bias = helpers.node("Add", [bias, mask]) if bias else mask
-    call = ops.Attention(Q=q, K=k, V=v, attn_bias=bias, key_padding_mask=padding, Y=match.root.output[0],
+    y = match.root.output[0]
+    call = ops.Attention(Q=q, K=k, V=v, attn_bias=bias, key_padding_mask=padding, alibi_slopes=slopes, Y=y,
                          **attributes)
-    return Fusion(call, match.covered, helpers)
+    shape_reads = _output_shape_reads(graph, match, y, helpers)
+    return Fusion(call, tuple(match.covered) + shape_reads, helpers, partial=partial)
+
+
+def _output_shape_reads(graph, match: Match, y: str, helpers: Helpers) -> tuple:
+    """TorchScript sizes the output Reshape from ``Shape(P·V)`` ([B*N, Sq, Dv], interior to the
+    fusion): those plain ``Shape`` nodes are taken in and their value is rebuilt after the fused
+    node from ``Shape(Y)`` ([B, N, Sq, Dv], or [B, Sq, N, Dv] for a BSND output) as
+    [B*N, Sq, Dv]: the same numbers. Anything else reading P·V is left to the leak check."""
+    pv = match.node("pv").output[0]
+    readers = [n for n in graph.uses(pv) if n is not match.node("out_unflat")]
+    if not readers or graph.is_graph_output(pv) or not all(
+            n.op_type == "Shape" and n.domain in ("", "ai.onnx") and {a.name for a in n.attribute} <= {"start", "end"}
+            for n in readers):
+        return ()
+    heads_axis, seq_axis = (2, 1) if match.has("out_transpose") else (1, 2)
+    dims = helpers.node("Shape", [y], after=True)
+    merged = helpers.node("Mul", [helpers.node("Gather", [dims, helpers.ints([0])], after=True, axis=0),
+                                  helpers.node("Gather", [dims, helpers.ints([heads_axis])], after=True, axis=0)],
+                          after=True)
+    rest = helpers.node("Gather", [dims, helpers.ints([seq_axis, 3])], after=True, axis=0)
+    full = helpers.node("Concat", [merged, rest], after=True, axis=0)
+    for reader in readers:  # Shape's start/end clamp as Slice's do (opset 15)
+        start, end = attr(reader, "start", 0), attr(reader, "end", _ALL)
+        helpers.node("Slice", [full, helpers.ints([start]), helpers.ints([end])], reader.output[0], after=True)
+    return tuple(readers)
+
+
+def _alibi_inputs(ctx: RewriteContext, match: Match, heads: int, padding: str, attributes: dict,
+                  helpers: Helpers) -> tuple:
+    """(attn_bias, alibi_slopes, partial) for the graph's ALiBi: the slopes when alibi.py proves
+    the bias (``attributes`` gets ``alibi_positions``), else the bias itself viewed as
+    [B, N, 1, Skv], reported as a partial fusion with alibi.py's reason."""
+    if not match.has("alibi"):
+        return "", "", ()
+    alibi = match.value("alibi")
+    try:
+        claim = classify_alibi(ctx.graph, alibi, heads, padding or None, ctx.memo)
+    except Refuse as refusal:
+        tail = helpers.node("Slice", [helpers.node("Shape", [alibi]), helpers.ints([1]), helpers.ints([3])])
+        shape = helpers.node("Concat", [helpers.ints([-1, heads]), tail], axis=0)
+        bias = helpers.node("Reshape", [alibi, shape])  # [B*N, 1, Skv] -> [B, N, 1, Skv]
+        return bias, "", (("ALiBi kept as a materialised attn_bias", str(refusal)),)
+    attributes["alibi_positions"] = claim.positions
+    slopes = helpers.constant(np.array(claim.slopes, dtype=np.float32), f"{helpers.base}/alibi_slopes")
+    return "", slopes, ()
 
 
 FLAT_HEADS = Rule("Attention(flat heads, ALiBi)", _flat_attention(), _analyse, FAMILY, frozenset({"Softmax"}),

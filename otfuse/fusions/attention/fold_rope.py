@@ -17,6 +17,10 @@ from otfuse.rewriter.rule import Fusion, Refuse, RewriteContext, Rule
 FAMILY = "attention"
 
 
+# Attention's optional inputs, in order (otfuse/ops.py), carried onto RopeAttention by name.
+_OPTIONAL = tuple(i.name for i in ops.Attention.inputs if i.optional)
+
+
 def _pair_output(index: int, role: str):
     return op.RotaryEmbeddingQK(Var("x0"), Var("x1"), Var("cos"), Var("sin"), _domain=OP_DOMAIN,
                                 _output=index, _bind="rope", _as=role)
@@ -24,7 +28,7 @@ def _pair_output(index: int, role: str):
 
 def _folded(q_index: int):
     """otfuse.Attention reading the pair's q and k, with any of its optional inputs."""
-    optional = [Either(Var(name), Absent()) for name in ("attn_bias", "key_padding_mask", "past_key", "past_value")]
+    optional = [Either(Var(name), Absent()) for name in _OPTIONAL]
     return op.Attention(_pair_output(q_index, "q_rot"), _pair_output(1 - q_index, "k_rot"), Var("v"), *optional,
                         _domain=OP_DOMAIN, _bind="attention", _optional_tail=True)
 
@@ -40,8 +44,7 @@ def _analyse(ctx: RewriteContext, match: Match) -> Fusion:
         raise Refuse(f"the Attention node has attributes docs/ops.md does not define: {foreign}")
     q = list(rope.output).index(match.value("q_rot"))
     rotary = attributes(rope)
-    named = {name: match.value(name) for name in ("attn_bias", "key_padding_mask", "past_key", "past_value")
-             if match.has(name)}
+    named = {name: match.value(name) for name in _OPTIONAL if match.has(name)}
     outputs = dict(zip(ops.RopeAttention.output_names(), attention.output))
     extra = {"rotary_sections": list(rotary["sections"])} if rotary.get("sections") else {}
     call = ops.RopeAttention(Q=rope.input[q], K=rope.input[1 - q], V=attention.input[2], cos=rope.input[2],

@@ -138,7 +138,7 @@ def _conjuncts(graph: GraphIndex, value: str, negated: bool) -> list[tuple[str, 
     return [(value, negated)]
 
 
-def _input_values_read(graph: GraphIndex, value: str, memo: dict) -> frozenset[str]:
+def input_values_read(graph: GraphIndex, value: str, memo: dict) -> frozenset[str]:
     """The graph inputs whose values (not just shapes) ``value`` depends on."""
     key = ("reads", value)
     if key in memo:
@@ -160,7 +160,7 @@ def _input_values_read(graph: GraphIndex, value: str, memo: dict) -> frozenset[s
 
 
 def _leaf_kind(graph: GraphIndex, value: str, negated: bool, memo: dict) -> tuple[str, object]:
-    reads = _input_values_read(graph, value, memo)
+    reads = input_values_read(graph, value, memo)
     if reads:
         name = next(iter(reads))
         if len(reads) == 1 and graph.rank(name) == 2:
@@ -170,6 +170,8 @@ def _leaf_kind(graph: GraphIndex, value: str, negated: bool, memo: dict) -> tupl
         const = np.asarray(graph.constant_value(value)).astype(bool)
         if const.size and (const.all() if not negated else not const.any()):
             return "true", None
+        if _triangular_constant(graph, value):  # a causal comparison folded at static shapes
+            return "causal", None
         return "unknown", "a constant condition"
     node = graph.producer.get(value)
     if node is None:
@@ -332,7 +334,7 @@ def _input_dim_names(graph: GraphIndex, inputs: list[onnx.ValueInfoProto]) -> tu
     return declared, names
 
 
-def _subgraph(graph: GraphIndex, output: str) -> onnx.ModelProto:
+def subgraph_model(graph: GraphIndex, output: str) -> onnx.ModelProto:
     """The nodes computing ``output`` as a model of their own (only small constants allowed)."""
     needed, needed_by, stack = set(), {}, [output]
     shaped_inputs: set[str] = set()
@@ -389,7 +391,23 @@ def _sequence_lengths(claim: MaskClaim, offsets: set[int]) -> list[int]:
     return sorted(seqs)
 
 
-def _configurations(claim: MaskClaim, has_past: bool, offsets: set[int]):
+def static_sizes(model: onnx.ModelProto) -> tuple[int, int] | None:
+    """(batch, seq) when every input of the subgraph ``model`` has fixed dims (a static export can
+    run at its own size only), read from its [B, S] inputs; None when some dim is symbolic."""
+    shapes = [[d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
+              for vi in model.graph.input]
+    if any(None in shape for shape in shapes):
+        return None
+    pairs = {tuple(shape) for shape in shapes if len(shape) == 2}
+    if len(pairs) != 1:
+        raise Refuse(f"a static subgraph whose [B, S] size cannot be told from its inputs {shapes}")
+    return next(iter(pairs))
+
+
+def _configurations(claim: MaskClaim, has_past: bool, offsets: set[int], static: tuple[int, int] | None):
+    if static is not None:  # the sequences past the offsets cannot be run: the export fixed its size
+        yield static[0], static[1], 0
+        return
     pasts = [0, 3] if has_past else [0]
     for seq in _sequence_lengths(claim, offsets):
         for past in pasts:
@@ -412,12 +430,11 @@ def _visible_where_zero(got: np.ndarray, fill: float) -> np.ndarray | None:
     return visible if np.all(visible | masked) else None
 
 
-def _verify_by_running(graph: GraphIndex, output: str, claim: MaskClaim, visible_of, offsets: set[int]) -> None:
+def probe_session(model: onnx.ModelProto, what: str):
+    """(an ORT session of the subgraph ``model``, whether it has past inputs); refuses if it does
+    not run on its own. Graph optimisations off: what runs is what the model computes."""
     import onnxruntime as ort
 
-    from otfuse.run.feeds import make_feeds
-
-    model = _subgraph(graph, output)
     names = {vi.name for vi in model.graph.input}
     has_past = any("past" in name or "cache" in name or "key_values" in name for name in names)
     options = ort.SessionOptions()
@@ -425,9 +442,17 @@ def _verify_by_running(graph: GraphIndex, output: str, claim: MaskClaim, visible
     try:
         session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - any failure means: no claim
-        raise Refuse(f"the mask subgraph does not run on its own ({type(exc).__name__})") from None
+        raise Refuse(f"the {what} subgraph does not run on its own ({type(exc).__name__})") from None
+    return session, has_past
+
+
+def _verify_by_running(graph: GraphIndex, output: str, claim: MaskClaim, visible_of, offsets: set[int]) -> None:
+    from otfuse.run.feeds import make_feeds
+
+    model = subgraph_model(graph, output)
+    session, has_past = probe_session(model, "mask")
     rng = np.random.default_rng(0)
-    for batch, seq, past in _configurations(claim, has_past, offsets):
+    for batch, seq, past in _configurations(claim, has_past, offsets, static_sizes(model)):
         feeds = make_feeds(model, {"batch": batch, "seq": seq, "past": past})
         total = past + seq
         for padding in _padding_patterns(batch, total, rng):

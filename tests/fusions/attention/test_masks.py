@@ -57,8 +57,7 @@ def test_exported_masks_become_causal_window_and_padding(tmp_path, name, causal,
     assert (attrs.get("causal", 0), attrs.get("window", 0)) == (causal, window)
     assert attrs["empty_rows"].decode() == empty_rows
     assert padding == "attention_mask"  # key_padding_mask: the model's own [B, Skv] input
-    if name != "bloom":  # Bloom's ALiBi stays a bias (the mask's part of it is gone)
-        assert not bias
+    assert not bias  # Bloom's ALiBi too: alibi_slopes (tests/fusions/attention/test_alibi.py)
     assert not _float_wheres(out), "the S x S mask is gone"
 
 

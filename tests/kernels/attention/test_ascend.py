@@ -185,6 +185,33 @@ def test_attn_bias_becomes_pse_shift(library, fake, dtype, shape, bias_dtype):
     assert len(fake.calls(COPY + "GetWorkspaceSize")) == (1 if expanded else 0)
 
 
+@pytest.mark.parametrize("positions", ["index", "mask_cumsum"])
+@pytest.mark.parametrize("dtype", HALF, ids=lambda d: d.name)
+def test_alibi_slopes_become_a_host_built_pse_shift(library, fake, dtype, positions):
+    # FIA V3 has no generated ALiBi: the bias is built on the host (docs/ops.md) and cast to FIA's
+    # type by one copy; a KV cache puts the query rows at P + i, the mask has a hole and a 3.
+    rng = seeded("alibi", dtype.name, positions)
+    inputs = A.qkv(rng, 2, 4, 4, 3, 9, 16, dtype)
+    inputs["past_key"], inputs["past_value"] = inputs["K"][:, :, :6], inputs["V"][:, :, :6]
+    inputs["K"], inputs["V"] = inputs["K"][:, :, 6:], inputs["V"][:, :, 6:]
+    inputs["alibi_slopes"] = np.array([0.5, 0.25, 0.125, 0.0625], F32)
+    if positions == "mask_cumsum":
+        inputs["key_padding_mask"] = np.array([[0, 0, 1, 1, 1, 1, 1, 1, 1], [1, 0, 1, 3, 1, 1, 1, 1, 1]], np.int64)
+    attention_vs_cpu(library, inputs, {"num_heads": 4, "causal": 1, "alibi_positions": positions})
+    call = fia_call(fake)
+    b = 2 if positions == "mask_cumsum" else 1
+    assert call["pseShift"] == {"shape": [b, 4, 3, 9], "dtype": dtype.name}
+
+
+def test_alibi_slopes_with_attn_bias_are_refused(library, fake):
+    rng = seeded("alibi+bias")
+    inputs = A.qkv(rng, 1, 2, 2, 3, 3, 16, F16)
+    inputs["alibi_slopes"] = np.array([0.5, 0.25], F32)
+    inputs["attn_bias"] = np.zeros((1, 1, 3, 3), F16)
+    with pytest.raises(Exception, match="one pseShift"):
+        attention(library, "Attention", inputs, {"num_heads": 2}, True)
+
+
 def test_fully_masked_rows_are_zero(library, fake):
     rng = seeded("fully masked")
     inputs = A.qkv(rng, 1, 2, 2, 4, 4, 16, F16)

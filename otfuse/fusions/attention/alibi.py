@@ -1,0 +1,131 @@
+"""Recognise the ALiBi bias an exporter built in the graph, so ``Attention`` can generate it in its
+tiles from ``alibi_slopes`` (docs/ops.md, "ALiBi") instead of reading a materialised bias.
+
+The bias is the value the scores are added to, ``[B*N, 1, Skv]`` (BLOOM's ``baddbmm`` operand) or
+``[B, N, 1, Skv]``: one row per (batch, head), the same for every query (key-only). Nothing is
+read from its structure but the inputs whose values it depends on. What it computes is **checked
+by running its own subgraph** in ONNX Runtime (as masks.py checks masks) at several batch /
+sequence / cache sizes and paddings (values 0, 1 and 3), and must equal, exactly:
+
+* reading the values of the padding mask ``m`` (the one the attention mask claim proved to be the
+  key padding): BLOOM's ``slope_h * (cumsum(m) - 1) * m`` → ``alibi_positions = "mask_cumsum"``
+  (the op's form, key-only, the same formula);
+* reading no input values: ``slope_h * j`` → ``alibi_positions = "index"``, whose relative form
+  ``slope_h * (j - t)`` differs from it by ``slope_h * t`` in each query row, which the row-wise
+  softmax cancels.
+
+The slopes are recovered per head from the run itself (key 1 minus key 0 with no padding), so a
+graph with other slopes gets its own; a per-query term, an offset, or a slope that changes with
+the batch or the sequence contradicts the run and the bias stays an additive ``attn_bias``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from otfuse.fusions.attention.masks import input_values_read, probe_session, static_sizes, subgraph_model
+from otfuse.rewriter.graph import GraphIndex
+from otfuse.rewriter.refuse import Refuse
+
+# Probed sizes: sequences past every small constant an exporter adds (BLOOM's "- 1") and across
+# a padding run; a cache of 3 when the subgraph has past inputs.
+_SEQUENCES = (2, 5, 12, 40)
+_PADDING_VALUES = np.array([0, 1, 3], dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class AlibiClaim:
+    slopes: tuple[float, ...]  # float32 values, one per head
+    positions: str  # "index" or "mask_cumsum"
+
+
+def classify_alibi(graph: GraphIndex, bias: str, heads: int, key_padding: str | None, memo: dict) -> AlibiClaim:
+    """A verified claim for the additive ``bias`` of ``heads`` heads, whose key padding (if any)
+    is the graph input ``key_padding``; raises Refuse saying why none can be made. Memoised per
+    pass (every layer reads the same bias)."""
+    key = ("alibi", bias, heads, key_padding)
+    if key not in memo:
+        try:
+            memo[key] = _claim(graph, bias, heads, key_padding)
+        except Refuse as refusal:
+            memo[key] = refusal
+    found = memo[key]
+    if isinstance(found, Refuse):
+        raise Refuse(str(found))
+    return found
+
+
+def _claim(graph: GraphIndex, bias: str, heads: int, key_padding: str | None) -> AlibiClaim:
+    reads = input_values_read(graph, bias, {})
+    if not reads:
+        positions = "index"
+    elif key_padding is not None and reads == {key_padding}:
+        positions = "mask_cumsum"
+    else:
+        why = "no padding mask was proven for this attention" if key_padding is None else \
+            f"the proven padding mask is {key_padding!r}"
+        raise Refuse(f"the ALiBi bias reads the values of {sorted(reads)} ({why})")
+    model = subgraph_model(graph, bias)
+    slopes = _verify_by_running(model, heads, key_padding if positions == "mask_cumsum" else None)
+    return AlibiClaim(tuple(float(s) for s in slopes), positions)
+
+
+def key_positions(padding: np.ndarray | None, batch: int, skv: int) -> np.ndarray:
+    """[B, Skv] int64: j without a padding mask, BLOOM's ``(cumsum(m) - 1) * m`` with one."""
+    if padding is None:
+        return np.broadcast_to(np.arange(skv, dtype=np.int64), (batch, skv))
+    m = padding.astype(np.int64)
+    return (np.cumsum(m, axis=-1) - 1) * m
+
+
+def _as_rows(got: np.ndarray, batch: int, heads: int, skv: int) -> np.ndarray:
+    """The bias as [B, N, Skv], when it is [B*N, 1, Skv] or [B, N, 1, Skv] (one row per head)."""
+    if got.shape in ((batch * heads, 1, skv), (batch, heads, 1, skv)):
+        return got.reshape(batch, heads, skv)
+    raise Refuse(f"running the ALiBi bias gives shape {list(got.shape)}, not [B*N, 1, Skv] = "
+                 f"{[batch * heads, 1, skv]} or [B, N, 1, Skv]: not one key-only row per head")
+
+
+def _probes(has_past: bool, key_padding: str | None, rng, static: tuple[int, int] | None):
+    """(batch, seq, past, padding or None): no padding first (the slopes come from it); a static
+    export only at its own (batch, seq)."""
+    for batch in (1, 2) if static is None else (static[0],):
+        for seq in _SEQUENCES if static is None else (static[1],):
+            for past in (0, 3) if has_past and static is None else (0,):
+                for padding in _paddings(batch, past + seq, rng) if key_padding else [None]:
+                    yield batch, seq, past, padding
+
+
+def _verify_by_running(model, heads: int, key_padding: str | None) -> np.ndarray:
+    from otfuse.run.feeds import make_feeds
+
+    session, has_past = probe_session(model, "ALiBi bias")
+    slopes = None
+    for batch, seq, past, padding in _probes(has_past, key_padding, np.random.default_rng(0), static_sizes(model)):
+        feeds = make_feeds(model, {"batch": batch, "seq": seq, "past": past})
+        if padding is not None:
+            feeds[key_padding] = padding.astype(feeds[key_padding].dtype)
+        try:
+            (got,) = session.run(None, feeds)
+        except Exception as exc:  # noqa: BLE001
+            raise Refuse(f"the ALiBi bias subgraph failed at seq {seq}, past {past} ({type(exc).__name__})") from None
+        rows = _as_rows(np.asarray(got), batch, heads, past + seq)
+        if slopes is None:  # keys 1 and 0 of the first, unpadded run
+            slopes = rows[0, :, 1].astype(np.float32) - rows[0, :, 0].astype(np.float32)
+            if not np.all(np.isfinite(slopes)):
+                raise Refuse("the ALiBi bias has non-finite slopes")
+        positions = key_positions(padding, batch, past + seq)[:, None, :].astype(np.float32)
+        if not np.array_equal(rows, (slopes[None, :, None] * positions).astype(rows.dtype)):
+            raise Refuse(f"running the ALiBi bias (batch {batch}, seq {seq}, past {past}) contradicts slope_h * k_pos "
+                         f"with alibi_positions = {'mask_cumsum' if key_padding else 'index'}")
+    return slopes
+
+
+def _paddings(batch: int, total: int, rng) -> list[np.ndarray]:
+    ones = np.ones((batch, total), dtype=np.int64)
+    left = ones.copy()
+    left[0, : total // 2] = 0
+    random = rng.choice(_PADDING_VALUES, size=(batch, total), p=[0.3, 0.5, 0.2])
+    return [ones, left, random]

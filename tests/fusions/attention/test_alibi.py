@@ -1,0 +1,230 @@
+"""BLOOM's graph-built ALiBi bias becomes ``alibi_slopes`` (generated in the kernel) only when running
+its subgraph proves ``slope_h * (cumsum(mask) - 1) * mask`` (otfuse/fusions/attention/alibi.py);
+the mutations that break the form keep it an ``attn_bias`` (or refuse), and every fused model
+diffs clean against the original, left padding and holes in the mask included."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from fixtures import fixture_path
+from fusing import attrs, fused_nodes
+from onnx import helper, numpy_helper
+
+import otfuse
+
+BLOOM_SLOPES = [2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8]  # 4 heads: 2^(-8 h / 4)
+
+
+def _fuse(tmp_path, model: onnx.ModelProto, name: str):
+    src, out = tmp_path / f"{name}.onnx", tmp_path / f"{name}_fused.onnx"
+    onnx.save(model, src)
+    report = otfuse.fuse(src, out)
+    return src, out, report
+
+
+def _diff_with_padding(src, out, seq=9):
+    """Left padding in row 0, a hole and a non-1 value in row 1: the cumsum positions differ from j."""
+    rng = np.random.default_rng(0)
+    feeds = {"input_ids": rng.integers(0, 200, (2, seq)).astype(np.int64),
+             "attention_mask": np.array([[0, 0, 0] + [1] * (seq - 3), [1, 1, 0, 1, 3] + [1] * (seq - 5)], np.int64)}
+    for inputs in (feeds, None):
+        result = otfuse.diff(src, out, inputs=inputs, dims=None if inputs else {"batch": 2, "seq": seq})
+        assert result.ok, [row.to_dict() for row in result.outputs]
+
+
+def _attention(out) -> tuple[onnx.NodeProto, dict, dict[str, np.ndarray]]:
+    model = onnx.load(out)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    (node, *_) = [n for n in fused_nodes(model) if n.op_type == "Attention"]
+    return node, attrs(node), inits
+
+
+def _slopes(node, inits):
+    return inits[node.input[7]].tolist() if len(node.input) > 7 and node.input[7] else None
+
+
+def _mutated(mutate) -> onnx.ModelProto:
+    model = onnx.load(fixture_path("bloom"))
+    mutate(model)
+    return model
+
+
+def _init(model, name) -> onnx.TensorProto:
+    return next(i for i in model.graph.initializer if i.name == name)
+
+
+def _node(model, op_type, output):
+    return next(n for n in model.graph.node if n.op_type == op_type and n.output[0] == output)
+
+
+def test_bloom_alibi_becomes_slopes_generated_in_the_kernel(tmp_path):
+    src, out, report = _fuse(tmp_path, onnx.load(fixture_path("bloom")), "bloom")
+    assert report.fusions["Attention"] == 2
+    node, a, inits = _attention(out)
+    assert _slopes(node, inits) == BLOOM_SLOPES
+    assert a["alibi_positions"] == b"mask_cumsum" and a["causal"] == 1
+    assert not node.input[3], "no attn_bias: neither the ALiBi nor the mask is materialised"
+    assert node.input[4] == "attention_mask"
+    fused = onnx.load(out)
+    assert not [n for n in fused.graph.node if n.op_type == "CumSum"], "the bias subgraph is gone"
+    _diff_with_padding(src, out)
+
+
+def test_other_slopes_are_recovered_from_the_graph(tmp_path):
+    # "Wrong" slopes for BLOOM's formula are still slopes: read from the run, not assumed.
+    def other(model):
+        init = _init(model, _node(model, "Mul", "mul_1").input[0])
+        init.CopyFrom(numpy_helper.from_array(np.array([[0.5], [-0.25], [3.0], [0.1]], np.float32), init.name))
+    src, out, _ = _fuse(tmp_path, _mutated(other), "slopes")
+    node, _, inits = _attention(out)
+    assert _slopes(node, inits) == np.array([0.5, -0.25, 3.0, 0.1], np.float32).tolist()
+    _diff_with_padding(src, out)
+
+
+@pytest.mark.parametrize("mutation", ["offset", "squared", "length_shift", "per_batch"])
+def test_mutated_biases_stay_an_additive_bias(tmp_path, mutation):
+    def mutate(model):
+        if mutation == "offset":  # (cumsum - 2) * mask: softmax-equal for contiguous masks only
+            sub = _node(model, "Sub", "sub")  # its 1 is shared with the Range steps: a new constant
+            one = numpy_helper.to_array(_init(model, sub.input[1]))
+            model.graph.initializer.append(numpy_helper.from_array(np.asarray(2, one.dtype), "two"))
+            sub.input[1] = "two"
+        elif mutation == "squared":  # positions that are not the cumsum
+            _node(model, "Mul", "mul").input[1] = "sub"
+        elif mutation == "length_shift":  # + S on every key position: softmax-equal, not the op's form
+            mul = _node(model, "Mul", "mul")
+            model.graph.node.insert(list(model.graph.node).index(mul) + 1, helper.make_node(
+                "Add", ["mul_q", "sym_size_int_9"], ["mul"], name="length_shift"))
+            mul.output[0] = "mul_q"
+        else:  # slopes that differ per batch row: [B*N] rows from a [2, N] table
+            init = _init(model, _node(model, "Mul", "mul_1").input[0])
+            table = np.array([[[0.25], [0.5], [1.0], [2.0]], [[1.0], [1.0], [1.0], [1.0]]], np.float32)
+            init.CopyFrom(numpy_helper.from_array(table, init.name))
+    src, out, report = _fuse(tmp_path, _mutated(mutate), mutation)
+    if mutation == "per_batch":
+        # [2, N, Skv] only broadcasts at batch 2; the rule must not read it as per-head slopes.
+        node, _, inits = (_attention(out) if report.fusions.get("Attention") else (None, None, None))
+        assert node is None or _slopes(node, inits) is None
+        return
+    node, _, inits = _attention(out)
+    assert _slopes(node, inits) is None and node.input[3], "kept as attn_bias"
+    kept = [m for m in report.near_misses if "ALiBi kept" in m["pattern"]]
+    assert kept and kept[0]["fused_as"] == "Attention" and "ALiBi" in kept[0]["reason"], report.near_misses
+    _diff_with_padding(src, out)
+
+
+def test_an_extra_reader_of_the_biased_scores_refuses(tmp_path):
+    def leak(model):
+        model.graph.output.append(helper.make_tensor_value_info("baddbmm", onnx.TensorProto.FLOAT, None))
+    _, _, report = _fuse(tmp_path, _mutated(leak), "leak")
+    assert report.fusions.get("Attention", 0) == 1  # layer 1 fuses, layer 0's scores are read outside
+    assert any("baddbmm" in (m.get("reason") or "") for m in report.near_misses), report.near_misses
+
+
+def test_an_extra_reader_of_the_bias_keeps_it_and_still_uses_slopes(tmp_path):
+    def read(model):
+        model.graph.output.append(helper.make_tensor_value_info("view", onnx.TensorProto.FLOAT, None))
+    src, out, report = _fuse(tmp_path, _mutated(read), "reader")
+    assert report.fusions["Attention"] == 2
+    node, _, inits = _attention(out)
+    assert _slopes(node, inits) == BLOOM_SLOPES
+    assert "view" in {o.name for o in onnx.load(out).graph.output}
+    _diff_with_padding(src, out)
+
+
+_PEAK_RSS = """
+import json, resource, sys
+import numpy as np
+import otfuse
+path, seq = sys.argv[1], int(sys.argv[2])
+session = otfuse.InferenceSession(path)
+feeds = {"input_ids": np.zeros((1, seq), np.int64), "attention_mask": np.ones((1, seq), np.int64)}
+session.run(["logits"], feeds)
+print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+"""
+
+
+def _peak_rss(path, seq: int) -> int:
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _PEAK_RSS, str(path), str(seq)], check=True, capture_output=True,
+                         text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_fused_bloom_memory_for_the_bias_does_not_grow_with_the_square_of_the_sequence(tmp_path):
+    # Unfused, 4 heads of [2048, 2048] float32 scores (64 MiB) plus the [1, 1, 2048, 2048] mask
+    # exist at 2048 tokens; fused, only O(S) tensors (the logits: 2 MiB). The unfused model is the
+    # control that the measurement sees an S x S tensor.
+    src, out, report = _fuse(tmp_path, onnx.load(fixture_path("bloom")), "bloom")
+    assert report.fusions["Attention"] == 2
+    fused_growth = _peak_rss(out, 2048) - _peak_rss(out, 256)
+    unfused_growth = _peak_rss(src, 2048) - _peak_rss(src, 256)
+    assert unfused_growth > 48 * 2**20, unfused_growth
+    assert fused_growth < 24 * 2**20, (fused_growth, unfused_growth)
+
+
+# Every committed BLOOM export whose attention fuses gets its ALiBi as slopes (the matrix itself
+# checks the counts and the diff); the others are the matrix's XFAIL entries.
+BLOOM_WITH_SLOPES = ["dynamo_nopos_dyn", "dynamo_nopos_dyn.fp16", "dynamo_nopos_dyn.onnxsim",
+                     "dynamo_nopos_dyn.onnxslim", "dynamo_nopos_dyn.ort_basic", "ts14_nopos_dyn", "ts14_nopos_static", "ts17_nopos_dyn",
+                     "ts17_nopos_static", "ts20_nopos_dyn", "ts20_nopos_static"]
+
+
+@pytest.mark.parametrize("variant", BLOOM_WITH_SLOPES)
+def test_matrix_bloom_exports_generate_alibi_in_the_kernel(tmp_path, variant):
+    from models.test_export_matrix import COVERAGE, ENTRIES, MATRIX
+
+    (tmp_path / "in").mkdir()
+    path = COVERAGE.materialise(MATRIX / ENTRIES[f"bloom/{variant}"]["file"], tmp_path / "in")
+    report = otfuse.fuse(path, tmp_path / "out.onnx")
+    assert report.fusions["Attention"] == 2
+    assert not [m for m in report.near_misses if "ALiBi" in m["pattern"]], report.near_misses
+    model = onnx.load(tmp_path / "out.onnx")
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    for node in [n for n in fused_nodes(model) if n.op_type == "Attention"]:
+        assert _slopes(node, inits) == BLOOM_SLOPES and not node.input[3], node
+        assert attrs(node)["alibi_positions"] == b"mask_cumsum"
+
+
+def test_rope_fold_carries_the_slopes_onto_rope_attention():
+    # otfuse.Attention(alibi_slopes) over a RotaryEmbeddingQK pair folds into RopeAttention with
+    # the slopes at their contract position (input 9) and alibi_positions kept.
+    from fusing import fuse_in_memory
+
+    f, i64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
+    x = [helper.make_tensor_value_info(n, f, [1, 2, 4, 8]) for n in ("q", "k", "v")]
+    tables = [helper.make_tensor_value_info(n, f, [1, 1, 4, 8]) for n in ("cos", "sin")]
+    mask = helper.make_tensor_value_info("mask", i64, [1, 4])
+    nodes = [helper.make_node("RotaryEmbeddingQK", ["q", "k", "cos", "sin"], ["qr", "kr"], domain="otfuse"),
+             helper.make_node("Attention", ["qr", "kr", "v", "", "mask", "", "", "slopes"], ["y"], domain="otfuse",
+                              num_heads=2, causal=1, alibi_positions="mask_cumsum")]
+    graph = helper.make_graph(nodes, "g", x + tables + [mask], [helper.make_tensor_value_info("y", f, [1, 2, 4, 8])],
+                              [numpy_helper.from_array(np.array([0.5, 0.25], np.float32), "slopes")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("otfuse", 1)])
+    fused, report = fuse_in_memory(model, "attention")
+    (node,) = fused_nodes(fused)
+    assert node.op_type == "RopeAttention" and node.input[9] == "slopes" and node.input[6] == "mask"
+    assert attrs(node)["alibi_positions"] == b"mask_cumsum"
+
+
+def test_a_bias_of_key_indices_becomes_index_positions(tmp_path):
+    # slope_h * j from the mask's shape only (cumsum of ones): the op's relative slope_h * (j - t)
+    # differs by slope_h * t in each row, which the softmax cancels; padding no longer shifts it.
+    def indices(model):
+        ones = [helper.make_node("Shape", ["attention_mask"], ["mask_shape"]),
+                helper.make_node("ConstantOfShape", ["mask_shape"], ["ones"],
+                                 value=numpy_helper.from_array(np.array([1], np.int64)))]
+        for node in (_node(model, "CumSum", "cumsum"), _node(model, "Mul", "mul")):
+            node.input[:] = ["ones" if name == "attention_mask" else name for name in node.input]
+        for node in reversed(ones):
+            model.graph.node.insert(0, node)
+    src, out, report = _fuse(tmp_path, _mutated(indices), "indices")
+    node, a, inits = _attention(out)
+    assert _slopes(node, inits) == BLOOM_SLOPES and a.get("alibi_positions", b"index") == b"index"
+    assert not node.input[3]
+    _diff_with_padding(src, out)

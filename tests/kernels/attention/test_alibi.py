@@ -1,0 +1,130 @@
+"""ALiBi generated inside the CPU attention kernel (`alibi_slopes`, `alibi_positions`; docs/ops.md
+"ALiBi") against otfuse.verify.reference, and its memory: no [.., Sq, Skv] tensor, so the peak
+RSS of a session grows with S, not S^2 (measured in a subprocess, nothing timed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from kernels.attention.test_cpu import DTYPES, F16, F32, check, qkv, seeded
+
+
+def bloom_slopes(n: int) -> np.ndarray:
+    """BLOOM's / Press et al.'s geometric slopes 2^(-8 h / n) for a power-of-two n."""
+    return np.array([2.0 ** (-8.0 * (h + 1) / n) for h in range(n)], np.float32)
+
+
+def with_past(inputs: dict, past: int) -> dict:
+    """Moves the first `past` keys/values of a BNSD K/V into past_key/past_value."""
+    inputs["past_key"], inputs["past_value"] = inputs["K"][:, :, :past], inputs["V"][:, :, :past]
+    inputs["K"], inputs["V"] = inputs["K"][:, :, past:], inputs["V"][:, :, past:]
+    return inputs
+
+
+def padding(rng, batch: int, skv: int) -> np.ndarray:
+    """Left padding in row 0, holes of 0 and non-1 values (3) elsewhere: the cumsum positions of
+    "mask_cumsum" then differ from j, and any non-zero value attends."""
+    mask = rng.choice(np.array([0, 1, 3], np.int64), size=(batch, skv), p=[0.2, 0.6, 0.2])
+    mask[0, : skv // 3] = 0
+    mask[:, -1] = 1
+    return mask
+
+
+@pytest.mark.parametrize("positions", ["index", "mask_cumsum"])
+@pytest.mark.parametrize("causal", [0, 1])
+@pytest.mark.parametrize("path", ["direct", "packed"])
+@pytest.mark.parametrize("dtype", [F32, F16], ids=lambda d: d.name)
+def test_alibi_matches_reference(library, monkeypatch, dtype, path, causal, positions):
+    # Small tiles: the bias crosses tile edges, the KV cache puts the query rows at P + i.
+    monkeypatch.setenv("OTFUSE_ATTENTION_PATH", path)
+    monkeypatch.setenv("OTFUSE_ATTENTION_TILES", "5x16")
+    rng = seeded("alibi", dtype.name, path, causal, positions)
+    for sq, skv in [(37, 37), (11, 53), (1, 70)]:
+        inputs = qkv(rng, 2, 4, 2, sq, skv, 32, dtype)
+        if skv > sq:
+            inputs = with_past(inputs, skv - sq)
+        inputs["alibi_slopes"] = bloom_slopes(4)
+        if positions == "mask_cumsum":
+            inputs["key_padding_mask"] = padding(rng, 2, skv)
+        check(library, inputs, {"num_heads": 4, "kv_num_heads": 2, "causal": causal, "alibi_positions": positions},
+              outputs=("Y", "present_key", "present_value"))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_alibi_with_window_softcap_bias_and_rope(library, dtype):
+    rng = seeded("alibi-all", dtype.name)
+    sq, skv = 40, 40
+    inputs = qkv(rng, 1, 2, 2, sq, skv, 32, dtype)
+    inputs["cos"] = np.cos(rng.standard_normal((1, 1, sq, 32), dtype=np.float32))
+    inputs["sin"] = np.sin(rng.standard_normal((1, 1, sq, 32), dtype=np.float32))
+    inputs["attn_bias"] = rng.standard_normal((1, 2, sq, skv), dtype=np.float32)
+    inputs["alibi_slopes"] = np.array([0.5, -0.125], np.float32)  # any value: the kernel reads them
+    check(library, inputs, {"num_heads": 2, "causal": 1, "window": 9, "softcap": 4.0}, op="RopeAttention")
+
+
+def test_mask_cumsum_without_a_mask_counts_every_key(library):
+    # k_pos = j (all ones); against "index" the rows differ by the constant slope * t only.
+    rng = seeded("alibi-nomask")
+    inputs = qkv(rng, 1, 4, 4, 9, 9, 16, F32)
+    inputs["alibi_slopes"] = bloom_slopes(4) * 8
+    (cumsum,) = check(library, inputs, {"num_heads": 4, "causal": 1, "alibi_positions": "mask_cumsum"})
+    (index,) = check(library, inputs, {"num_heads": 4, "causal": 1})
+    np.testing.assert_allclose(cumsum, index, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bad", ["shape", "type", "positions"])
+def test_bad_alibi_inputs_fail_with_one_message(library, bad):
+    from kernels.attention.test_cpu import run_op
+
+    rng = seeded("alibi-bad", bad)
+    inputs = qkv(rng, 1, 4, 4, 3, 3, 16, F32)
+    attrs = {"num_heads": 4}
+    inputs["alibi_slopes"] = bloom_slopes(4)
+    if bad == "shape":
+        inputs["alibi_slopes"] = bloom_slopes(8)
+    elif bad == "type":
+        inputs["alibi_slopes"] = bloom_slopes(4).astype(np.float16)
+    else:
+        attrs["alibi_positions"] = "cumsum"
+    with pytest.raises(Exception, match="alibi"):
+        run_op(library, "Attention", inputs, attrs)
+
+
+_PEAK_RSS = textwrap.dedent("""
+    import json, resource, sys
+    import numpy as np
+    sys.path.insert(0, sys.argv[3])
+    from kernels.attention.test_cpu import make_session, build_model
+    seq, library = int(sys.argv[1]), sys.argv[2]
+    n, d = 8, 16
+    rng = np.random.default_rng(0)
+    inputs = {name: rng.standard_normal((1, n, seq, d), dtype=np.float32) for name in ("Q", "K", "V")}
+    inputs["key_padding_mask"] = np.ones((1, seq), np.int64)
+    inputs["alibi_slopes"] = np.array([2.0 ** -(h + 1) for h in range(n)], np.float32)
+    attrs = {"num_heads": n, "causal": 1, "alibi_positions": "mask_cumsum"}
+    session = make_session(build_model("Attention", inputs, attrs), library, threads=1)
+    session.run(None, inputs)
+    print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+""")
+
+
+def _peak_rss(library: str, seq: int) -> int:
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run([sys.executable, "-c", _PEAK_RSS, str(seq), library, root], check=True,
+                         capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_alibi_memory_grows_linearly_with_the_sequence(library):
+    # A [1, 8, S, S] float32 bias (or scores) would be 128 MiB at S = 2048 and 2 MiB at 256; the
+    # inputs and outputs grow by 2.5 MiB. Allow 24 MiB for everything O(S) and allocator noise.
+    short, long = _peak_rss(library, 256), _peak_rss(library, 2048)
+    assert long - short < 24 * 2**20, (short, long)
