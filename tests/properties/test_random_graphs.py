@@ -7,7 +7,7 @@ line, and never 3 (an internal error); a written model that fused anything passe
 ``onnx.checker`` (full check) and reproduces the original's outputs in ONNX Runtime within the
 per-dtype tolerance, on random inputs.
 
-Seeds are fixed: ``OTFUSE_PROPERTY_EXAMPLES`` (per family, default 20) sets how many graphs,
+Seeds are fixed: ``OTFUSE_PROPERTY_EXAMPLES`` (per family, default 40) sets how many graphs,
 ``OTFUSE_PROPERTY_SEED`` (default 0) where the seeds start. A failure names the seed and the
 knobs drawn; ``generate(family, seed)`` rebuilds that graph."""
 
@@ -22,7 +22,7 @@ import otfuse
 from otfuse.cli import main
 from properties.generators import FAMILIES, generate
 
-EXAMPLES = int(os.environ.get("OTFUSE_PROPERTY_EXAMPLES", "20"))
+EXAMPLES = int(os.environ.get("OTFUSE_PROPERTY_EXAMPLES", "40"))
 FIRST_SEED = int(os.environ.get("OTFUSE_PROPERTY_SEED", "0"))
 SEEDS = range(FIRST_SEED, FIRST_SEED + EXAMPLES)
 
