@@ -156,7 +156,7 @@ def _norm_linear(draw: Draw) -> tuple[onnx.ModelProto, list[str]]:
 
 def _output(b: GraphBuilder, value: str, name: str) -> None:
     b.nodes.append(helper.make_node("Identity", [value], [name], name=f"id_{name}"))
-    b.outputs.append(helper.make_empty_tensor_value_info(name))  # typed by _type_outputs
+    b.outputs.append(helper.make_empty_tensor_value_info(name))  # typed by graphs.retyped
 
 
 FAMILIES = {"norm": _norm, "rope": _rope, "attention": _attention, "norm_linear": _norm_linear}
