@@ -218,6 +218,15 @@ def _try_root(graph: GraphIndex, ctx: RewriteContext, rules: Sequence[Rule],
 _CANNOT_BEAT = object()
 
 
+def _keep_refusal(matcher: Matcher, covered, refusal: Refuse) -> None:
+    """Keep the refusal of the largest match tried (on a tie the later): a smaller alternative
+    that is refused after a larger one (repeat_kv read as it is, after its expansion was refused)
+    must not hide the larger one's reason."""
+    depth = _CHECK_FAILURE_DEPTH + len(covered)
+    if matcher.best_failure is None or depth >= matcher.best_failure.depth:
+        matcher.best_failure = Failure(depth, str(refusal), covered)
+
+
 def _try_match(graph: GraphIndex, ctx: RewriteContext, rule: Rule, match: Match, matcher: Matcher,
                accepted, claimed: set[int], positions: dict[int, int]):
     """(fusion, replacement) for one structural match; None when it is refused (the reason kept
@@ -241,7 +250,7 @@ def _try_match(graph: GraphIndex, ctx: RewriteContext, rule: Rule, match: Match,
     except NotCandidate:
         return None
     except Refuse as refusal:
-        matcher.best_failure = Failure(_CHECK_FAILURE_DEPTH + len(match.covered), str(refusal), match.covered)
+        _keep_refusal(matcher, refusal.covers or match.covered, refusal)
         return None
     finally:
         ctx.match = None
@@ -253,14 +262,14 @@ def _try_match(graph: GraphIndex, ctx: RewriteContext, rule: Rule, match: Match,
     try:
         _private_value_leak(graph, fusion)
     except Refuse as refusal:
-        matcher.best_failure = Failure(_CHECK_FAILURE_DEPTH + len(fusion.covers), str(refusal), fusion.covers)
+        _keep_refusal(matcher, fusion.covers, refusal)
         return None
     replacement = rule.emit(ctx, fusion)
     _materialise_static_inputs(ctx, fusion.covers, replacement, positions)
     try:
         _reads_interior(graph, fusion.covers, replacement, positions)
     except Refuse as refusal:
-        matcher.best_failure = Failure(_CHECK_FAILURE_DEPTH + len(fusion.covers), str(refusal), fusion.covers)
+        _keep_refusal(matcher, fusion.covers, refusal)
         return None
     return fusion, replacement
 

@@ -13,10 +13,11 @@ when the rope family's q/k rotation feeds only that attention (contract in docs/
 
 Needs the ``shape_reads`` canonicaliser: TorchScript's Shape reads of the rotated q and the
 repeated v would otherwise keep those interior values alive. It runs after the rope family, whose
-rotations it reads through.
+rotations it reads through. And ``no_ops``: GPT-J's eager attention casts q, k and the
+probabilities to float32, copies in a float32 model.
 """
 
-from otfuse.canonicalise import ShapeReadsPass
+from otfuse.canonicalise import NoOpsPass, ShapeReadsPass
 from otfuse.fusions.attention import flat_heads, fold_rope, keys_transposed, onnx_op, sdpa
 from otfuse.rewriter.family import Family
 from otfuse.rewriter.passes import RulePass
@@ -35,7 +36,7 @@ FAMILY = Family(
     passes=(RulePass([*sdpa.RULES, *flat_heads.RULES, *keys_transposed.RULES]), RulePass(onnx_op.RULES),
             RulePass(fold_rope.RULES)),
     emits=("Attention", "RopeAttention"),
-    canonicalise=(ShapeReadsPass(),),
+    canonicalise=(NoOpsPass(), ShapeReadsPass()),
     sites=(
         SiteSignature("an attention op", frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention"})),
         SiteSignature("MatMul -> Softmax -> MatMul", frozenset({"Softmax"}), _scores_softmax),

@@ -4,6 +4,7 @@ dynamo or TorchScript exporter, eager code), as patterns:
     q [B,N,S,D] -> [Mul scale] ------------------------------\\
     k [B,Nkv,S,D] -> [Concat(past, k)] -> [repeat_kv] -> Kᵀ -> [Mul scale] -> MatMul -> [Mul|Div scale]
         -> [softcap] -> [Where(cond, s, fill)] -> [Add mask] -> Softmax(-1) -> [Where(IsNaN(p), 0, p)]
+        (or [Add mask] -> [Where(cond, s, fill)])
         -> MatMul(·, repeat_kv(v)) -> [Transpose]
 
 repeat_kv is ``Unsqueeze(2) -> Expand|Tile -> Reshape`` (read as an index map, no copy), or a
@@ -28,11 +29,15 @@ def repeat_kv(x, tag: str):
     """repeat_kv(x, n_rep): Unsqueeze(axis 2) -> Expand (or Tile) -> Reshape merging (Nkv, rep)
     into heads; or a bare Tile of the head axis, which is HF's grouping only when Nkv = 1. The
     last alternative reads the repeated tensor as it is (every head its own kv head)."""
-    unsqueezed = unsqueeze(x, f"{tag}_unsq")
-    expanded = Either(op.Expand(unsqueezed, Var(f"{tag}_expand_shape"), _bind=f"{tag}_expand"),
-                      op.Tile(_unexpanded(unsqueezed, tag), Const(f"{tag}_repeats"), _bind=f"{tag}_expand"))
-    return Either(op.Reshape(expanded, Var(f"{tag}_merge_shape"), _bind=f"{tag}_merge"),
+    return Either(op.Reshape(_replicated(x, tag), Var(f"{tag}_merge_shape"), _bind=f"{tag}_merge"),
                   op.Tile(_unexpanded(x, tag), Const(f"{tag}_head_repeats"), _bind=f"{tag}_tile_heads"), x)
+
+
+def _replicated(x, tag: str):
+    """repeat_kv before its merge: the 5-D ``Unsqueeze(x, 2) -> Expand|Tile`` [B, Nkv, rep, S, D]."""
+    unsqueezed = unsqueeze(x, f"{tag}_unsq")
+    return Either(op.Expand(unsqueezed, Var(f"{tag}_expand_shape"), _bind=f"{tag}_expand"),
+                  op.Tile(_unexpanded(unsqueezed, tag), Const(f"{tag}_repeats"), _bind=f"{tag}_expand"))
 
 
 def _all_ones(value: np.ndarray) -> None:
@@ -53,9 +58,13 @@ def with_cache(tag: str):
 
 
 def _transposed(k):
-    return Either(op.Transpose(k, perm=[0, 1, 3, 2], _bind="k_transpose"),
-                  op.Reshape(op.Transpose(op.Reshape(k, Var("kt_flat_shape"), _bind="kt_flat"), perm=[0, 2, 1]),
-                             Var("kt_shape"), _bind="kt_unflat"))
+    """Kᵀ of repeat_kv(k): a Transpose of the last two axes, or the dynamo exporter's
+    ``Reshape [B*N, S, D] -> Transpose -> Reshape [B, N, D, S]``, whose first Reshape may also
+    be repeat_kv's merge (static shapes: it flattens the 5-D replicated keys directly)."""
+    repeated = repeat_kv(k, "k")
+    flat = op.Reshape(Either(_replicated(k, "k"), repeated), Var("kt_flat_shape"), _bind="kt_flat")
+    return Either(op.Transpose(repeated, perm=[0, 1, 3, 2], _bind="k_transpose"),
+                  op.Reshape(op.Transpose(flat, perm=[0, 2, 1]), Var("kt_shape"), _bind="kt_unflat"))
 
 
 def scaled(value, tag: str):
@@ -69,11 +78,15 @@ def _soft_capped(scores):
     return Either(op.Mul(op.Tanh(inner, _bind="softcap_tanh"), Const("softcap_mul")), scores)
 
 
-def _filled(scores):
+def _fill_wheres(scores) -> tuple:
     """Older eager code's boolean mask: ``Where(cond, s, fill)`` (cond True = attend), or with the
     branches swapped ``Where(cond, fill, s)`` (cond True = masked); the fill is checked by the rule."""
-    return Either(op.Where(Var("fill_cond"), scores, Const("fill"), _bind="fill_where"),
-                  op.Where(Var("fill_cond"), Const("fill"), scores, _bind="fill_where"), scores)
+    return (op.Where(Var("fill_cond"), scores, Const("fill"), _bind="fill_where"),
+            op.Where(Var("fill_cond"), Const("fill"), scores, _bind="fill_where"))
+
+
+def _filled(scores):
+    return Either(*_fill_wheres(scores), scores)
 
 
 def _probabilities(scores):
@@ -83,19 +96,21 @@ def _probabilities(scores):
     as the exporters write it, ``Softmax -> Cast(float) -> Cast(T)``. The Casts' types are checked
     by the rule."""
     filled = _filled(scores)
-    masked = Either(op.Add(filled, Var("mask")), filled)
+    # the mask added before the fill (MPT: ALiBi added, then masked_fill) or after it
+    masked = Either(op.Add(filled, Var("mask")), filled, *_fill_wheres(op.Add(scores, Var("mask"), _bind="mask_add")))
     plain = op.Softmax(masked, _bind="softmax")
     widened = Either(op.Cast(masked, _bind="softmax_widen"),
                      op.Add(op.Cast(filled, _bind="softmax_widen"), Var("mask")))
     in_float = op.Cast(op.Softmax(widened, _bind="softmax"), _bind="softmax_narrow")
     round_trip = op.Cast(op.Cast(plain, _bind="softmax_widen"), _bind="softmax_narrow")
-    return Either(in_float, round_trip, plain)
+    never_narrowed = op.Softmax(widened, _bind="softmax")  # refused by the rule, with its reason
+    return Either(in_float, round_trip, plain, never_narrowed)
 
 
 def sdpa_chain(q, k, v=None, keys_t=None):
     """The chain; ``keys_t`` replaces Kᵀ (= the transpose of repeat_kv(k)) when the keys come
     already transposed."""
-    keys_t = keys_t if keys_t is not None else _transposed(repeat_kv(k, "k"))
+    keys_t = keys_t if keys_t is not None else _transposed(k)
     scores = op.MatMul(scaled(q, "q"), scaled(keys_t, "kt"), _bind="qk")
     probs = _probabilities(_soft_capped(scaled(scores, "scores")))
     guarded = Either(op.Where(op.IsNaN(probs), Const("nan_fill"), probs, _bind="nan_guard"), probs)

@@ -140,14 +140,13 @@ def require_repeat(graph: GraphIndex, match: Match, tag: str, source: str, heads
             raise Refuse(f"Tile {match.node(f'{tag}_tile_heads').name!r} repeats {kv_heads} kv heads by "
                          f"{repeats}: query head h would read kv head h % {kv_heads}, not h // {heads // kv_heads}")
         return
-    if not match.has(f"{tag}_merge"):
+    if not match.has(f"{tag}_expand"):
         return
     unsq = match.node(f"{tag}_unsq")
     axes = unsqueeze_axes(graph, match, f"{tag}_unsq")
     if axes != [2]:
         raise Refuse(f"repeat_kv Unsqueeze {unsq.name!r} adds axis {axes}, not 2")
     expanded = known_shape(graph, match.node(f"{tag}_expand").output[0], 5, "repeat_kv Expand")
-    merged = checks.reshaped_dims(graph, match.node(f"{tag}_merge"))
     src = graph.shape(source)
     rep = heads // kv_heads
     if match.has(f"{tag}_repeats"):  # Tile: the repeats must copy along the new axis 2 only
@@ -158,18 +157,27 @@ def require_repeat(graph: GraphIndex, match: Match, tag: str, source: str, heads
     if heads % kv_heads or not checks.shapes_equal(expanded, want):
         raise Refuse(f"repeat_kv expands {list(src)} to {list(expanded)}, not x{rep} along a new axis 2 "
                      f"({checks.shape_mismatch(expanded, want)})")
+    if not match.has(f"{tag}_merge"):
+        return  # the keys' Kᵀ flattens the replicated heads itself (require_keys_transpose)
+    merged = checks.reshaped_dims(graph, match.node(f"{tag}_merge"))
     want = [src[0], heads, src[2], src[3]]
     if not checks.shapes_equal(merged, want):
         raise Refuse(f"repeat_kv merges into {list(merged)}, not [B, {heads}, S, D] "
                      f"({checks.shape_mismatch(merged, want)})")
 
 
-def require_keys_transpose(graph: GraphIndex, match: Match) -> None:
-    """The dynamo exporter's Kᵀ, ``Reshape -> Transpose -> Reshape``: only the last two axes swap."""
+def require_keys_transpose(graph: GraphIndex, match: Match, heads: int) -> None:
+    """The dynamo exporter's Kᵀ, ``Reshape -> Transpose -> Reshape``: only the last two axes swap.
+    With static shapes its first Reshape flattens repeat_kv's 5-D [B, Nkv, rep, S, D] (checked as
+    HF's by require_repeat) itself: row-major, batch b and head kv*rep + r, as the merge would."""
     if not match.has("kt_flat"):  # a Transpose of the last two axes, or keys given transposed
         return
     keys = match.node("kt_flat").input[0]
-    k_shape = known_shape(graph, keys, 4, "keys")
+    if match.has("k_expand") and not match.has("k_merge"):
+        replicated = known_shape(graph, keys, 5, "repeat_kv Expand")
+        k_shape = (replicated[0], heads, replicated[3], replicated[4])
+    else:
+        k_shape = known_shape(graph, keys, 4, "keys")
     flat = checks.reshaped_dims(graph, match.node("kt_flat"))
     unflat = checks.reshaped_dims(graph, match.node("kt_unflat"))
     if flat is None or len(flat) != 3 or not checks.shapes_equal(flat[1:], k_shape[2:]):
@@ -191,10 +199,14 @@ def require_softmax_over_keys(graph: GraphIndex, match: Match) -> None:
 def require_softmax_casts(graph: GraphIndex, match: Match, elem: int) -> None:
     """Casts around the Softmax drop exactly only as T -> float32 -> T: the op's softmax is
     float32 and it rounds once, at the end (a narrowing Cast would round where it does not)."""
+    name = onnx.TensorProto.DataType.Name
+    if match.has("softmax_widen") and not match.has("softmax_narrow"):
+        widen = match.node("softmax_widen")
+        raise Refuse(f"the Softmax after Cast {widen.name!r} runs in {name(attr(widen, 'to') or 0)} and its "
+                     f"probabilities are never cast back to q's {name(elem)}")
     if not match.has("softmax_narrow"):
         return
     widen, narrow = match.node("softmax_widen"), match.node("softmax_narrow")
-    name = onnx.TensorProto.DataType.Name
     source, wide, back = graph.elem_type(widen.input[0]), attr(widen, "to"), attr(narrow, "to")
     if source != elem or wide != onnx.TensorProto.FLOAT:
         raise Refuse(f"Cast {widen.name!r} around the Softmax takes {name(source)} to "
@@ -231,7 +243,8 @@ def _filled_mask_inputs(ctx: RewriteContext, match: Match, attributes: dict,
     with every key masked is uniform for a finite fill, 0 for -inf behind the NaN guard).
     Otherwise the bias ``Where(cond, 0, fill)`` (``Where(cond, fill, 0)`` for swapped
     branches) is built in front of the node, plus the added mask (``s + (fill + m)`` is
-    ``fill + m`` as ``fill`` argues, ``s + (0 + m)`` is ``s + m``). In float32 (exact for
+    ``fill + m`` as ``fill`` argues, ``s + (0 + m)`` is ``s + m``); a mask added before the
+    Where (MPT's ALiBi, then masked_fill) becomes ``Where(cond, m, fill)``. In float32 (exact for
     every T; ORT's CPU has no bfloat16 Where)."""
     graph, cond = ctx.graph, match.value("fill_cond")
     swapped = match.node("fill_where").input[1] == match.value("fill")
@@ -244,11 +257,14 @@ def _filled_mask_inputs(ctx: RewriteContext, match: Match, attributes: dict,
             empty_rows = "uniform" if math.isfinite(fill(graph, match)) else "zero"
             attributes.update(causal=int(claim.causal), window=claim.window, empty_rows=empty_rows)
             return "", claim.key_padding or ""
-    zero, filler = helpers.float32(0.0), helpers.float32(fill(graph, match))
+    filler = helpers.float32(fill(graph, match))
+    mask = match.value("mask") if match.has("mask") else None
+    if mask is not None and graph.elem_type(mask) != onnx.TensorProto.FLOAT:
+        mask = helpers.node("Cast", [mask], to=onnx.TensorProto.FLOAT)
+    if match.has("mask_add"):  # Where(cond, s + m, fill): s + Where(cond, m, fill), whatever m is
+        return helpers.node("Where", [cond, filler, mask] if swapped else [cond, mask, filler]), ""
+    zero = helpers.float32(0.0)
     bias = helpers.node("Where", [cond, filler, zero] if swapped else [cond, zero, filler])
-    if match.has("mask"):
-        mask = match.value("mask")
-        if graph.elem_type(mask) != onnx.TensorProto.FLOAT:
-            mask = helpers.node("Cast", [mask], to=onnx.TensorProto.FLOAT)
+    if mask is not None:
         bias = helpers.node("Add", [bias, mask])
     return bias, ""

@@ -75,16 +75,22 @@ def _key_layout(layout: Layout, match: Match) -> str:
 
 def _bind_dims(ctx: RewriteContext, layout: Layout, match: Match) -> Dims:
     """B N Sq D of q, Nkv Skv D of the keys, Nkv Sv Dv of the values: heads and head sizes must
-    be static and agree; batch and lengths must not be broadcast (chain.broadcasts), and are
-    checked by the kernel at run time."""
+    be static and agree; the lengths are checked by the kernel at run time. Keys or values of
+    batch 1 broadcast over q's batch in the MatMuls are refused (the kernel needs equal batches),
+    as are any batch or lengths the graph broadcasts (chain.require_aligned)."""
     q, k_all, v_all = read(match, layout.q), read(match, layout.keys), read(match, layout.values)
     key_layout = _key_layout(layout, match)
     dims = ctx.dims(q=(q, "B N Sq D"))
-    dims.bind(**{"Kᵀ" if key_layout == "BNDS" else "k": (k_all, _KEY_DIMS[key_layout])})
+    k_label = "Kᵀ" if key_layout == "BNDS" else "k"
+    dims.bind(**{k_label: (k_all, _KEY_DIMS[key_layout])})
     dims.bind(v=(v_all, "_ Nkv Sv Dv"))
+    for label in (k_label, "v"):
+        if dims.shape(label)[0] == 1 and dims["B"] != 1:
+            raise Refuse(f"{label} has batch 1, which the MatMul broadcasts over q's batch {dims['B']}: the op "
+                         f"reads one batch of keys and values per query batch")
     checks.require_static(heads=dims["N"], head_size=dims["D"], kv_heads=dims["Nkv"], v_heads=dims.shape("v")[1],
                           v_head_size=dims["Dv"])
-    keys = dims.shape("Kᵀ" if key_layout == "BNDS" else "k")
+    keys = dims.shape(k_label)
     chain.require_aligned(dims.shape("q"), keys, dims.shape("v"), q_and_k_batch=(dims["B"], keys[0]),
                           q_and_v_batch=(dims["B"], dims.shape("v")[0]), k_and_v_lengths=(dims["Skv"], dims["Sv"]))
     return dims
@@ -101,9 +107,10 @@ def _check_chain(ctx: RewriteContext, layout: Layout, match: Match, dims: Dims) 
         raise Refuse("q, k and v must share one float type")
     for tag, source in (("k", k_all), ("v", v_all)):
         chain.require_repeat(graph, match, tag, source, heads, kv_heads)
-    if not (match.has("k_merge") or match.has("k_tile_heads")) and kv_heads != heads:
+    # One kv head needs no repeat_kv: the MatMuls broadcast it over the query heads (Falcon's MQA).
+    if not (match.has("k_expand") or match.has("k_tile_heads")) and kv_heads not in (heads, 1):
         raise Refuse(f"{kv_heads} kv heads meet {heads} query heads without repeat_kv")
-    chain.require_keys_transpose(graph, match)
+    chain.require_keys_transpose(graph, match, heads)
     for tag in ("k_cache", "v_cache"):
         if match.has(tag) and attr(match.node(tag), "axis") not in (2, -2):
             raise Refuse(f"the cache Concat {match.node(tag).name!r} does not append along the sequence")

@@ -6,8 +6,12 @@ paired into ``RotaryEmbeddingQK`` (contract in docs/ops.md).
     rotations.py   x*cos + rotate(x)*sin spelled with Slice/Split, Neg, Concat (half, interleaved,
                    partial, sections)
     pair_qk.py     the pass that pairs the q and k rotations (after every rotation is fused)
+
+Needs the ``no_ops`` canonicaliser: the dynamo exporter's unoptimised output slices x once per use
+through full Slices, so the rotated and the passed-through lanes would read two values.
 """
 
+from otfuse.canonicalise import NoOpsPass
 from otfuse.fusions.rope import lane_pairs, onnx_op, pair_qk, rotations
 from otfuse.rewriter.family import Family
 from otfuse.rewriter.passes import RulePass
@@ -27,6 +31,7 @@ FAMILY = Family(
     name="rope",
     passes=(RulePass(onnx_op.RULES), RulePass(lane_pairs.RULES), RulePass(rotations.RULES), pair_qk.PairQKPass()),
     emits=("RotaryEmbedding", "RotaryEmbeddingQK"),
+    canonicalise=(NoOpsPass(),),
     sites=(
         SiteSignature("a rotary embedding op", frozenset({"RotaryEmbedding"})),
         SiteSignature("rotate_half (Neg -> Concat -> * sin)", frozenset({"Neg"}), _rotate_half),

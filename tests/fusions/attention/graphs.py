@@ -11,11 +11,12 @@ from graphs import GraphBuilder
 
 
 def _repeat_heads(b: GraphBuilder, x: str, batch_dims, kv_heads: int, rep: int, head_dim: int,
-                  interleave: bool, repeat: str = "expand") -> str:
+                  interleave: bool, repeat: str = "expand", merge: bool = True) -> str:
     """repeat_kv as HF writes it (kv head g serves query heads g*rep .. g*rep+rep-1), or the
     other grouping (query head h reads kv head h % kv_heads) when ``interleave``. ``repeat``:
     "expand" (HF), "tile" (Tile instead of Expand), "tile_heads" (a bare Tile(x, [1, rep, 1, 1]):
-    always the other grouping)."""
+    always the other grouping). ``merge=False`` returns the 5-D replicated tensor (the dynamo
+    exporter's static-shape Kᵀ flattens it itself)."""
     if repeat == "tile_heads":
         return b.node("Tile", [x, b.const(np.array([1, rep, 1, 1], dtype=np.int64))])
     axis = 1 if interleave else 2
@@ -23,9 +24,11 @@ def _repeat_heads(b: GraphBuilder, x: str, batch_dims, kv_heads: int, rep: int, 
     if repeat == "tile":
         repeats = [1, rep, 1, 1, 1] if interleave else [1, 1, rep, 1, 1]
         expanded = b.node("Tile", [unsq, b.const(np.array(repeats, dtype=np.int64))])
-        return b.node("Reshape", [expanded, b.const(np.array([0, kv_heads * rep, -1, head_dim], dtype=np.int64))])
-    shape_5d = [1, rep, kv_heads, 1, head_dim] if interleave else [1, kv_heads, rep, 1, head_dim]
-    expanded = b.node("Expand", [unsq, b.const(np.array(shape_5d, dtype=np.int64))])
+    else:
+        shape_5d = [1, rep, kv_heads, 1, head_dim] if interleave else [1, kv_heads, rep, 1, head_dim]
+        expanded = b.node("Expand", [unsq, b.const(np.array(shape_5d, dtype=np.int64))])
+    if not merge:
+        return expanded
     return b.node("Reshape", [expanded, b.const(np.array([0, kv_heads * rep, -1, head_dim], dtype=np.int64))])
 
 
@@ -47,23 +50,31 @@ def attention_model(*, heads=4, kv_heads=2, head_dim=8, scale_at="both", q_scale
                     kt="transpose", mask=True, nan_guard=True, softmax_axis=-1, out_transpose=True,
                     v_grouping="hf", k_perm=(0, 1, 3, 2), leak_probs=False, dtype=np.float32,
                     scale_input=False, softcap=None, softcap_inner=None, softcap_spelling="div",
-                    softcap_after_mask=False, repeat="expand") -> onnx.ModelProto:
-    """q [B,N,S,D], k/v [B,Nkv,S,D] graph inputs -> SDPA as the dynamo exporter writes it."""
+                    softcap_after_mask=False, repeat="expand", k_grouping="hf", kt_flat=None,
+                    kv_batch=None) -> onnx.ModelProto:
+    """q [B,N,S,D], k/v [B,Nkv,S,D] graph inputs -> SDPA as the dynamo exporter writes it.
+    ``kt``: "transpose", "reshape3" (Reshape [-1, S, D] -> Transpose -> Reshape [B, N, D, S], static
+    sizes) or "reshape3_folded" (that, flattening repeat_kv's 5-D keys: no merge Reshape);
+    ``kt_flat`` replaces the first Reshape's shape. ``repeat="none"``: no repeat_kv (one kv head
+    broadcast by the MatMuls, Falcon's MQA); ``kv_batch``: k and v's batch (1: broadcast too)."""
     b = GraphBuilder()
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     seq = STATIC_SEQ if kt != "transpose" else "seq"
     batch = STATIC_BATCH if kt != "transpose" else "batch"
     q = b.input("q", elem, [batch, heads, seq, head_dim])
-    k = b.input("k", elem, [batch, kv_heads, seq, head_dim])
-    v = b.input("v", elem, [batch, kv_heads, seq, head_dim])
+    kv_batch = batch if kv_batch is None else kv_batch
+    k = b.input("k", elem, [kv_batch, kv_heads, seq, head_dim])
+    v = b.input("v", elem, [kv_batch, kv_heads, seq, head_dim])
     rep = heads // kv_heads
-    if rep > 1:
-        k = _repeat_heads(b, k, None, kv_heads, rep, head_dim, interleave=False, repeat=repeat)
+    if rep > 1 and repeat != "none":
+        k = _repeat_heads(b, k, None, kv_heads, rep, head_dim, interleave=k_grouping != "hf", repeat=repeat,
+                          merge=kt != "reshape3_folded")
         v = _repeat_heads(b, v, None, kv_heads, rep, head_dim, interleave=v_grouping != "hf", repeat=repeat)
     if kt == "transpose":
         kT = b.node("Transpose", [k], perm=list(k_perm))
     else:  # the dynamo exporter's Reshape [-1, S, D] -> Transpose -> Reshape [B, N, D, S] (static S)
-        flat = b.node("Reshape", [k, b.const(np.array([-1, STATIC_SEQ, head_dim], dtype=np.int64))])
+        flat_shape = kt_flat if kt_flat is not None else [-1, STATIC_SEQ, head_dim]
+        flat = b.node("Reshape", [k, b.const(np.array(flat_shape, dtype=np.int64))])
         tr = b.node("Transpose", [flat], perm=[0, 2, 1])
         kT = b.node("Reshape", [tr, b.const(np.array([STATIC_BATCH, heads, head_dim, STATIC_SEQ], dtype=np.int64))])
     side = np.asarray(head_dim ** -0.25, dtype=dtype)

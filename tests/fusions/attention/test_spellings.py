@@ -20,12 +20,16 @@ def fuse_attention(tmp_path, model):
 @pytest.mark.parametrize("kwargs", [
     dict(),
     dict(kt="reshape3"),
+    dict(kt="reshape3_folded"),
+    dict(kt="reshape3_folded", kv_heads=1),
+    dict(kt="reshape3_folded", repeat="tile"),
     dict(scale_at="scores_div"),
     dict(kv_heads=4),
     dict(kv_heads=1),
     dict(mask=False, nan_guard=False, out_transpose=False),
     dict(dtype=np.float16),
-], ids=["gqa", "kt_reshape_transpose_reshape", "scale_on_scores", "mha", "mqa", "bare", "fp16"])
+], ids=["gqa", "kt_reshape_transpose_reshape", "kt_flattens_repeat_kv", "kt_flattens_repeat_kv_mqa",
+        "kt_flattens_tiled_repeat_kv", "scale_on_scores", "mha", "mqa", "bare", "fp16"])
 def test_sdpa_spellings_fuse_into_one_attention_node(tmp_path, kwargs):
     fused, report = fuse_attention(tmp_path, attention_model(**kwargs))
     assert report.fusions == {"Attention": 1}
@@ -36,6 +40,37 @@ def test_sdpa_spellings_fuse_into_one_attention_node(tmp_path, kwargs):
     assert a["scale"] == pytest.approx(8 ** -0.5, rel=1e-3)
     assert a["output_layout"].decode() == ("BNSD" if kwargs.get("out_transpose") is False else "BSND")
     assert_same_outputs(tmp_path)
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    (dict(k_grouping="other"), "adds axis [1], not 2"),
+    (dict(kt_flat=[4, 10, 8]), "Kᵀ's first Reshape gives"),
+    (dict(kt_flat=[8, 8, 5]), "Kᵀ's first Reshape gives"),
+], ids=["other_grouping", "flat_merges_seq", "flat_swaps_seq_and_dim"])
+def test_kt_flattening_replicated_keys_other_than_repeat_kv_is_not_fused(tmp_path, kwargs, reason):
+    # The static-shape dynamo Kᵀ flattens the 5-D replicated keys: it is HF's repeat_kv only when
+    # the new axis 2 holds the copies (kv head outer) and the flatten keeps [S, D] whole. The
+    # other grouping ([B, rep, Nkv, S, D]: head h reads kv head h % Nkv) or a flatten mixing
+    # the sequence into the rows computes another function.
+    fused, report = fuse_attention(tmp_path, attention_model(kt="reshape3_folded", **kwargs))
+    assert fused is None
+    assert any(reason in miss["reason"] for miss in report.near_misses), report.near_misses
+
+
+def test_one_kv_head_broadcast_by_the_matmuls_is_mqa(tmp_path):
+    # Falcon: k and v [B, 1, S, D] with no repeat_kv; the MatMuls broadcast the one head.
+    fused, report = fuse_attention(tmp_path, attention_model(kv_heads=1, repeat="none"))
+    assert [n.op_type for n in fused.graph.node] == ["Attention"]
+    assert attrs(fused_nodes(fused)[0])["kv_num_heads"] == 1
+    assert_same_outputs(tmp_path)
+
+
+def test_keys_of_batch_one_broadcast_over_the_batch_are_not_fused(tmp_path):
+    # k, v [1, 1, S, D] against q [B, N, S, D]: the MatMuls broadcast the batch too; the op does not.
+    fused, report = fuse_attention(tmp_path, attention_model(kv_heads=1, repeat="none", kv_batch=1))
+    assert fused is None
+    assert any("has batch 1, which the MatMul broadcasts" in miss["reason"] for miss in report.near_misses), \
+        report.near_misses
 
 
 def test_scale_split_unevenly_is_fused_with_the_product(tmp_path):
@@ -278,11 +313,14 @@ def test_softmax_in_float32_between_casts_is_fused(tmp_path, kwargs):
 
 @pytest.mark.parametrize("to, reason", [
     (BF16, "gives BFLOAT16, not q's FLOAT16"),  # the probabilities rounded to bf16: the op would not
-    (F32, "gives FLOAT, not q's FLOAT16"),  # kept float32: the op would round them to float16
+    # kept float32 (the Cast to float32 of float32 probabilities is a copy, dropped): the op would
+    # round them to float16
+    (F32, "never cast back to q's FLOAT16"),
 ], ids=["bf16", "float32"])
 def test_probabilities_cast_to_another_type_than_qs_are_not_fused(tmp_path, to, reason):
     # Cast(float) -> Softmax -> Cast(to), and the values cast to `to` for the product (a valid graph).
-    model = attention_model(dtype=np.float16, out_transpose=False, nan_guard=False)
+    # MHA: a Cast after repeat_kv would also hide v's kv heads (a refusal of its own).
+    model = attention_model(dtype=np.float16, out_transpose=False, nan_guard=False, kv_heads=4)
     model = softmax_with_casts(model, (F32,), (to,), infer=False)
     narrowed = next(n for n in model.graph.node if n.name == "narrow_0").output[0]
     matmul = next(n for n in model.graph.node if n.op_type == "MatMul" and n.input[0] == narrowed)
@@ -353,15 +391,16 @@ def test_bf16_softmax_in_float32_between_casts_is_fused(tmp_path, casts):
 
 
 # -- a boolean mask written Where(cond, scores, fill) (older eager code, GPT-2 before 4.4x) -----------
-def scores_filled(model, fill, cond="input", swapped=False):
+def scores_filled(model, fill, cond="input", swapped=False, after_mask=False):
     """``model`` (attention_model) with ``Where(cond, s, fill)`` on the scores in front of the mask
-    Add (or of the Softmax): ``cond`` a bool graph input "visible" [batch, 1, seq, seq] (True =
-    attend; with ``swapped``, "masked" and ``Where(masked, fill, s)``), or "causal" (j <= i from a
-    Range over q's sequence length); ``fill`` a number (of the scores' type) or "input"."""
+    Add (or of the Softmax; ``after_mask``: of the masked scores, MPT's order): ``cond`` a bool
+    graph input "visible" [batch, 1, seq, seq] (True = attend; with ``swapped``, "masked" and
+    ``Where(masked, fill, s)``), or "causal" (j <= i from a Range over q's sequence length);
+    ``fill`` a number (of the scores' type) or "input"."""
     nodes = list(model.graph.node)
     softmax = next(n for n in nodes if n.op_type == "Softmax")
     producer = next(n for n in nodes if n.output[0] == softmax.input[0])
-    reader, slot = (producer, 0) if producer.op_type == "Add" else (softmax, 0)
+    reader, slot = (producer, 0) if producer.op_type == "Add" and not after_mask else (softmax, 0)
     elem = model.graph.input[0].type.tensor_type.elem_type
     added, inits = [], []
     if cond == "causal":
@@ -428,6 +467,31 @@ def test_where_fill_on_the_scores_becomes_a_bias(tmp_path, fill, mask):
         feeds["mask"] = padding
     result = otfuse.diff(tmp_path / "m.onnx", tmp_path / "m_fused.onnx", inputs=feeds_with(model, **feeds))
     assert result.ok, [row.to_dict() for row in result.outputs]
+
+
+@pytest.mark.parametrize("swapped", [True, False], ids=["masked_fill", "where_visible"])
+def test_where_fill_after_the_mask_add_becomes_a_where_of_the_mask(tmp_path, swapped):
+    # MPT: Where(masked, min, s + alibi). The bias is Where(masked, min, m): s + m where visible,
+    # s + min = min where masked, whatever m holds (here a padding row of min in m as well).
+    model = scores_filled(attention_model(nan_guard=False), float(np.finfo(np.float32).min), swapped=swapped,
+                          after_mask=True)
+    fused, report = fuse_attention(tmp_path, model)
+    assert report.fusions == {"Attention": 1}, report.near_misses
+    node = fused_nodes(fused)[0]
+    assert next(n for n in fused.graph.node if n.output[0] == node.input[3]).op_type == "Where"
+    visible = visibility()
+    padding = np.random.default_rng(1).normal(size=(2, 1, 5, 5)).astype(np.float32)
+    padding[1, 0, 2, :] = np.finfo(np.float32).min
+    feeds = feeds_with(model, mask=padding, **({"masked": ~visible} if swapped else {"visible": visible}))
+    result = otfuse.diff(tmp_path / "m.onnx", tmp_path / "m_fused.onnx", inputs=feeds)
+    assert result.ok, [row.to_dict() for row in result.outputs]
+
+
+def test_where_fill_after_the_mask_add_that_keeps_the_scores_is_not_fused(tmp_path):
+    model = scores_filled(attention_model(nan_guard=False), -1e4, swapped=True, after_mask=True)
+    fused, report = fuse_attention(tmp_path, model)
+    assert fused is None
+    assert any("is not -inf or <=" in miss["reason"] for miss in report.near_misses), report.near_misses
 
 
 def test_where_fill_with_branches_swapped_reads_true_as_masked(tmp_path):
