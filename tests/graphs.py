@@ -48,3 +48,19 @@ class GraphBuilder:
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
         model.ir_version = 9
         return onnx.shape_inference.infer_shapes(model)
+
+
+def retyped(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy typed afresh: value_info dropped, strict shape inference, every graph output declared
+    with the type and shape it inferred."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    del copy.graph.value_info[:]
+    for output in copy.graph.output:
+        output.ClearField("type")
+    inferred = onnx.shape_inference.infer_shapes(copy, strict_mode=True)
+    known = {v.name: v.type for v in inferred.graph.value_info}
+    for output in inferred.graph.output:
+        if not output.type.tensor_type.elem_type and output.name in known:
+            output.type.CopyFrom(known[output.name])
+    return inferred

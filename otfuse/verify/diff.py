@@ -22,6 +22,7 @@ import onnx
 
 from otfuse.domain import OP_DOMAIN
 from otfuse.errors import ModelLoadError, OtfuseError
+from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.model_io import LoadedModel, load_model
 from otfuse.run.feeds import check_feeds, input_specs, load_feeds, make_feeds
 from otfuse.run.session import open_session, run, session_options
@@ -198,7 +199,7 @@ def diff(original, fused, *, inputs=None, dims=None, rtol=None, atol=None, seed=
                            library=uses_otfuse_ops(orig_model))
         got_fused, fused_providers = _run(fused_path, fused, feeds, output_names + extra, opt_level=opt_level,
                                           providers=providers, library=uses_otfuse_ops(fused_model))
-    computed_in = _computed_types(orig_model)
+    computed_in = _computed_types(orig_model, orig_loaded.base_dir)
 
     def row(name, **where):
         dtype = computed_in.get(name, got_orig[name].dtype)
@@ -216,13 +217,23 @@ _VALUE_PRESERVING = {"Cast", "CastLike", "Identity", "Reshape", "Squeeze", "Unsq
                      "Expand", "Slice", "Gather", "Concat"}
 
 
-def _computed_types(model: onnx.ModelProto) -> dict[str, np.dtype]:
+def _computed_types(model: onnx.ModelProto, base_dir: Path | None = None) -> dict[str, np.dtype]:
     """For each graph output, the narrowest float type on its chain of value-preserving ops back
-    to the op that computed it (``Cast(to=float32)`` of a float16 value: float16)."""
+    to the op that computed it (``Cast(to=float32)`` of a float16 value: float16). Types the model
+    does not declare (no value_info: onnxsim, a stripped model) come from otfuse's dimension engine."""
     producer = {out: node for node in model.graph.node for out in node.output if out}
     elem_of = {info.name: info.type.tensor_type.elem_type
                for info in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)}
     elem_of.update({t.name: t.data_type for t in model.graph.initializer})
+    index: list[GraphIndex] = []
+
+    def elem_type(name: str) -> int:
+        if elem_of.get(name):
+            return elem_of[name]
+        if not index:
+            index.append(GraphIndex(model, base_dir))  # built once, only when a type is missing
+        return index[0].elem_type(name)
+
     found: dict[str, np.dtype] = {}
     for output in model.graph.output:
         widths, name = [], output.name
@@ -231,7 +242,7 @@ def _computed_types(model: onnx.ModelProto) -> dict[str, np.dtype]:
             if node is None or node.op_type not in _VALUE_PRESERVING or not node.input:
                 break
             name = node.input[0]
-            elem = elem_of.get(name, 0)
+            elem = elem_type(name)
             if elem in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16):
                 widths.append(elem)
         if widths:

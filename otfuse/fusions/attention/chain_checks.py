@@ -33,6 +33,26 @@ def may_equal(a, b) -> bool:
     return not (isinstance(a, int) and isinstance(b, int) and a != b)
 
 
+def broadcasts(a, b) -> bool:
+    """Whether the graph broadcasts one dim against the other where the fused op does not: two
+    different numbers, or a literal 1 against a dim that is not one (at any other size the graph
+    is valid only by broadcasting the 1). Two dims that may be equal are left to the kernel's
+    run-time check."""
+    return not may_equal(a, b) or _is_one(a) != _is_one(b)
+
+
+def _is_one(dim) -> bool:
+    return isinstance(dim, int) and dim == 1
+
+
+def require_aligned(q: tuple, keys: tuple, values: tuple, **pairs: tuple) -> None:
+    """q, k and v meet in the two MatMuls without broadcasting (``pairs``: what -> (dim, dim))."""
+    for what, (a, b) in pairs.items():
+        if broadcasts(a, b):
+            raise Refuse(f"q/k/v shapes do not line up: {what.replace('_', ' ')} {a} vs {b}, which the graph "
+                         f"broadcasts and the op does not (q {list(q)}, k {list(keys)}, v {list(values)})")
+
+
 def _scalar(graph: GraphIndex, match: Match, name: str) -> float:
     value = graph.scalar_value(match.value(name))
     if value is None or not math.isfinite(value) or value == 0:
@@ -57,8 +77,9 @@ def require_broadcast(graph: GraphIndex, value: str, target: tuple, what: str) -
     if shape is None or len(shape) > 4:
         raise Refuse(f"{what} has an unknown or too large rank")
     for dim, want in zip(reversed(shape), reversed(target)):
-        # The kernel checks broadcasting at run time; refuse only what provably widens scores.
-        if dim != 1 and not may_equal(dim, want):
+        # The kernel checks broadcasting at run time; refuse only what provably widens scores:
+        # a dim that differs, or any dim but 1 where the scores have a literal 1.
+        if dim != 1 and (not may_equal(dim, want) or _is_one(want)):
             raise Refuse(f"{what} has shape {list(shape)}, which does not broadcast to {list(target)} "
                          f"(dim {dim} vs {want})")
 

@@ -76,6 +76,8 @@ def _analyse(ctx: RewriteContext, match: Match) -> Fusion:
     checks.require_static(heads=dims["N"], head_size=dims["D"], kv_heads=dims["Nk"], v_head_size=dims["Dv"])
     if dims["Nk"] != dims["N"] or dims["Nv"] != dims["N"] or dims["Dk"] != dims["D"]:
         raise Refuse("flat-heads attention needs q, k and v with the same heads")
+    chain.require_aligned(dims.shape("q"), dims.shape("k"), dims.shape("v"), q_and_k_batch=(dims["B"], dims.shape("k")[0]),
+                          q_and_v_batch=(dims["B"], dims.shape("v")[0]), k_and_v_lengths=(dims["Skv"], dims["Sv"]))
     elem = graph.elem_type(q)
     if elem not in checks.FLOAT_TYPES or graph.elem_type(k) != elem or graph.elem_type(v) != elem:
         raise Refuse("q, k and v must share one float type")

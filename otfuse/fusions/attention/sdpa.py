@@ -77,7 +77,8 @@ def _key_layout(layout: Layout, match: Match) -> str:
 def _bind_dims(ctx: RewriteContext, layout: Layout, match: Match) -> Dims:
     """B N Sq D of q, Nkv Skv D of the keys, Nkv Sv Dv of the values: heads and head sizes must
     be static and agree; the lengths are checked by the kernel at run time. Keys or values of
-    batch 1 broadcast over q's batch in the MatMuls are refused (the kernel needs equal batches)."""
+    batch 1 broadcast over q's batch in the MatMuls are refused (the kernel needs equal batches),
+    as are any batch or lengths the graph broadcasts (chain.require_aligned)."""
     q, k_all, v_all = read(match, layout.q), read(match, layout.keys), read(match, layout.values)
     key_layout = _key_layout(layout, match)
     dims = ctx.dims(q=(q, "B N Sq D"))
@@ -90,9 +91,9 @@ def _bind_dims(ctx: RewriteContext, layout: Layout, match: Match) -> Dims:
                          f"reads one batch of keys and values per query batch")
     checks.require_static(heads=dims["N"], head_size=dims["D"], kv_heads=dims["Nkv"], v_heads=dims.shape("v")[1],
                           v_head_size=dims["Dv"])
-    if not chain.may_equal(dims["Sv"], dims["Skv"]):
-        raise Refuse(f"q/k/v shapes do not line up: q {ctx.graph.shape(q)}, k {ctx.graph.shape(k_all)}, "
-                     f"v {ctx.graph.shape(v_all)}")
+    keys = dims.shape(k_label)
+    chain.require_aligned(dims.shape("q"), keys, dims.shape("v"), q_and_k_batch=(dims["B"], keys[0]),
+                          q_and_v_batch=(dims["B"], dims.shape("v")[0]), k_and_v_lengths=(dims["Skv"], dims["Sv"]))
     return dims
 
 
