@@ -35,6 +35,38 @@ EMITTERS: dict[str, dict[str, Callable[[Emitter, FusedCall], None]]] = {
     "onnx": {**norm.ONNX, **rope.ONNX, **attention.ONNX},
 }
 
+# What the emitters read of each op: an input or attribute the contract gains later (ALiBi's
+# alibi_slopes, alibi_positions) is refused until an emitter models it, never silently dropped.
+_ATTENTION_INPUTS = {"Q", "K", "V", "attn_bias", "key_padding_mask", "past_key", "past_value"}
+_ATTENTION_ATTRIBUTES = {"num_heads", "kv_num_heads", "scale", "causal", "window", "softcap", "layout",
+                         "output_layout", "empty_rows"}
+_ROTARY_ATTRIBUTES = {"mode", "rotary_dim", "sections"}
+MODELLED: dict[str, tuple[set[str], set[str]]] = {
+    "RMSNorm": ({"X", "scale"}, {"epsilon", "axis"}),
+    "AddRMSNorm": ({"A", "B", "scale"}, {"epsilon", "axis"}),
+    "LayerNorm": ({"X", "scale", "bias"}, {"epsilon", "axis"}),
+    "AddLayerNorm": ({"A", "B", "scale", "bias"}, {"epsilon", "axis"}),
+    "RotaryEmbedding": ({"X", "cos", "sin"}, _ROTARY_ATTRIBUTES),
+    "RotaryEmbeddingQK": ({"Q", "K", "cos", "sin"}, _ROTARY_ATTRIBUTES),
+    "Attention": (_ATTENTION_INPUTS, _ATTENTION_ATTRIBUTES),
+    "RopeAttention": (_ATTENTION_INPUTS | {"cos", "sin"},
+                      _ATTENTION_ATTRIBUTES | {"rotary_mode", "rotary_dim", "rotary_sections"}),
+}
+
+
+def require_modelled(call: FusedCall, target: str) -> None:
+    """Refuse a call that gives an input, or sets an attribute away from its default, that no
+    emitter of ``target`` reads."""
+    inputs, attributes = MODELLED[call.op]
+    extra = sorted(name for name, value in call.inputs.items() if value and name not in inputs)
+    if extra:
+        raise CannotExpress(f"{call.op}'s {', '.join(extra)}: no {target} emitter models it")
+    contract = ops.get(call.op)
+    for attribute in contract.attributes:
+        if attribute.name not in attributes and call.attributes.get(attribute.name) != attribute.default:
+            raise CannotExpress(f"{call.op}'s attribute {attribute.name} = {call.attributes.get(attribute.name)!r}: "
+                                f"no {target} emitter models it")
+
 
 @dataclass
 class Lowered:
@@ -101,7 +133,9 @@ def _emit(graph: GraphIndex, node: onnx.NodeProto, names: RewriteContext, target
         raise CannotExpress(f"no {target} op is mapped to it (docs/ops.md, \"Targets\")")
     em = Emitter(graph, node, names, target, ledger.original_values)
     em.max_opset = limit
-    EMITTERS[target][op](em, call or read_call(node))
+    call = call or read_call(node)
+    require_modelled(call, target)
+    EMITTERS[target][op](em, call)
     return em
 
 

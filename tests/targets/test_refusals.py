@@ -166,3 +166,21 @@ def test_rope_attention_whose_attention_is_refused_keeps_its_rotations(tmp_path,
     assert sum(n.op_type == "RotaryEmbedding" for n in model.graph.node) == 4
     assert any(n.op_type == "Softmax" for n in model.graph.node)  # the attention as exported
     assert otfuse.diff(fixture_path("llama"), out, dims={"batch": 2, "seq": 5}).ok
+
+
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+def test_an_input_or_attribute_no_emitter_reads_is_refused_not_dropped(target):
+    from otfuse.targets.build import CannotExpress
+    from otfuse.targets.call import read_call
+    from otfuse.targets.lowering import require_modelled
+
+    plain = helper.make_node("Attention", ["q", "k", "v"], ["y"], domain="otfuse", num_heads=2)
+    require_modelled(read_call(plain), target)
+    slopes = helper.make_node("Attention", ["q", "k", "v", "", "", "", "", "slopes"], ["y"], domain="otfuse",
+                              num_heads=2)
+    with pytest.raises(CannotExpress, match="alibi_slopes"):
+        require_modelled(read_call(slopes), target)
+    positions = helper.make_node("Attention", ["q", "k", "v"], ["y"], domain="otfuse", num_heads=2,
+                                 alibi_positions="mask_cumsum")
+    with pytest.raises(CannotExpress, match="alibi_positions"):
+        require_modelled(read_call(positions), target)
