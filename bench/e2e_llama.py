@@ -221,7 +221,7 @@ def _onnxscript_optimize(src: Path, dst: Path) -> None:
 
 def _otfuse_fuse(src: Path, dst: Path, every_family: bool) -> None:
     import otfuse
-    from otfuse.patterns import FAMILIES
+    from otfuse.fusions import FAMILIES
 
     dst.parent.mkdir(parents=True, exist_ok=True)
     only = list(FAMILIES) if every_family else None

@@ -935,7 +935,7 @@ def _scalar_constant(proto: onnx.ModelProto, name: str) -> float | None:
 
 def graph_structure_counts(proto: onnx.ModelProto) -> dict[str, int]:
     """Count the structures as the exporter spelled them (see models/README.md); the same
-    rules are in tests/test_fixtures.py. These must equal the model-derived `expected`."""
+    rules are in tests/models/test_fixtures.py. These must equal the model-derived `expected`."""
     nodes = proto.graph.node
     producer = {out: n for n in nodes for out in n.output}
     ops = Counter(n.op_type for n in nodes)

@@ -1,7 +1,9 @@
 """The ``otfuse`` command line: ``otfuse MODEL -o OUT`` fuses; ``diff`` and ``info`` are subcommands.
 
-Exit codes: 0 success, 1 ``diff``/``--verify`` found outputs outside tolerance, 2 a problem with
-the input or the command line (one line on stderr: ``otfuse: error: ...``), 3 an internal error.
+Exit codes: 0 success (also when nothing matched: a note says so and the output is an unchanged
+copy), 1 ``diff``/``--verify`` found outputs outside tolerance (``--verify``: nothing is written),
+2 a problem with the input or the command line (one line on stderr: ``otfuse: error: ...``),
+3 an internal error (a bug in otfuse).
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from otfuse import __version__
-from otfuse.errors import NothingToFuse, OtfuseError
+from otfuse.domain import VERSION
+from otfuse.errors import InternalError, OtfuseError
 
 EXIT_MISMATCH = 1
 EXIT_USAGE = 2
@@ -25,12 +27,9 @@ EXIT_INTERNAL = 3
 
 
 def _families() -> list[str]:
-    try:
-        from otfuse.patterns import FAMILIES
+    from otfuse.fusions import FAMILIES
 
-        return list(FAMILIES)
-    except Exception:  # patterns not importable: --help must still work; fuse will report it
-        return ["norm", "rope", "attention", "norm_linear"]
+    return list(FAMILIES)
 
 
 def _one_line(text: str) -> str:
@@ -78,6 +77,11 @@ class OtfuseGroup(click.Group):
             code = _error(e.format_message() + _usage_hint(e), EXIT_USAGE)
         except click.Abort:
             code = _error("interrupted", 130)
+        except InternalError as e:
+            if _debug():
+                traceback.print_exc()
+            print(f"otfuse: internal error: {_one_line(e)}", file=sys.stderr)
+            code = EXIT_INTERNAL
         except OtfuseError as e:
             if _debug():
                 traceback.print_exc()
@@ -141,9 +145,10 @@ Examples:
   otfuse verify-ops --device npu model_fused.onnx  fused ops vs torch_npu on an Ascend NPU
 
 Run a fused model with otfuse.InferenceSession (Python), which registers the custom-op library.
-Exit codes: 0 ok, 1 outputs outside tolerance, 2 bad input or usage, 3 internal error.""",
+Exit codes: 0 ok (also when nothing matched), 1 outputs outside tolerance (--verify: nothing
+written), 2 bad input or usage, 3 internal error.""",
 )
-@click.version_option(__version__, "--version", prog_name="otfuse", message="%(prog)s %(version)s")
+@click.version_option(VERSION, "--version", prog_name="otfuse", message="%(prog)s %(version)s")
 def cli():
     """Fuse transformer subgraphs of an exported ONNX model into otfuse custom ops.
 
@@ -170,27 +175,34 @@ def cli():
 @click.option("-v", "--verbose", is_flag=True, help="List the near misses.")
 def fuse_command(model, output, report, only, skip, data_mode, verify, dims, seed, verbose):
     """Fuse MODEL and write the result to OUT (-o)."""
-    from otfuse.feeds import parse_dims
-    from otfuse.pipeline import fuse
+    from otfuse.pipeline import VerificationFailed, fuse
+    from otfuse.run.feeds import parse_dims
 
     if verify and output is None:
         raise click.UsageError("--verify needs -o OUT (the model to verify)")
     dims = parse_dims(dims)  # before fusing: a typo should not cost a whole fuse
     console = _console()
-    try:
-        result = fuse(model, output, only=only, skip=skip, report_path=report, data_mode=data_mode)
-    except NothingToFuse as e:
-        if getattr(e, "report", None) is not None:  # show the near misses that explain why
-            _print_fuse_report(console, model, e.report, verbose)
-        raise
-    _print_fuse_report(console, model, result, verbose)
-    if not verify:
-        return 0
-    from otfuse.compare import diff
+    outcomes = []
 
-    outcome = diff(model, output, dims=dims, seed=seed)
-    _print_diff(console, outcome)
-    return 0 if outcome.ok else EXIT_MISMATCH
+    def verify_staged(original: Path, staged: Path) -> bool:
+        # Runs on the staged file, before anything is renamed into place.
+        from otfuse.verify.diff import diff
+
+        outcomes.append(diff(original, staged, dims=dims, seed=seed))
+        return outcomes[-1].ok
+
+    try:
+        result = fuse(model, output, only=only, skip=skip, report_path=report, data_mode=data_mode,
+                      verify=verify_staged if verify else None)
+    except VerificationFailed as e:
+        _print_fuse_report(console, model, e.report, verbose)
+        _print_diff(console, outcomes[-1])
+        print(f"otfuse: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_MISMATCH
+    _print_fuse_report(console, model, result, verbose)
+    if verify and outcomes:
+        _print_diff(console, outcomes[-1])
+    return 0
 
 
 def _print_fuse_report(console: Console, model: Path, report, verbose: bool) -> None:
@@ -208,9 +220,12 @@ def _print_fuse_report(console: Console, model: Path, report, verbose: bool) -> 
     hint = "" if verbose or not misses else " (-v lists them)"
     console.print(f"nodes {report.nodes_before} -> {report.nodes_after}, {report.seconds:.2f} s, "
                   f"{misses} near miss{'es' if misses != 1 else ''}{hint}")
+    for note in report.notes:
+        console.print(f"note: {note}", soft_wrap=True, markup=False)
     if verbose:
         for miss in report.near_misses:
-            console.print(f"  near miss: {miss.get('pattern')} at {miss.get('location')}: {miss.get('reason')}")
+            instead = f" (fused as {miss['fused_as']} instead)" if miss.get("fused_as") else ""
+            console.print(f"  near miss: {miss.get('pattern')} at {miss.get('location')}: {miss.get('reason')}{instead}")
 
 
 @cli.command("diff")
@@ -226,16 +241,22 @@ def _print_fuse_report(console: Console, model: Path, report, verbose: bool) -> 
               help="Where FUSED runs: otfuse's CPU kernels, or the CANN EP with its Ascend kernels (falls back "
                    "to CPU with a warning when onnxruntime-cann, CANN or the NPU is missing). ORIGINAL runs on CPU.")
 @click.option("--device-id", type=int, default=0, show_default=True, help="NPU index (--provider cann).")
-def diff_command(original, fused, inputs, dims, seed, rtol, atol, per_fusion, json_path, provider, device_id):
-    """Run ORIGINAL (ORT optimisations off) and FUSED on the same inputs and compare the outputs.
+@click.option("--ort-opt", "opt_level", type=click.Choice(["disabled", "basic", "extended", "all"]),
+              default="disabled", show_default=True,
+              help="ONNX Runtime's graph optimisation level, the same for both models.")
+def diff_command(original, fused, inputs, dims, seed, rtol, atol, per_fusion, json_path, provider, device_id,
+                 opt_level):
+    """Run ORIGINAL and FUSED on the same inputs and compare the outputs.
 
-    An element passes when |fused - original| <= atol + rtol * |original|. Exit 0 when every
-    output is within tolerance, 1 when one is not.
+    Both run at the same ORT graph optimisation level (--ort-opt; default: as written), so ORT's
+    own rewrites cannot pass for otfuse's. An element passes when |fused - original| <= atol +
+    rtol * |original|, with the tolerances of the type each output was computed in. Exit 0 when
+    every output is within tolerance, 1 when one is not.
     """
     import warnings
 
-    from otfuse.compare import diff
-    from otfuse.feeds import parse_dims
+    from otfuse.run.feeds import parse_dims
+    from otfuse.verify.diff import diff
 
     if json_path is not None and not json_path.parent.is_dir():
         raise OtfuseError(f"--json {json_path}: directory {json_path.parent} does not exist")
@@ -243,7 +264,7 @@ def diff_command(original, fused, inputs, dims, seed, rtol, atol, per_fusion, js
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
         outcome = diff(original, fused, inputs=inputs, dims=parse_dims(dims), rtol=rtol, atol=atol,
-                       seed=seed, per_fusion=per_fusion, providers=providers)
+                       seed=seed, per_fusion=per_fusion, providers=providers, opt_level=opt_level)
     for w in caught:  # the CPU fallback of --provider cann: one line, before the tables
         print(f"otfuse: warning: {_one_line(w.message)}", file=sys.stderr)
     console = _console()
@@ -289,6 +310,7 @@ def _fusions_table(rows) -> Table:
 
 
 def _print_diff(console: Console, outcome, per_fusion: bool = False) -> None:
+    console.print(f"ORT graph optimisations: {outcome.opt_level} (both models)", soft_wrap=True, markup=False)
     console.print(_outputs_table(outcome.outputs))
     for r in outcome.outputs:
         if r.note:
@@ -325,17 +347,17 @@ def info_command():
     import onnx
     import onnxruntime
 
-    from otfuse.session import library_status
+    from otfuse.run.session import library_status
 
     path, loads, message = library_status()
     console = _console()
-    console.print(f"otfuse       {__version__}")
+    console.print(f"otfuse       {VERSION}")
     console.print(f"python       {sys.version.split()[0]}")
     console.print(f"onnx         {onnx.__version__}")
     console.print(f"onnxruntime  {onnxruntime.__version__} ({', '.join(onnxruntime.get_available_providers())})")
     console.print(f"library      {path or 'not found'}")
     console.print(f"loads        {'yes' if loads else 'no'}{'' if loads else ': ' + message}")
-    from otfuse.ascend_ep import backends
+    from otfuse.run.ascend import backends
 
     console.print("backends:")
     for backend in backends():
@@ -358,8 +380,8 @@ def verify_ops_command(model, device, device_id, dims, seed):
     """
     from rich.markup import escape
 
-    from otfuse.ascend_ep.verify import DeviceUnavailable, verify_ops
-    from otfuse.feeds import parse_dims
+    from otfuse.run.feeds import parse_dims
+    from otfuse.verify.ops_on_npu import DeviceUnavailable, verify_ops
 
     console = _console()
     try:

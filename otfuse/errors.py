@@ -13,5 +13,5 @@ class OutputWriteError(OtfuseError):
     """The output could not be written; nothing was left behind."""
 
 
-class NothingToFuse(OtfuseError):
-    """The model is valid but no enabled pattern matched."""
+class InternalError(OtfuseError):
+    """otfuse produced something invalid (a bug in otfuse, exit code 3); nothing was written."""

@@ -1,21 +1,29 @@
-"""``otfuse.fuse``: load -> canonicalise -> match -> rewrite -> save -> validate."""
+"""``otfuse.fuse``: load -> canonicalise -> fuse families -> validate -> stage -> verify -> commit.
+
+Each selected family (``otfuse/fusions/``, in registry order) runs its passes; before them, the
+canonicalisers it needs that have not run yet (``Family.canonicalise``, ``otfuse/canonicalise/``).
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import onnx
 
-from otfuse import OP_DOMAIN, __version__
-from otfuse.errors import ModelLoadError, NothingToFuse, OtfuseError, OutputWriteError
-from otfuse.patterns import FAMILIES, select_families
-from otfuse.rewriter.model_io import check_model, load_model, save_model
+from otfuse.domain import OP_DOMAIN, VERSION
+from otfuse.errors import OtfuseError, OutputWriteError
+from otfuse.fusions import FAMILIES, select_families
+from otfuse.rewriter.graph import forget_indexes
+from otfuse.rewriter.model_io import LoadedModel, load_model, read_paths, stage_model
+from otfuse.rewriter.output_paths import StagedFiles, check_disjoint
+from otfuse.rewriter.passes import unique_sites
+from otfuse.verify.validation import validate_fused
 
 
 @dataclass
@@ -28,7 +36,8 @@ class FuseReport:
     fusions: dict[str, int]
     seconds: float
     near_misses: list[dict] = field(default_factory=list)
-    otfuse_version: str = __version__
+    notes: list[str] = field(default_factory=list)  # what the user should know (nothing fused, ...)
+    otfuse_version: str = VERSION
 
     @property
     def fused_count(self) -> int:
@@ -40,13 +49,17 @@ class FuseReport:
 
 def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = None, *,
          only=None, skip=None, report_path: str | os.PathLike | None = None,
-         data_mode: str = "copy") -> FuseReport:
-    """Fuse the enabled pattern families of ``model_path``; write ``output_path`` atomically.
+         data_mode: str = "copy", verify: Callable[[Path, Path], bool] | None = None) -> FuseReport:
+    """Fuse the enabled pattern families of ``model_path``; write ``output_path`` and ``report_path``.
 
-    ``data_mode`` says how external data reaches an output in another folder: ``copy``
-    (reflink or sparse copy) or ``link`` (hard link). Raises ``OtfuseError`` subclasses for bad input. When nothing matched, an unchanged copy is
-    still written (if an output was asked for) and ``NothingToFuse`` is raised, carrying the
-    report as ``.report``.
+    All outputs are written, or none: each is staged under a temporary name beside its final
+    path, ``verify(original, staged_model)`` (if given) runs on the staged model, and only then are
+    they renamed into place. A failed ``verify`` raises ``VerificationFailed`` and leaves nothing.
+    No path written may be a path read (the input or its data files), through links and ``..``.
+    ``data_mode`` says how external data reaches an output in another folder: ``copy`` (reflink
+    or sparse copy) or ``link`` (hard link). When nothing matched, the report says so in
+    ``notes`` and an unchanged copy is still written (if an output was asked for).
+    Raises ``OtfuseError`` subclasses for bad input.
     """
     start = time.perf_counter()
     try:
@@ -54,21 +67,19 @@ def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = 
     except ValueError as exc:
         raise OtfuseError(str(exc)) from None
     loaded = load_model(model_path)
+    _check_output_paths(loaded, output_path, report_path)
     model = loaded.model  # our in-memory copy: the input file is never touched
     nodes_before = len(model.graph.node)
 
-    already_fused = _fused_op_census(model)
-    near_misses: list[dict] = []
-    for family in families:
-        for family_pass in FAMILIES[family]:
-            result = family_pass.run(model, loaded.base_dir)
-            near_misses += [dict(miss.to_dict(), family=family) for miss in result.near_misses]
-    # Counted on the result: a later pass may absorb what an earlier one fused (RoPE into attention).
-    fusions = _fused_op_census(model) - already_fused
+    fusions, near_misses = fuse_families(model, families, loaded.base_dir)
 
+    notes: list[str] = []
     if fusions:
         _record_otfuse_version(model)
-        _validate(model, loaded.base_dir)
+        notes += validate_fused(model, loaded)
+    else:
+        copy_note = "; the output is an unchanged copy" if output_path is not None else ""
+        notes.append(f"no fusible subgraph found{copy_note}")
     report = FuseReport(
         input_path=str(model_path),
         output_path=str(output_path) if output_path is not None else None,
@@ -78,18 +89,78 @@ def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = 
         fusions=dict(sorted(fusions.items())),
         seconds=0.0,
         near_misses=near_misses,
+        notes=notes,
     )
-    if output_path is not None:
-        save_model(loaded, model, output_path, data_mode)
-    report.seconds = round(time.perf_counter() - start, 4)
-    if report_path is not None:
-        write_report(report, report_path)
-    if not fusions:
-        copy_note = f"; wrote an unchanged copy to {str(output_path)!r}" if output_path else ""
-        error = NothingToFuse(f"no fusible subgraph found in {str(model_path)!r}{copy_note}")
-        error.report = report
-        raise error
+    _write_outputs(loaded, model, report, output_path, report_path, data_mode, verify, start)
     return report
+
+
+class VerificationFailed(OtfuseError):
+    """``verify`` rejected the fused model; nothing was written."""
+
+
+def _check_output_paths(loaded: LoadedModel, output_path, report_path) -> None:
+    written: dict[str, Path] = {}
+    if output_path is not None:
+        output_path = Path(output_path)
+        written["output model"] = output_path
+        out_dir = output_path.parent if str(output_path.parent) else Path(".")
+        if out_dir.is_dir() and out_dir.resolve() != loaded.base_dir.resolve():
+            written.update({f"copy of the data file {location!r}": out_dir / location
+                            for location in sorted(loaded.external_files)})
+    if report_path is not None:
+        written["report"] = Path(report_path)
+    for role in ("output model", "report"):
+        path = written.get(role)
+        if path is not None and str(path.parent) and not path.parent.is_dir():  # fail before fusing
+            raise OutputWriteError(f"cannot write the {role} {str(path)!r}: its folder does not exist")
+    check_disjoint(written, read_paths(loaded))
+
+
+def _write_outputs(loaded: LoadedModel, model: onnx.ModelProto, report: FuseReport, output_path,
+                   report_path, data_mode: str, verify, start: float) -> None:
+    staged = StagedFiles()
+    try:
+        staged_model = None
+        if output_path is not None:
+            staged_model = stage_model(loaded, model, output_path, staged, data_mode)
+        if verify is not None and staged_model is not None and report.fusions:
+            if not verify(loaded.path, staged_model):
+                failure = VerificationFailed(
+                    "the fused model's outputs differ from the original's; nothing was written")
+                failure.report = report
+                raise failure
+        report.seconds = round(time.perf_counter() - start, 4)
+        if report_path is not None:
+            staged.stage(Path(report_path), report_json(report).encode())
+        staged.commit()
+    except BaseException:
+        staged.abort()
+        raise
+
+
+def fuse_families(model: onnx.ModelProto, families: list[str], base_dir: Path | None) -> tuple[Counter, list[dict]]:
+    """Canonicalise and fuse ``model`` in place with ``families`` (names, in the order given):
+    (the otfuse ops it gained, the near misses tagged with their family)."""
+    already_fused = _fused_op_census(model)
+    found = []
+    canonicalised: list = []
+    try:
+        for name in families:
+            family = FAMILIES[name]
+            # A canonicaliser runs once, before the first family that needs it: shape_reads must see
+            # the rotations the rope family fused (it reads Shape through them).
+            steps = [step for step in family.canonicalise if step not in canonicalised] + list(family.passes)
+            canonicalised += family.canonicalise
+            for step in steps:
+                result = step.run(model, base_dir)
+                found += [(name, miss) for miss in result.near_misses]
+    finally:
+        forget_indexes()  # the passes share an index while the graph is unchanged; not beyond
+    final_nodes = {node.name for node in model.graph.node}
+    near_misses = [dict(miss.to_dict(), family=family) for family, miss in unique_sites(found, final_nodes)]
+    # Counted on the result: a later pass may absorb what an earlier one fused (RoPE into attention).
+    return _fused_op_census(model) - already_fused, near_misses
 
 
 def _fused_op_census(model: onnx.ModelProto) -> Counter:
@@ -99,27 +170,14 @@ def _fused_op_census(model: onnx.ModelProto) -> Counter:
 def _record_otfuse_version(model: onnx.ModelProto) -> None:
     # The passes already import the otfuse domain; record which otfuse wrote the model.
     if not any(p.key == "otfuse.version" for p in model.metadata_props):
-        model.metadata_props.append(onnx.StringStringEntryProto(key="otfuse.version", value=__version__))
+        model.metadata_props.append(onnx.StringStringEntryProto(key="otfuse.version", value=VERSION))
 
 
-def _validate(model: onnx.ModelProto, base_dir: Path) -> None:
-    """A rewrite that produces an invalid model is our bug: refuse to write it."""
-    try:
-        check_model(model, base_dir)  # external data resolves against the model's folder, not the cwd
-    except (onnx.checker.ValidationError, ModelLoadError) as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
-        raise OtfuseError(f"internal error: the fused model fails onnx.checker ({first_line}); "
-                          "nothing was written") from None
+def report_json(report: FuseReport) -> str:
+    return json.dumps(report.to_dict(), indent=2) + "\n"
 
 
 def write_report(report: FuseReport, report_path: str | os.PathLike) -> None:
-    path = Path(report_path)
-    folder = path.parent if str(path.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-        with os.fdopen(fd, "w") as handle:
-            json.dump(report.to_dict(), handle, indent=2)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise OutputWriteError(f"cannot write the report {str(path)!r}: {exc.strerror or exc}") from None
+    staged = StagedFiles()
+    staged.stage(Path(report_path), report_json(report).encode())
+    staged.commit()

@@ -1,5 +1,5 @@
 """A read-only index over one ONNX graph: who produces and who consumes each value, which values
-are constants, and what type and shape each value has.
+are constants, and what type and shape each value has (the dimension engine, ``dims``).
 
 Constants are read lazily (and only when a pattern needs their value, e.g. an epsilon); weights in
 external data are read tensor by tensor from their file, never as a whole model.
@@ -7,6 +7,8 @@ external data are read tensor by tensor from their file, never as a whole model.
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,14 +16,15 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from otfuse.rewriter.dims import DimEngine
+from otfuse.rewriter.dims.values import MAX_ITEMS as MAX_VALUE_ITEMS
 from otfuse.rewriter.model_io import external_info, is_external
 from otfuse.rewriter.shape_folding import MAX_FOLDED_ELEMENTS, fold_static_values
 
-Dim = int | str | None  # a static size, a symbolic name, or unknown
+Dim = int | str  # a static size, or a symbolic expression (``dims.SymDim``, a str)
 
-# Shape inference sees initializers up to this size with their data (shape-like constants);
-# larger ones keep only their type and dims, so inference never touches weight bytes.
-_SMALL_INITIALIZER_BYTES = 4096
+_SHAPE_LIKE_TYPES = {onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.BOOL,
+                     onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT8}
 
 
 @dataclass(frozen=True)
@@ -32,24 +35,6 @@ class ValueType:
     @property
     def rank(self) -> int | None:
         return None if self.shape is None else len(self.shape)
-
-
-def _type_from_proto(type_proto: onnx.TypeProto) -> ValueType | None:
-    if not type_proto.HasField("tensor_type"):
-        return None
-    tensor = type_proto.tensor_type
-    shape: tuple[Dim, ...] | None = None
-    if tensor.HasField("shape"):
-        dims: list[Dim] = []
-        for dim in tensor.shape.dim:
-            if dim.HasField("dim_value"):
-                dims.append(int(dim.dim_value))
-            elif dim.HasField("dim_param") and dim.dim_param and not dim.dim_param.startswith("unk__"):
-                dims.append(dim.dim_param)  # 'unk__N' is shape inference's name for "unknown"
-            else:
-                dims.append(None)
-        shape = tuple(dims)
-    return ValueType(tensor.elem_type, shape)
 
 
 def _subgraph_references(graph: onnx.GraphProto) -> set[str]:
@@ -112,7 +97,7 @@ class GraphIndex:
             # An initializer that is also a graph input can be overridden at run time.
             if name not in self.graph_inputs:
                 self._constant_tensors[name] = tensor
-        self.types = self._infer_types()
+        self.dims = DimEngine(model, self._constant_facts)
         self.folded = self._fold_static_values()
 
     # -- structure -------------------------------------------------------------------------
@@ -138,7 +123,8 @@ class GraphIndex:
             size = self.constant_size(name)
             return self.constant_value(name) if size is not None and size <= MAX_FOLDED_ELEMENTS else None
 
-        folded = fold_static_values(list(self.graph.node), small_constant, self.shape)
+        folded = fold_static_values(list(self.graph.node), small_constant, self.dims.known_value,
+                                    lambda name: name in self._constant_tensors, self.elem_type)
         names = set()
         for name, value in folded.items():
             if name not in self._constant_tensors:
@@ -191,133 +177,84 @@ class GraphIndex:
         value = self.constant_value(name)
         return float(np.asarray(value, dtype=np.float64).reshape(-1)[0])
 
-    # -- types -------------------------------------------------------------------------------
-    def _infer_types(self) -> dict[str, ValueType]:
-        types: dict[str, ValueType] = {}
-        for tensor in self.graph.initializer:
-            types[tensor.name] = ValueType(tensor.data_type, tuple(int(d) for d in tensor.dims))
-        skeleton = _skeleton_for_inference(self.model)
-        try:
-            inferred = onnx.shape_inference.infer_shapes(skeleton, strict_mode=False, data_prop=True)
-            graph = inferred.graph
-        except Exception:  # noqa: BLE001 - inference is best effort; declared types still count
-            graph = self.graph
-        for info in list(graph.input) + list(graph.value_info) + list(graph.output):
-            value_type = _type_from_proto(info.type)
-            if value_type is not None:
-                types.setdefault(info.name, value_type)
-        self._skeleton: onnx.ModelProto | None = skeleton  # for _refine_shapes, run once if needed
-        for info in list(self.graph.input) + list(self.graph.value_info) + list(self.graph.output):
-            value_type = _type_from_proto(info.type)
-            if value_type is not None and info.name not in types:
-                types[info.name] = value_type
-        for name, tensor in self._constant_tensors.items():
-            if isinstance(tensor, np.ndarray) and name not in types:
-                elem = onnx.helper.np_dtype_to_tensor_dtype(tensor.dtype)
-                types[name] = ValueType(elem, tuple(tensor.shape))
-        return types
+    # -- types and shapes (the dimension engine) -------------------------------------------------
+    def _constant_facts(self, name: str) -> tuple | None:
+        """(elem type, dims, value or None) of a constant, for the dimension engine: the value only
+        for small integer tensors (shapes, axes, indices), never for weights."""
+        tensor = self._constant_tensors.get(name)
+        if tensor is None:
+            return None
+        if isinstance(tensor, np.ndarray):
+            elem = onnx.helper.np_dtype_to_tensor_dtype(tensor.dtype)
+            return elem, tuple(tensor.shape), tensor if tensor.size <= MAX_VALUE_ITEMS else None
+        dims = tuple(int(d) for d in tensor.dims)
+        small = math.prod(dims) <= MAX_VALUE_ITEMS
+        readable = tensor.data_type in _SHAPE_LIKE_TYPES and small
+        return tensor.data_type, dims, self.constant_value(name) if readable else None
 
     def value_type(self, name: str) -> ValueType | None:
-        value_type = self.types.get(name)
-        if value_type is not None and self._skeleton is not None and _lacks_dims(value_type):
-            self._refine_shapes()
-            value_type = self.types.get(name)
-        return value_type
-
-    def _refine_shapes(self) -> None:
-        """Symbolic inference fills in what onnx's left unknown: slow-ish (Python per node), so it
-        runs only when a pattern asks for a tensor of rank >= 4 with unknown dims (TorchScript
-        exports; the dynamo exporter declares those shapes)."""
-        skeleton, self._skeleton = self._skeleton, None
-        _fill_unknown_dims(self.types, _symbolic_value_info(skeleton))
+        """The type as a declaration can state it: dims that are fresh unknowns are left blank."""
+        elem, shape = self.dims.elem_type(name), self.dims.declarable_shape(name)
+        if not elem and shape is None:
+            return None
+        return ValueType(elem, shape)
 
     def elem_type(self, name: str) -> int:
-        value_type = self.types.get(name)
-        return value_type.elem_type if value_type else 0
+        return self.dims.elem_type(name)
 
     def shape(self, name: str) -> tuple[Dim, ...] | None:
-        value_type = self.value_type(name)
-        return value_type.shape if value_type else None
+        """ints for static dims, ``SymDim`` (text) for the rest, canonical: provably equal dims
+        compare equal (``dims.same`` for dims from elsewhere)."""
+        return self.dims.shape(name)
+
+    def proven_shape(self, name: str) -> tuple[Dim, ...] | None:
+        """As ``shape``, without the assumption that dynamic dims meeting in a broadcast are equal:
+        for a check whose fused op does not broadcast (``dims.DimEngine``)."""
+        return self.dims.proven_shape(name)
 
     def rank(self, name: str) -> int | None:
         shape = self.shape(name)
         return None if shape is None else len(shape)
 
 
-def _symbolic_value_info(skeleton: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
-    """ONNX Runtime's symbolic shape inference, which works out what onnx's leaves unknown in
-    TorchScript exports: ``Reshape(x, Concat(B, S, -1, D))`` with B, S symbolic, or ``Expand`` to
-    a shape computed by ``Where(Equal(shape, -1), 1, shape)``. Run as its ``infer_shapes`` does,
-    minus the debug file that one writes into the working folder when some node is unknown (our
-    own ops): what it inferred before stopping still holds. Best effort: no result on failure.
-    Nodes of other domains (our fused ops) are cut out, their declared outputs entering as inputs.
-    Its import needs sympy, a declared dependency of otfuse (onnxruntime no longer installs it): a
-    missing sympy is an error, never a quiet fallback that fuses less."""
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
-    try:
-        inference = SymbolicShapeInference(2**31 - 1, auto_merge=False, guess_output_rank=False, verbose=0)
-        inference._preprocess(_without_custom_nodes(skeleton))
-        while inference.run_:
-            inference._infer_impl()
-        return list(inference.out_mp_.graph.value_info)
-    except Exception:  # noqa: BLE001 - an unsupported op or version: keep onnx's shapes
-        return []
+_last_index: tuple | None = None  # (nodes, fingerprint, index) of the graph indexed last
 
 
-def _without_custom_nodes(skeleton: onnx.ModelProto) -> onnx.ModelProto:
-    declared = {info.name: info for info in list(skeleton.graph.value_info) + list(skeleton.graph.output)}
-    custom = [node for node in skeleton.graph.node if node.domain not in ("", "ai.onnx")]
-    if not custom:
-        return skeleton
-    model = onnx.ModelProto()
-    model.CopyFrom(skeleton)
-    del model.graph.node[:]
-    model.graph.node.extend(n for n in skeleton.graph.node if n.domain in ("", "ai.onnx"))
-    model.graph.input.extend(declared[out] for node in custom for out in node.output if out in declared)
-    return model
+def _fingerprint(model: onnx.ModelProto, base_dir: Path | None) -> tuple:
+    """What a GraphIndex depends on besides the node objects (rules key on their identity): their
+    contents, the interface, declared types and initializer names. The initializers' bytes are not
+    read: a pass only adds or drops initializers, never rewrites one in place."""
+    graph = model.graph
+    return (id(model), str(base_dir), b"".join(n.SerializeToString() for n in graph.node),
+            b"".join(v.SerializeToString() for v in graph.input),
+            b"".join(v.SerializeToString() for v in graph.output),
+            b"".join(v.SerializeToString() for v in graph.value_info),
+            tuple(t.name for t in graph.initializer), tuple((e.domain, e.version) for e in model.opset_import))
 
 
-def _lacks_dims(value_type: ValueType) -> bool:
-    shape = value_type.shape
-    return shape is None or (len(shape) >= 4 and None in shape)
+def index_for(model: onnx.ModelProto, base_dir: Path | None = None) -> GraphIndex:
+    """A GraphIndex of ``model``: the last one built when the graph has not changed since (a pass
+    that fused nothing), so each pass starts from an index of the graph as it is."""
+    global _last_index
+    nodes = list(model.graph.node)
+    fingerprint = _fingerprint(model, base_dir)
+    if _last_index is not None and len(_last_index[0]) == len(nodes) and \
+            all(a is b for a, b in zip(_last_index[0], nodes)) and _last_index[1] == fingerprint:
+        return _last_index[2]
+    index = GraphIndex(model, base_dir)
+    _last_index = (nodes, fingerprint, index)
+    return index
 
 
-def _fill_unknown_dims(types: dict[str, ValueType], infos: list[onnx.ValueInfoProto]) -> None:
-    """Replace unknown dims (or an unknown rank) by symbolic inference's, never a known one."""
-    for info in infos:
-        found, known = _type_from_proto(info.type), types.get(info.name)
-        if found is None or found.shape is None or known is None or found.elem_type != known.elem_type:
-            continue
-        if known.shape is None:
-            types[info.name] = found
-        elif len(known.shape) == len(found.shape) and None in known.shape:
-            shape = tuple(f if k is None else k for k, f in zip(known.shape, found.shape))
-            types[info.name] = ValueType(known.elem_type, shape)
+def forget_indexes() -> None:
+    """Drop the index kept by ``index_for`` (and the model it holds)."""
+    global _last_index
+    _last_index = None
 
 
-def _skeleton_for_inference(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of the model that shape inference can read cheaply: big weights keep dims only."""
-    skeleton = onnx.ModelProto()
-    skeleton.ir_version = model.ir_version
-    skeleton.opset_import.extend(model.opset_import)
-    skeleton.functions.extend(model.functions)
-    graph = skeleton.graph
-    graph.name = model.graph.name
-    graph.node.extend(model.graph.node)
-    graph.input.extend(model.graph.input)
-    graph.output.extend(model.graph.output)
-    graph.value_info.extend(model.graph.value_info)
-    declared_inputs = {i.name for i in model.graph.input}
-    for tensor in model.graph.initializer:
-        if not is_external(tensor) and tensor.ByteSize() <= _SMALL_INITIALIZER_BYTES:
-            graph.initializer.append(tensor)
-        elif tensor.name not in declared_inputs:
-            # A data-less initializer would be invalid: describe the weight as a typed input.
-            graph.input.append(
-                onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims))
-            )
-    return skeleton
+# Small external tensors (shapes, axes) are read by every pass's index: kept by file identity.
+_SMALL_EXTERNAL_ELEMENTS = 4096
+_small_external: dict[tuple, np.ndarray] = {}
 
 
 def read_external_tensor(tensor: onnx.TensorProto, base_dir: Path | None) -> np.ndarray:
@@ -327,8 +264,20 @@ def read_external_tensor(tensor: onnx.TensorProto, base_dir: Path | None) -> np.
     info = external_info(tensor)
     offset = int(info.get("offset", 0))
     dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
-    count = int(np.prod(tensor.dims, dtype=np.int64)) if tensor.dims else 1
-    with open(Path(base_dir) / info["location"], "rb") as handle:
+    count = math.prod(tensor.dims)
+    path = Path(base_dir) / info["location"]
+    key = None
+    if count <= _SMALL_EXTERNAL_ELEMENTS:
+        stat = os.stat(path)
+        key = (str(path), stat.st_ino, stat.st_mtime_ns, stat.st_size, offset, count, tensor.data_type,
+               tuple(tensor.dims))
+        cached = _small_external.get(key)
+        if cached is not None:
+            return cached.copy()
+    with open(path, "rb") as handle:
         handle.seek(offset)
         data = handle.read(count * np.dtype(dtype).itemsize)
-    return np.frombuffer(data, dtype=dtype).reshape(tuple(tensor.dims)).copy()
+    value = np.frombuffer(data, dtype=dtype).reshape(tuple(tensor.dims)).copy()
+    if key is not None and len(_small_external) < 100_000:
+        _small_external[key] = value.copy()
+    return value

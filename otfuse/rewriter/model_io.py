@@ -10,7 +10,6 @@ hard-linked on request) by external_data.py.
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +17,8 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from otfuse.errors import ModelLoadError, OutputWriteError
-from otfuse.rewriter.external_data import place_external_files, remove
+from otfuse.rewriter.external_data import place_external_files
+from otfuse.rewriter.output_paths import StagedFiles, check_disjoint
 
 _PROTOBUF_LIMIT = 2**31 - 1
 
@@ -135,42 +135,56 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
     return LoadedModel(model=model, path=path, external_files=external_files)
 
 
-def save_model(loaded: LoadedModel, model: onnx.ModelProto, output_path: str | os.PathLike,
-               data_mode: str = "copy") -> Path:
-    """Write ``model`` atomically to ``output_path``; external tensors keep their references.
+def data_destinations(loaded: LoadedModel, out_dir: Path) -> dict[str, Path]:
+    """Where the input's external data files will be read from and, for an output in ``out_dir``,
+    where they are placed (the same paths when the output sits beside the input)."""
+    return {location: out_dir / location for location in sorted(loaded.external_files)}
 
-    Beside the input, the output shares its data files; elsewhere they are copied or linked
-    (``data_mode``, see external_data.py)."""
+
+def stage_model(loaded: LoadedModel, model: onnx.ModelProto, output_path: str | os.PathLike,
+                staged: StagedFiles, data_mode: str = "copy") -> Path:
+    """Write ``model`` under a temporary name beside ``output_path`` (``staged.commit`` renames it);
+    external tensors keep their references. Beside the input, the output shares its data files;
+    elsewhere they are copied or linked (``data_mode``, see external_data.py) and removed again
+    by ``staged.abort``. Returns the temporary path, a loadable model."""
     output_path = Path(output_path)
     out_dir = output_path.parent if str(output_path.parent) else Path(".")
     if not out_dir.is_dir():
         raise OutputWriteError(f"output folder {str(out_dir)!r} does not exist")
     if output_path.exists() and output_path.is_dir():
         raise OutputWriteError(f"output path {str(output_path)!r} is a directory")
-    if output_path.exists() and loaded.path.exists() and os.path.samefile(output_path, loaded.path):
-        raise OutputWriteError("output path is the input model; otfuse never modifies its input")
     if model.ByteSize() > _PROTOBUF_LIMIT:
         raise OutputWriteError(
             "the fused model is over 2 GB without external data; export the original with external data"
         )
-    created = place_external_files(loaded.external_files, loaded.base_dir, out_dir, data_mode)
-    fd, tmp_name = -1, ""
+    staged.created += place_external_files(loaded.external_files, loaded.base_dir, out_dir, data_mode)
+    return staged.stage(output_path, model.SerializeToString())
+
+
+def save_model(loaded: LoadedModel, model: onnx.ModelProto, output_path: str | os.PathLike,
+               data_mode: str = "copy") -> Path:
+    """Write ``model`` atomically to ``output_path`` (stage, then rename)."""
+    output_path = Path(output_path)
+    check_disjoint({"output model": output_path}, read_paths(loaded))
+    staged = StagedFiles()
     try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{output_path.name}.", suffix=".tmp", dir=out_dir)
-        with os.fdopen(fd, "wb") as handle:
-            fd = -1
-            handle.write(model.SerializeToString())
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp_name, 0o644)
-        os.replace(tmp_name, output_path)
-    except OSError as exc:
-        if fd >= 0:
-            os.close(fd)
-        if tmp_name:
-            Path(tmp_name).unlink(missing_ok=True)
-        remove(created)
-        raise OutputWriteError(
-            f"cannot write {str(output_path)!r}: {exc.strerror or exc}"
-        ) from None
+        stage_model(loaded, model, output_path, staged, data_mode)
+        staged.commit()
+    except BaseException:
+        staged.abort()
+        raise
     return output_path
+
+
+def read_paths(loaded: LoadedModel) -> dict[str, Path]:
+    """Every file a fuse reads: the model and its external data files."""
+    paths = {"model": loaded.path}
+    paths.update({f"external data file {location!r}": loaded.base_dir / location
+                  for location in sorted(loaded.external_files)})
+    return paths
+
+
+def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """Inputs a caller must feed: graph inputs that are not also initializers (old IR lists both)."""
+    init_names = {t.name for t in model.graph.initializer}
+    return [vi for vi in model.graph.input if vi.name not in init_names]

@@ -18,8 +18,8 @@ from typing import Protocol
 
 import onnx
 
-from otfuse import OP_DOMAIN, OP_DOMAIN_VERSION
-from otfuse.rewriter.graph import GraphIndex
+from otfuse.domain import OP_DOMAIN, OP_DOMAIN_VERSION
+from otfuse.rewriter.graph import GraphIndex, index_for
 from otfuse.rewriter.pattern import Failure, Match, Matcher
 from otfuse.rewriter.rule import Refuse, Replacement, RewriteContext, Rule
 
@@ -31,13 +31,40 @@ _CHECK_FAILURE_DEPTH = 10_000
 
 @dataclass
 class NearMiss:
+    """A site left unfused, or fused less than fully: ``fused_as`` names what was fused there
+    instead of ``pattern`` (a downgrade: AddLayerNorm refused, LayerNorm fused)."""
+
     pattern: str
     location: str
     reason: str
     nodes: tuple[str, ...]
+    fused_as: str = ""
+    fused_nodes: tuple[str, ...] = ()  # earlier fusions the refused match held (a rotation pair)
 
     def to_dict(self) -> dict:
-        return {"pattern": self.pattern, "location": self.location, "reason": self.reason}
+        out = {"pattern": self.pattern, "location": self.location, "reason": self.reason}
+        if self.fused_as:
+            out["fused_as"] = self.fused_as
+        return out
+
+
+def unique_sites(misses: list[tuple[str, NearMiss]], final_nodes: set[str]) -> list[tuple[str, NearMiss]]:
+    """(family, miss) pairs without a later report of a downgrade already reported (the fold pass
+    retries the RopeAttention an attention pass downgraded, on the same rotation node), nor a
+    downgrade a later pass undid (the fold absorbed the rotation after all: it is not in
+    ``final_nodes``, the names of the final model's nodes)."""
+    seen: dict[str, set[str]] = {}
+    kept = []
+    for family, miss in misses:
+        if miss.fused_as and any(name not in final_nodes for name in miss.fused_nodes):
+            continue
+        names = {name for name in miss.nodes if name}
+        if miss.fused_as and names & seen.get(family, set()):
+            continue
+        if miss.fused_as:
+            seen.setdefault(family, set()).update(names)
+        kept.append((family, miss))
+    return kept
 
 
 @dataclass
@@ -97,48 +124,95 @@ def exported_values(match: Match, rule: Rule) -> set[str]:
     return values
 
 
-def _reads_interior(graph: GraphIndex, match: Match, replacement: Replacement) -> str | None:
-    """Guard against the fused node reading a value computed inside the match, directly or
-    through nodes outside it that the leak check let die with the match (``Shape(interior) ->
-    ... -> mask``): those nodes stay when the fused node reads them, and would lose their input."""
-    produced = {out for node in replacement.nodes for out in node.output}
-    interior = {out for node in match.covered for out in node.output if out} - produced
-    derived = _computed_outside_from(graph, match, interior)
-    for node in replacement.nodes:
+def _reads_interior(graph: GraphIndex, match: Match, replacement: Replacement,
+                    positions: dict[int, int]) -> str | None:
+    """Why the replacement cannot take the match's place: an input of one of its nodes is
+    computed inside the match, or from a value the match computes through nodes outside it
+    (``Shape(interior) -> ... -> mask``, ``CastLike(w, residual_sum)`` as a norm's scale). The fused
+    node would read a value that disappears, or its own output: a cycle."""
+    covered = {id(node) for node in match.covered}
+    first = min(positions.get(id(node), 0) for node in match.covered)
+    made_by = {out: index for index, node in enumerate(replacement.nodes) for out in node.output if out}
+    for index, node in enumerate(replacement.nodes):
         for name in node.input:
-            if name in interior:
+            if not name or made_by.get(name, index) != index:
+                continue  # wired from another node of the replacement
+            source = _match_value_upstream(graph, name, covered, first, positions)
+            if source == name:
                 return f"the fused node would read {name!r}, which is computed inside the match"
-            if name in derived:
-                return (f"the fused node would read {name!r}, which is computed from {derived[name]!r} "
+            if source is not None:
+                return (f"the fused node would read {name!r}, which is computed from {source!r} "
                         f"inside the match")
     return None
 
 
-def _computed_outside_from(graph: GraphIndex, match: Match, interior: set[str], depth: int = 8) -> dict[str, str]:
-    """Values of nodes outside the match that read interior values (within ``depth`` steps, as
-    ``_only_feeds`` looks), each mapped to the interior value it comes from."""
-    inside = {id(node) for node in match.covered}
-    derived: dict[str, str] = {}
-    frontier = [(value, value) for value in interior]
-    for _ in range(depth):
-        following = []
-        for value, source in frontier:
-            for user in graph.uses(value):
-                if id(user) in inside:
-                    continue
-                for out in user.output:
-                    if out and out not in derived:
-                        derived[out] = source
-                        following.append((out, source))
-        frontier = following
-    return derived
+def _materialise_static_inputs(ctx: RewriteContext, match: Match, replacement: Replacement,
+                               positions: dict[int, int]) -> None:
+    """A replacement input known before run time (``GraphIndex.folded``: ``CastLike(w, sum)``
+    is w in the sum's type, whatever the sum holds) that is computed from the match becomes an
+    initializer of its value: its only tie to the match is a type or a shape, not data."""
+    graph = ctx.graph
+    covered = {id(node) for node in match.covered}
+    first = min(positions.get(id(node), 0) for node in match.covered)
+    for node in replacement.nodes:
+        for position, name in enumerate(node.input):
+            if name in graph.folded and _match_value_upstream(graph, name, covered, first, positions):
+                tensor = ctx.constant(f"{name}_static", graph.constant_value(name))
+                replacement.initializers.append(tensor)
+                node.input[position] = tensor.name
+
+
+def _match_value_upstream(graph: GraphIndex, name: str, covered: set[int], first: int,
+                          positions: dict[int, int]) -> str | None:
+    """The first value produced by a covered node that ``name`` depends on, or None. Nodes placed
+    before the match's first node (in topological order) cannot depend on it: the walk stops there."""
+    pending, seen = [name], {name}
+    while pending:
+        value = pending.pop()
+        producer = graph.producer.get(value)
+        if producer is None:
+            continue
+        if id(producer) in covered:
+            return value
+        if positions.get(id(producer), first) < first:
+            continue
+        for parent in _node_reads(producer):
+            if parent not in seen:
+                seen.add(parent)
+                pending.append(parent)
+    return None
+
+
+def topological_positions(nodes: Sequence[onnx.NodeProto]) -> dict[int, int]:
+    """Each node's index in a topological order of ``nodes`` (Kahn; ties in list order). Nodes on
+    a cycle of an invalid input get no position."""
+    producer = {out: index for index, node in enumerate(nodes) for out in node.output if out}
+    waiting = [0] * len(nodes)
+    dependents: dict[int, list[int]] = {}
+    for index, node in enumerate(nodes):
+        for dep in {producer[name] for name in _node_reads(node) if name in producer}:
+            waiting[index] += 1
+            dependents.setdefault(dep, []).append(index)
+    ready = [index for index, count in enumerate(waiting) if count == 0]
+    heapq.heapify(ready)
+    positions: dict[int, int] = {}
+    while ready:
+        index = heapq.heappop(ready)
+        positions[id(nodes[index])] = len(positions)
+        for dependent in dependents.get(index, []):
+            waiting[dependent] -= 1
+            if waiting[dependent] == 0:
+                heapq.heappush(ready, dependent)
+    return positions
 
 
 def _try_root(graph: GraphIndex, ctx: RewriteContext, rules: Sequence[Rule],
-              root: onnx.NodeProto, claimed: set[int]):
+              root: onnx.NodeProto, claimed: set[int], positions: dict[int, int]):
     """The accepted (rule, match, replacement) at ``root`` that covers the most nodes (earlier
-    rules win ties), else the deepest failure. Taking the largest match matters when a smaller
-    rule also fits: a LayerNorm without bias contains an exact RMSNorm of ``x - mean``."""
+    rules win ties), and the deepest failure: the reason nothing was fused, or, next to an
+    accepted match, a larger rule's refusal (a downgrade when it would have fused another op).
+    Taking the largest match matters when a smaller rule also fits: a LayerNorm without bias
+    contains an exact RMSNorm of ``x - mean``."""
     best_failure: tuple[Rule, Failure] | None = None
     accepted = None
     root_value = root.output[0]
@@ -166,9 +240,10 @@ def _try_root(graph: GraphIndex, ctx: RewriteContext, rules: Sequence[Rule],
                                                match.covered)
                 continue
             replacement = rule.rewrite(ctx, match, root)
-            reason = _reads_interior(graph, match, replacement)
+            _materialise_static_inputs(ctx, match, replacement, positions)
+            reason = _reads_interior(graph, match, replacement, positions)
             if reason:
-                matcher.best_failure = Failure(_CHECK_FAILURE_DEPTH, reason, match.covered)
+                matcher.best_failure = Failure(_CHECK_FAILURE_DEPTH + len(match.covered), reason, match.covered)
                 continue
             accepted = (rule, match, replacement)
             break
@@ -176,8 +251,24 @@ def _try_root(graph: GraphIndex, ctx: RewriteContext, rules: Sequence[Rule],
         if failure and (best_failure is None or failure.depth > best_failure[1].depth):
             best_failure = (rule, failure)
     if accepted is not None:
-        return (*accepted, None)
+        return (*accepted, _downgrade(accepted, best_failure))
     return None, None, None, best_failure
+
+
+def _downgrade(accepted, failure: tuple[Rule, Failure] | None) -> tuple[Rule, Failure] | None:
+    """The refusal of a rule that would have fused more, into another op, than what was accepted."""
+    if failure is None:
+        return None
+    rule, refused = failure
+    kept, match = accepted[0], accepted[1]
+    if refused.depth < _CHECK_FAILURE_DEPTH or len(refused.covered) <= len(match.covered):
+        return None
+    bigger, smaller = getattr(rule, "fused_op", ""), getattr(kept, "fused_op", "")
+    return failure if bigger and smaller and bigger != smaller else None
+
+
+def _fused_names(nodes) -> tuple[str, ...]:
+    return tuple(node.name for node in nodes if node.domain == OP_DOMAIN and node.name)
 
 
 def _is_near_miss(rule: Rule, failure: Failure) -> bool:
@@ -208,16 +299,23 @@ def run_pass(model: onnx.ModelProto, rules: Sequence[Rule], base_dir: Path | Non
     result = PassResult()
     if not rules:
         return result
-    graph = GraphIndex(model, base_dir)
+    graph = index_for(model, base_dir)
     ctx = RewriteContext(graph)
     nodes = list(model.graph.node)
+    positions = topological_positions(nodes)
     claimed: set[int] = set()
     replacements: dict[int, Replacement] = {}
     misses: list[NearMiss] = []
     for root in reversed(nodes):
         if id(root) in claimed or not root.output or not root.output[0]:
             continue
-        rule, match, replacement, failure = _try_root(graph, ctx, rules, root, claimed)
+        rule, match, replacement, failure = _try_root(graph, ctx, rules, root, claimed, positions)
+        if rule is not None and failure is not None:
+            larger, refused = failure
+            kept = [n.op_type for n in refused.covered if n.domain == OP_DOMAIN] + [rule.fused_op]
+            misses.append(NearMiss(larger.name, _node_label(root), refused.reason,
+                                   tuple(n.name for n in refused.covered), fused_as=" + ".join(kept),
+                                   fused_nodes=_fused_names(refused.covered)))
         if rule is not None:
             claimed.update(id(node) for node in match.covered)
             replacements[id(root)] = replacement
@@ -229,13 +327,16 @@ def run_pass(model: onnx.ModelProto, rules: Sequence[Rule], base_dir: Path | Non
                     result.fusions[node.op_type] -= 1
         elif failure is not None and _is_near_miss(*failure):
             misses.append(NearMiss(failure[0].name, _node_label(root), failure[1].reason,
-                                   tuple(n.name for n in failure[1].covered)))
+                                   tuple(n.name for n in failure[1].covered),
+                                   fused_as=failure[0].kept_when_refused,
+                                   fused_nodes=_fused_names(failure[1].covered)))
     if replacements:
         apply_replacements(model, nodes, claimed, replacements, graph)
     fused_names = {n.name for n in nodes if id(n) in claimed}
-    # A candidate whose nodes ended up inside another fusion was not really missed.
-    result.near_misses = [m for m in reversed(misses)
-                          if not m.nodes or sum(n in fused_names for n in m.nodes) * 2 < len(m.nodes)]
+    # A candidate whose nodes ended up inside another fusion was not really missed (a downgrade
+    # was: the smaller fusion holds its nodes).
+    result.near_misses = [m for m in reversed(misses) if m.fused_as or not m.nodes
+                          or sum(n in fused_names for n in m.nodes) * 2 < len(m.nodes)]
     return result
 
 

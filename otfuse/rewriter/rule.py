@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from otfuse import OP_DOMAIN
+from otfuse.domain import OP_DOMAIN
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.pattern import Match, Pattern
 
@@ -69,6 +69,12 @@ class Rule:
     # Op types that make a failed candidate worth reporting: a candidate that never reached one
     # (a Mul that merely looks like the end of a norm) is not a near miss.
     anchor_ops: frozenset[str] = frozenset()
+    # The op this rule fuses into; where a larger rule's is refused and a smaller one's fused at
+    # the same root, the report lists the larger one's reason as a downgrade.
+    fused_op: str = ""
+    # For a rule that combines fused nodes (a fold): what stays fused when it is refused, so its
+    # refusal is reported as a downgrade.
+    kept_when_refused: str = ""
 
     def grow(self, ctx: RewriteContext, match: Match) -> Match | str | None:
         """Extend a structural match downstream, for fan-out rules whose pattern matches one node

@@ -45,12 +45,6 @@ def _slice(node, values) -> np.ndarray:
     return data[tuple(index)]
 
 
-def _shape(node, values, shape) -> np.ndarray:
-    dims = np.array(shape, dtype=np.int64)
-    start, end = attr(node, "start", 0), attr(node, "end", None)
-    return dims[start:end]
-
-
 def _axes(node, values, position: int) -> list[int]:
     if len(values) > position and values[position] is not None:
         return [int(a) for a in values[position].reshape(-1)]
@@ -79,26 +73,15 @@ _FOLDERS: dict[str, Callable] = {
 }
 
 
-def _select_static_dims(node: onnx.NodeProto, dims: np.ndarray, values) -> np.ndarray | None:
-    """Gather/Slice on a partly known shape: a result when every selected dim is static."""
-    if node.op_type == "Gather" and values[1] is not None and attr(node, "axis", 0) == 0:
-        picked = dims[values[1].astype(np.int64)]
-    elif node.op_type == "Slice" and all(v is not None for v in values[1:3]):
-        picked = _slice(node, [dims] + values[1:])
-    else:
-        return None
-    picked = np.asarray(picked, dtype=object)
-    if any(not isinstance(d, (int, np.integer)) for d in picked.reshape(-1)):
-        return None
-    return picked.astype(np.int64)
-
-
-def fold_static_values(nodes: list[onnx.NodeProto], constant: Lookup, shape_of) -> dict[str, np.ndarray]:
-    """Values computable now: outputs of foldable nodes whose inputs are constants (or folded),
-    Shape of a value whose shape is static, and static dims picked out of a partly known shape.
-    ``shape_of(name)`` gives a tuple of dims (int, or str/None when unknown) or None."""
+def fold_static_values(nodes: list[onnx.NodeProto], constant: Lookup, known: Lookup,
+                       is_constant: Callable[[str], bool],
+                       elem_type: Callable[[str], int] = lambda name: 0) -> dict[str, np.ndarray]:
+    """Values computable now: what the dimension engine knows as numbers (``known``: Shape of
+    static dims, static dims picked out of a partly known shape, shape arithmetic), and outputs of
+    foldable nodes whose inputs are constants or folded (float scales: ``Sqrt(Cast(...))``); a
+    constant is read (``constant``) only when every input is one (``is_constant``).
+    ``CastLike(c, x)`` (onnxscript's unoptimised constants) needs only ``c`` and x's type."""
     folded: dict[str, np.ndarray] = {}
-    partial_shapes: dict[str, np.ndarray] = {}  # Shape outputs with some dims unknown (object arrays)
 
     def value_of(name: str) -> np.ndarray | None:
         if not name:
@@ -108,33 +91,26 @@ def fold_static_values(nodes: list[onnx.NodeProto], constant: Lookup, shape_of) 
     for node in nodes:
         if node.domain not in ("", "ai.onnx") or len(node.output) != 1:
             continue
-        try:
-            if node.op_type == "Shape":
-                shape = shape_of(node.input[0])
-                if shape is None:
-                    continue
-                if not all(isinstance(d, int) for d in shape):
-                    partial_shapes[node.output[0]] = np.array(
-                        list(shape)[attr(node, "start", 0):attr(node, "end", None)], dtype=object)
-                    continue
-                result = _shape(node, [], shape)
-            elif node.input and node.input[0] in partial_shapes:
-                values = [None] + [value_of(name) for name in node.input[1:]]
-                result = _select_static_dims(node, partial_shapes[node.input[0]], values)
-                if result is None:
-                    continue
-            elif node.op_type in _FOLDERS:
-                values = [value_of(name) for name in node.input]
-                required = values if node.op_type != "Slice" else values[:3]
-                if any(v is None for v in required) or not values:
-                    continue
-                if any(v.size > MAX_FOLDED_ELEMENTS for v in values if v is not None):
-                    continue
-                result = np.asarray(_FOLDERS[node.op_type](node, values))
-            else:
+        result = known(node.output[0])
+        if result is None and node.op_type == "CastLike" and len(node.input) == 2:
+            target = elem_type(node.input[1])
+            if target and (node.input[0] in folded or is_constant(node.input[0])):
+                value = value_of(node.input[0])
+                if value is not None and value.size <= MAX_FOLDED_ELEMENTS:
+                    folded[node.output[0]] = value.astype(onnx.helper.tensor_dtype_to_np_dtype(target))
+            continue
+        required = node.input if node.op_type != "Slice" else node.input[:3]
+        if result is None and node.op_type in _FOLDERS and \
+                all(name in folded or is_constant(name) for name in required):  # read nothing otherwise
+            values = [value_of(name) for name in node.input]
+            if not values or any(v is None for v in (values if node.op_type != "Slice" else values[:3])):
                 continue
-        except (ValueError, IndexError, TypeError, ZeroDivisionError, FloatingPointError):
-            continue  # not foldable as written: leave it to run time
-        if result.size <= MAX_FOLDED_ELEMENTS:
+            if any(v.size > MAX_FOLDED_ELEMENTS for v in values if v is not None):
+                continue
+            try:
+                result = np.asarray(_FOLDERS[node.op_type](node, values))
+            except (ValueError, IndexError, TypeError, ZeroDivisionError, FloatingPointError):
+                continue  # not foldable as written: leave it to run time
+        if result is not None and result.size <= MAX_FOLDED_ELEMENTS:
             folded[node.output[0]] = result
     return folded

@@ -1,0 +1,121 @@
+"""The fusion sites a model contains, counted on the torch model while it runs.
+
+These are the expectations the export matrix and bench/coverage.py hold otfuse (and OpenVINO) to:
+counted from what the torch model computes, never from an ONNX graph or from otfuse.
+
+- norm: every call of a norm module (`nn.LayerNorm`, a class named `*RMSNorm` / `*LayerNorm`).
+- residual_norm: every distinct sum `a + b` of two tensors of one shape (no broadcasting, as
+  AddRMSNorm / AddLayerNorm take them, docs/ops.md) that some norm normalises, directly or through a
+  view / reshape that keeps the last axis (OPT regroups the rows first); two norms reading one sum
+  (parallel blocks) are one site, since one fused node can give the sum to the other.
+- attention: every `scaled_dot_product_attention` or `softmax` call (one per attention).
+- rope: one site per attention of a rotary model (q and k rotated, 2 applications); checked
+  against the rotations seen (`neg` calls: rotate_half / rotate_every_two negate one half).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any, Callable
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_ADDS = {"add", "__add__", "__radd__", "add_", "__iadd__"}
+_ATTENTION = {"scaled_dot_product_attention", "softmax"}
+_VIEWS = {"view", "reshape", "contiguous"}
+_NEGS = {"neg", "__neg__", "negative"}
+_LAYER_INDEX = re.compile(r"\.(\d+)(\.|$)")
+
+
+class _Recorder(TorchFunctionMode):
+    """Records the same-shape sums, attention calls and negations of one forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.sums: dict[int, tuple[int, torch.Tensor]] = {}  # id -> (the sum's site, the tensor kept alive)
+        self.attention = 0
+        self.negs = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = getattr(func, "__name__", "")
+        if name in _ADDS and len(args) >= 2 and isinstance(out, torch.Tensor):
+            a, b = args[0], args[1]
+            if (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and out.is_floating_point()
+                    and a.shape == b.shape == out.shape):
+                self.sums[id(out)] = (id(out), out)
+        elif name in _VIEWS and isinstance(out, torch.Tensor) and id(args[0]) in self.sums:
+            if out.shape[-1] == args[0].shape[-1]:  # rows regrouped, each row still the sum's
+                self.sums[id(out)] = (self.sums[id(args[0])][0], out)
+        elif name in _ATTENTION:
+            self.attention += 1
+        elif name in _NEGS:
+            self.negs += 1
+        return out
+
+
+def is_norm(module: torch.nn.Module) -> bool:
+    cls = type(module).__name__
+    return isinstance(module, torch.nn.LayerNorm) or cls.endswith(("RMSNorm", "LayerNorm"))
+
+
+def norm_kind(module: torch.nn.Module) -> str:
+    cls = type(module).__name__
+    return "rms" if "RMS" in cls or cls == "T5LayerNorm" else "layer"
+
+
+def has_rotary(model: torch.nn.Module) -> bool:
+    names = [n for n, _ in model.named_buffers()]
+    return (any(n.endswith("inv_freq") for n in names) or any("Rotary" in type(m).__name__ for m in model.modules())
+            or any(n.endswith("embed_positions") for n in names))  # GPT-J's sin/cos table
+
+
+def expected_sites(model: torch.nn.Module, forward: Callable[[], Any]) -> dict[str, Any]:
+    """Count the sites of `model` (see the module doc) while `forward()` runs it once."""
+    calls: list[tuple[str, str, int, bool]] = []  # (module name, kind, width, reads a sum)
+    residual_sums: dict[int, str] = {}
+    recorder = _Recorder()
+
+    def hook(name):
+        def pre(module, args):
+            x = args[0]
+            is_sum = id(x) in recorder.sums
+            if is_sum:
+                residual_sums.setdefault(recorder.sums[id(x)][0], name)
+            calls.append((name, norm_kind(module), int(x.shape[-1]), is_sum))
+        return pre
+
+    handles = [m.register_forward_pre_hook(hook(n)) for n, m in model.named_modules() if is_norm(m)]
+    try:
+        with torch.no_grad(), recorder:
+            forward()
+    finally:
+        for h in handles:
+            h.remove()
+    layers = int(model.config.num_hidden_layers)
+    rope = recorder.attention if has_rotary(model) else 0
+    hidden = int(getattr(model.config, "hidden_size", 0) or 0)
+    in_layers = Counter()
+    for name, _, _, _ in calls:
+        in_layers["norm"] += bool(_LAYER_INDEX.search(name))
+    for name in residual_sums.values():
+        in_layers["residual_norm"] += bool(_LAYER_INDEX.search(name))
+    total = {"rope": rope, "attention": recorder.attention, "norm": len(calls), "residual_norm": len(residual_sums)}
+    per_layer = {"rope": rope / layers, "attention": recorder.attention / layers,
+                 "norm": in_layers["norm"] / layers, "residual_norm": in_layers["residual_norm"] / layers}
+    notes = []
+    if rope and recorder.negs != 2 * rope:
+        notes.append(f"{recorder.negs} negations seen for {rope} rotary sites (2 rotations each)")
+    return {
+        **total,
+        "layers": layers,
+        "per_layer": per_layer,
+        "outside_layers": {k: total[k] - round(per_layer[k] * layers) for k in ("norm", "residual_norm")}
+        | {k: 0 for k in ("rope", "attention")},
+        "rope_applications": 2 * rope,
+        "norm_kinds": dict(Counter(kind for _, kind, _, _ in calls)),
+        "per_head_norms": sum(1 for _, _, width, _ in calls if hidden and width != hidden),
+        "notes": notes,
+    }

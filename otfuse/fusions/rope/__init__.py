@@ -1,0 +1,19 @@
+"""The rope family: rotary embeddings into ``RotaryEmbedding``, then q and k of one attention
+paired into ``RotaryEmbeddingQK`` (contract in docs/ops.md).
+
+    onnx_op.py     the ONNX RotaryEmbedding op (opset 23), re-targeted
+    lane_pairs.py  interleaved rotations on explicit [..., D/2, 2] lane pairs (Meta's LLaMA)
+    rotations.py   x*cos + rotate(x)*sin spelled with Slice/Split, Neg, Concat (half, interleaved,
+                   partial, sections)
+    pair_qk.py     the pass that pairs the q and k rotations (after every rotation is fused)
+"""
+
+from otfuse.fusions.rope import lane_pairs, onnx_op, pair_qk, rotations
+from otfuse.rewriter.family import Family
+from otfuse.rewriter.passes import RulePass
+
+FAMILY = Family(
+    name="rope",
+    passes=(RulePass(onnx_op.RULES), RulePass(lane_pairs.RULES), RulePass(rotations.RULES), pair_qk.PairQKPass()),
+    emits=("RotaryEmbedding", "RotaryEmbeddingQK"),
+)

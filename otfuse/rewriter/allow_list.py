@@ -1,0 +1,113 @@
+"""What a rule that re-targets an existing op (standard or contrib) models, stated as data.
+
+A rule that turns an ONNX ``Attention`` into ``otfuse.Attention`` models one op at some versions,
+with some attributes, inputs and outputs. Anything else (a newer op version, an attribute it has
+never heard of, an optional input or output it does not translate) must be refused, never dropped:
+a silently dropped ``left_window_size`` changed every output of a model. ``require_allowed`` raises
+``Refuse`` naming what is not modelled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import onnx
+import onnx.defs
+
+from otfuse.rewriter.graph import GraphIndex
+from otfuse.rewriter.rule import Refuse
+
+AttributeCheck = Callable[[object], str | None]  # the value -> why it is not modelled, or None
+
+
+@dataclass(frozen=True)
+class OpAllowList:
+    """``versions``: the op versions (``since_version`` of the schema in effect) modelled.
+    ``ort_builtin_below``: for default-domain ops that ORT also registers itself before ONNX had
+    them (LayerNormalization before opset 17), the model opsets below which ORT's op is meant.
+    ``attributes``: every attribute the rule models; a check (or None: the rule reads it itself).
+    ``inputs``: how many inputs are modelled; ``outputs``: how many outputs may be used."""
+
+    op_type: str
+    versions: frozenset[int]
+    attributes: Mapping[str, AttributeCheck | None]
+    inputs: int
+    outputs: int
+    domain: str = ""
+    ort_builtin_below: int = 0
+    notes: Mapping[str, str] = field(default_factory=dict)  # attribute -> why it is refused
+
+
+def only(*allowed) -> AttributeCheck:
+    """An attribute check: the value must be one of ``allowed``."""
+
+    def check(value) -> str | None:
+        return None if value in allowed else f"is {value!r}, modelled only as {', '.join(map(repr, allowed))}"
+
+    return check
+
+
+def model_opset(graph: GraphIndex, domain: str) -> int | None:
+    for entry in graph.model.opset_import:
+        if entry.domain == domain or (domain == "" and entry.domain == "ai.onnx"):
+            return int(entry.version)
+    return None
+
+
+def op_version(graph: GraphIndex, node: onnx.NodeProto, allow: OpAllowList) -> int:
+    """The version of ``node``'s op in effect in this model, or refuse when it is not modelled."""
+    opset = model_opset(graph, allow.domain)
+    label = f"{allow.op_type} (opset {opset})"
+    if opset is None:
+        raise Refuse(f"{label}: the model imports no opset for domain {allow.domain!r}")
+    if allow.domain == "" and opset < allow.ort_builtin_below:
+        return 0  # ORT's own op of that name (no ONNX schema): the rule models it as such
+    if allow.domain == "" and opset > onnx.defs.onnx_opset_version():
+        raise Refuse(f"{label}: newer than the ONNX this otfuse runs with knows "
+                     f"({onnx.defs.onnx_opset_version()}), so its semantics are not modelled")
+    try:
+        version = onnx.defs.get_schema(allow.op_type, opset, allow.domain).since_version
+    except onnx.defs.SchemaError:
+        raise Refuse(f"{label}: no such op at this opset") from None
+    if version not in allow.versions:
+        raise Refuse(f"{allow.op_type}-{version}: only versions {sorted(allow.versions)} are modelled")
+    return version
+
+
+def require_allowed(graph: GraphIndex, node: onnx.NodeProto, allow: OpAllowList) -> int:
+    """Refuse ``node`` unless everything it states is modelled; return the op version in effect
+    (0 for ORT's own default-domain op below ``ort_builtin_below``)."""
+    version = op_version(graph, node, allow)
+    for attribute in node.attribute:
+        if attribute.name not in allow.attributes:
+            why = allow.notes.get(attribute.name, "not modelled by this rule")
+            raise Refuse(f"{allow.op_type} attribute {attribute.name!r}: {why}")
+        check = allow.attributes[attribute.name]
+        reason = check(onnx.helper.get_attribute_value(attribute)) if check else None
+        if reason:
+            raise Refuse(f"{allow.op_type} attribute {attribute.name!r} {reason}")
+    schema = _schema(graph, allow)
+    for position, name in enumerate(node.input):
+        if position >= allow.inputs and name:
+            raise Refuse(f"{allow.op_type} input {_formal(schema, 'inputs', position)} ({name!r}) is not modelled")
+    for position, name in enumerate(node.output):
+        if position >= allow.outputs and name and (graph.uses(name) or graph.is_graph_output(name)):
+            raise Refuse(f"{allow.op_type} output {_formal(schema, 'outputs', position)} ({name!r}) is used "
+                         f"but not modelled")
+    return version
+
+
+def _schema(graph: GraphIndex, allow: OpAllowList):
+    try:
+        return onnx.defs.get_schema(allow.op_type, model_opset(graph, allow.domain) or 1, allow.domain)
+    except onnx.defs.SchemaError:
+        return None
+
+
+def _formal(schema, kind: str, position: int) -> str:
+    """The schema's name of an input or output (``qk_matmul_output``), else its position."""
+    formals = getattr(schema, kind, []) if schema is not None else []
+    if position < len(formals):
+        return formals[position].name
+    return f"#{position}"

@@ -1,0 +1,170 @@
+"""ONNX Runtime sessions that can run fused models, and a run helper that handles bfloat16.
+
+``InferenceSession`` is a drop-in ``onnxruntime.InferenceSession`` with the otfuse custom-op
+library registered. ``baseline_session`` runs a model exactly as written (no ORT graph
+optimisations), the reference ``otfuse diff`` compares against. ``open_session`` is what the CLI
+uses: every load failure becomes a one-line :class:`~otfuse.errors.ModelLoadError`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from otfuse.domain import OP_DOMAIN
+from otfuse.errors import ModelLoadError, OtfuseError
+
+DEFAULT_PROVIDERS = ["CPUExecutionProvider"]
+# Marks options our library was already registered in (registering twice makes ORT fail).
+_REGISTERED_KEY = "otfuse.custom_ops_library"
+
+
+class LibraryNotAvailable(OtfuseError):
+    """The model uses otfuse ops but the custom-op library could not be found."""
+
+
+def find_library() -> tuple[str | None, str]:
+    """(path, "") when the custom-op library exists, else (None, why not)."""
+    try:
+        from otfuse.run.library import library_path
+
+        path = library_path()
+    except Exception as e:  # not built / not installed: only fatal if the model needs it
+        return None, " ".join(str(e).split()) or type(e).__name__
+    if not path or not Path(path).is_file():
+        return None, f"{path} does not exist (build the kernels: pip install -e .)"
+    return str(path), ""
+
+
+def library_status() -> tuple[str | None, bool, str]:
+    """(path, loads, message) for ``otfuse info``."""
+    path, why = find_library()
+    if path is None:
+        return None, False, why
+    try:
+        ort.SessionOptions().register_custom_ops_library(path)
+    except Exception as e:
+        return path, False, " ".join(str(e).split())
+    return path, True, "loads"
+
+
+def _register_library(options: ort.SessionOptions) -> str:
+    """Register the library in ``options``; return why it was not, or ""."""
+    try:
+        options.get_session_config_entry(_REGISTERED_KEY)
+        return ""
+    except RuntimeError:
+        pass  # not registered yet
+    path, why = find_library()
+    if path is None:
+        return why
+    try:
+        options.register_custom_ops_library(path)
+    except Exception as e:
+        raise OtfuseError(f"cannot load the otfuse custom-op library {path}: {' '.join(str(e).split())}") from None
+    options.add_session_config_entry(_REGISTERED_KEY, path)
+    return ""
+
+
+class InferenceSession(ort.InferenceSession):
+    """``onnxruntime.InferenceSession`` that can run ``otfuse`` nodes (CPU provider by default).
+
+    When the library is not built, models without otfuse nodes still load; a model that needs
+    it fails with :class:`LibraryNotAvailable` instead of ORT's "unknown op" error.
+    """
+
+    def __init__(self, path_or_bytes, sess_options=None, providers=None, **kwargs):
+        options = sess_options if sess_options is not None else ort.SessionOptions()
+        missing = _register_library(options)
+        try:
+            super().__init__(path_or_bytes, sess_options=options, providers=providers or DEFAULT_PROVIDERS, **kwargs)
+        except Exception as e:
+            if missing and OP_DOMAIN in str(e):
+                raise LibraryNotAvailable(f"the model uses otfuse ops but the custom-op library is not available: {missing}") from e
+            raise
+
+
+# ORT's graph optimisation levels by the names `otfuse diff --ort-opt` takes.
+OPT_LEVELS = {
+    "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+
+def session_options(opt_level: str = "disabled") -> ort.SessionOptions:
+    """Options at one of ``OPT_LEVELS``. ``otfuse diff`` runs both models at the same level, so
+    ORT's own session-time rewrites (its QDQ fusion, say) cannot show up as otfuse's."""
+    if opt_level not in OPT_LEVELS:
+        raise OtfuseError(f"unknown ORT optimisation level {opt_level!r} (use {', '.join(OPT_LEVELS)})")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = OPT_LEVELS[opt_level]
+    return options
+
+
+def baseline_options() -> ort.SessionOptions:
+    """Options that run the graph as written (no ORT graph optimisations)."""
+    return session_options("disabled")
+
+
+def baseline_session(path_or_bytes, providers=None) -> InferenceSession:
+    return InferenceSession(path_or_bytes, sess_options=baseline_options(), providers=providers)
+
+
+def open_session(path: str | os.PathLike, *, baseline: bool = False, providers=None, shown_as=None,
+                 opt_level: str | None = None) -> InferenceSession:
+    """Open ``path`` for running, at ``opt_level`` (``OPT_LEVELS``; ``baseline``: "disabled"; else
+    ORT's default); any failure is a one-line OtfuseError naming the file (``shown_as`` when
+    ``path`` is a temporary copy)."""
+    level = opt_level or ("disabled" if baseline else None)
+    options = session_options(level) if level else None
+    try:
+        return InferenceSession(str(path), sess_options=options, providers=providers)
+    except OtfuseError:
+        raise
+    except Exception as e:
+        raise ModelLoadError(f"{shown_as or path}: ONNX Runtime cannot load it: {_ort_message(e)}") from None
+
+
+def run(session: ort.InferenceSession, feeds: dict[str, np.ndarray], output_names=None) -> dict[str, np.ndarray]:
+    """Run and return {output name: array}; bfloat16 (and other ml_dtypes) work both ways,
+    which plain ``session.run`` does not support."""
+    values = {name: _to_ortvalue(arr) for name, arr in feeds.items()}
+    names = list(output_names) if output_names is not None else [o.name for o in session.get_outputs()]
+    results = session.run_with_ort_values(names, values)
+    return {name: _to_numpy(value) for name, value in zip(names, results)}
+
+
+def _to_ortvalue(arr: np.ndarray) -> ort.OrtValue:
+    arr = np.ascontiguousarray(arr)
+    if arr.dtype.type.__module__ != "ml_dtypes":
+        return ort.OrtValue.ortvalue_from_numpy(arr)
+    elem = onnx.helper.np_dtype_to_tensor_dtype(arr.dtype)
+    # ORT's numpy bridge does not know ml_dtypes: hand over the raw bits with the ONNX type.
+    raw = arr.view(np.dtype(f"uint{8 * arr.dtype.itemsize}"))
+    return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(raw, elem)
+
+
+def _to_numpy(value: ort.OrtValue) -> np.ndarray:
+    try:
+        return value.numpy()
+    except Exception:
+        # No numpy type for it in ORT (bfloat16, float8): copy the bytes out while `value` lives.
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(value.element_type())
+        nbytes = value.tensor_size_in_bytes()
+        raw = bytes((ctypes.c_uint8 * nbytes).from_address(value.data_ptr())) if nbytes else b""
+        return np.frombuffer(raw, dtype=dtype).reshape(value.shape()).copy()
+
+
+def _ort_message(e: Exception) -> str:
+    """ORT's message without the '[ONNXRuntimeError] : 7 : INVALID_PROTOBUF :' prefix, on one line."""
+    text = " ".join(str(e).split())
+    if text.startswith("[ONNXRuntimeError]"):
+        text = text.split(":", 3)[-1].strip()
+    return text or type(e).__name__

@@ -1,0 +1,195 @@
+"""Norm + Linear patterns on hand-built graphs: the projection spellings, and mutations that must
+not fuse (or must fuse while keeping the normalised tensor), each proven by otfuse.diff."""
+
+from __future__ import annotations
+
+import numpy as np
+from fusing import assert_same_outputs, attrs, fuse_model, fused_nodes
+from fusions.norm.graphs import layer_norm_decomposed, rms_norm
+from graphs import F32, GraphBuilder
+
+HIDDEN = 16
+RNG = np.random.default_rng(42)
+
+
+def weight(*shape) -> np.ndarray:
+    return (0.1 * RNG.standard_normal(shape)).astype(np.float32)
+
+
+def builder(residual=False, seq="seq"):
+    b = GraphBuilder()
+    x = b.input("x", F32, ["batch", seq, HIDDEN])
+    if residual:
+        r = b.input("r", F32, ["batch", seq, HIDDEN])
+        x = b.node("Add", [x, r], base="sum")
+    return b, x
+
+
+def out(b: GraphBuilder, value: str, name: str, shape) -> str:
+    b.nodes.append(__import__("onnx").helper.make_node("Identity", [value], [name], name=f"id_{name}"))
+    b.output(name, F32, shape)
+    return name
+
+
+def fuse(tmp_path, b: GraphBuilder, dims=None, only=("norm", "norm_linear")):
+    model, report = fuse_model(tmp_path, b.model(), only=list(only))
+    if model is not None:
+        assert_same_outputs(tmp_path, dims=dims)
+    return model, report
+
+
+def linear_nodes(model):
+    return [n for n in fused_nodes(model) if n.op_type.endswith("Linear")]
+
+
+def test_qkv_fan_out_is_one_node(tmp_path):
+    b, x = builder()
+    n = rms_norm(b, x, HIDDEN)
+    for name, width in (("q", 16), ("k", 8), ("v", 8)):
+        out(b, b.node("MatMul", [n, b.const(weight(HIDDEN, width))]), name, ["batch", "seq", width])
+    model, report = fuse(tmp_path, b)
+    (node,) = linear_nodes(model)
+    assert node.op_type == "RMSNormLinear"
+    assert attrs(node)["out_features"] == [16, 8, 8] and attrs(node)["transposed"] == [0, 0, 0]
+    assert len(node.output) == 3  # nothing else reads the normalised tensor: no Yn output
+    assert report.fusions == {"RMSNormLinear": 1}
+    assert not any(n.op_type == "MatMul" for n in model.graph.node)
+
+
+def test_mlp_gate_up_after_residual_add(tmp_path):
+    b, s = builder(residual=True)
+    n = rms_norm(b, s, HIDDEN)
+    gate = b.node("MatMul", [n, b.const(weight(HIDDEN, 32))])
+    up = b.node("MatMul", [n, b.const(weight(HIDDEN, 32))])
+    out(b, b.node("Mul", [b.node("Sigmoid", [gate]), up]), "y", ["batch", "seq", 32])
+    out(b, s, "residual", ["batch", "seq", HIDDEN])
+    model, _ = fuse(tmp_path, b)
+    (node,) = linear_nodes(model)
+    assert node.op_type == "AddRMSNormLinear"
+    assert len(node.output) == 3  # gate, up, the residual sum
+
+
+def test_lm_head_through_transpose_of_a_constant(tmp_path):
+    b, x = builder()
+    n = rms_norm(b, x, HIDDEN)
+    table = b.const(weight(40, HIDDEN), "embedding")  # tied embedding [vocab, hidden]
+    out(b, b.node("MatMul", [n, b.node("Transpose", [table], perm=[1, 0])]), "logits", ["batch", "seq", 40])
+    model, _ = fuse(tmp_path, b)
+    (node,) = linear_nodes(model)
+    assert attrs(node)["transposed"] == [1]
+    assert node.input[-1] == table  # the exported tensor, read transposed by the kernel
+    assert not any(n.op_type == "Transpose" for n in model.graph.node)
+
+
+def test_gemm_trans_b_behind_a_flattening_reshape(tmp_path):
+    b, s = builder(residual=True)
+    n = layer_norm_decomposed(b, s, HIDDEN)
+    flat = b.node("Reshape", [n, b.const(np.array([-1, HIDDEN], np.int64))])
+    gemm = b.node("Gemm", [flat, b.const(weight(24, HIDDEN)), b.const(weight(24))], transB=1)
+    out(b, gemm, "y", ["batch*seq", 24])
+    out(b, s, "residual", ["batch", "seq", HIDDEN])
+    model, _ = fuse(tmp_path, b)
+    (node,) = linear_nodes(model)
+    assert node.op_type == "AddLayerNormLinear"
+    assert attrs(node)["transposed"] == [1] and attrs(node)["has_bias"] == [1]
+    assert [n.op_type for n in model.graph.node if n.domain != "otfuse"].count("Reshape") == 1  # the way back
+
+
+def test_bias_add_is_absorbed(tmp_path):
+    b, x = builder()
+    n = layer_norm_decomposed(b, x, HIDDEN)
+    y = b.node("Add", [b.node("MatMul", [n, b.const(weight(HIDDEN, 12))]), b.const(weight(12))])
+    out(b, y, "y", ["batch", "seq", 12])
+    model, _ = fuse(tmp_path, b)
+    (node,) = linear_nodes(model)
+    assert node.op_type == "LayerNormLinear" and attrs(node)["has_bias"] == [1]
+    assert not any(n.op_type in ("Add", "MatMul") for n in model.graph.node)
+
+
+def test_non_constant_weight_is_a_near_miss(tmp_path):
+    b, x = builder()
+    n = rms_norm(b, x, HIDDEN)
+    w = b.input("w", F32, [HIDDEN, 8])
+    out(b, b.node("MatMul", [n, w]), "y", ["batch", "seq", 8])
+    model, report = fuse(tmp_path, b)
+    assert not linear_nodes(model)
+    assert any("is not a constant" in m["reason"] and m["family"] == "norm_linear" for m in report.near_misses)
+
+
+def test_other_consumer_keeps_the_normalised_output(tmp_path):
+    """One consumer is not a projection (and one MatMul weight is not constant): the fused node
+    also outputs the normalised tensor, which they keep reading."""
+    b, x = builder()
+    n = rms_norm(b, x, HIDDEN)
+    out(b, b.node("MatMul", [n, b.const(weight(HIDDEN, 8))]), "q", ["batch", "seq", 8])
+    out(b, b.node("Add", [n, x]), "other", ["batch", "seq", HIDDEN])
+    out(b, b.node("MatMul", [n, b.input("w", F32, [HIDDEN, 4])]), "dynamic", ["batch", "seq", 4])
+    model, _ = fuse(tmp_path, b)
+    (node,) = linear_nodes(model)
+    assert attrs(node)["out_features"] == [8]
+    assert len(node.output) == 2  # q, then Yn
+    readers = [m.op_type for m in model.graph.node if node.output[1] in m.input]
+    assert sorted(readers) == ["Add", "MatMul"]
+
+
+def test_normalised_value_as_graph_output(tmp_path):
+    b, x = builder()
+    n = rms_norm(b, x, HIDDEN)
+    out(b, b.node("MatMul", [n, b.const(weight(HIDDEN, 8))]), "q", ["batch", "seq", 8])
+    b.output(n, F32, ["batch", "seq", HIDDEN])
+    model, _ = fuse(tmp_path, b)
+    (node,) = linear_nodes(model)
+    assert node.output[-1] == n
+
+
+def test_weight_on_the_left_is_not_a_projection(tmp_path):
+    """W @ x (the normalised value as MatMul's second operand) is left alone; the x @ W next to it
+    is fused and W @ x reads Yn."""
+    b, x = builder(seq=4)
+    n = rms_norm(b, x, HIDDEN)
+    out(b, b.node("MatMul", [b.const(weight(3, 4)), n]), "left", ["batch", 3, HIDDEN])
+    out(b, b.node("MatMul", [n, b.const(weight(HIDDEN, 8))]), "right", ["batch", 4, 8])
+    model, _ = fuse(tmp_path, b, dims={"batch": 2})
+    (node,) = linear_nodes(model)
+    assert attrs(node)["out_features"] == [8] and len(node.output) == 2
+
+
+def test_weight_on_the_left_alone_is_a_near_miss(tmp_path):
+    b, x = builder(seq=4)
+    n = rms_norm(b, x, HIDDEN)
+    out(b, b.node("MatMul", [b.const(weight(3, 4)), n]), "left", ["batch", 3, HIDDEN])
+    model, report = fuse(tmp_path, b, dims={"batch": 2})
+    assert not linear_nodes(model)
+    assert any("second operand" in m["reason"] for m in report.near_misses)
+
+
+def test_mismatched_k_is_refused(tmp_path):
+    """A weight whose first dim is not the row length (a broken export) is not a projection."""
+    b, x = builder()
+    n = rms_norm(b, x, HIDDEN)
+    out(b, b.node("MatMul", [n, b.const(weight(HIDDEN + 1, 8))]), "y", ["batch", "seq", 8])
+    model, report = fuse_model(tmp_path, b.model(), only=["norm", "norm_linear"])
+    assert not linear_nodes(model)
+    assert any("has K = 17 but the normalised rows have 16" in m["reason"] for m in report.near_misses)
+
+
+def test_matmul_feeding_something_else_keeps_its_add(tmp_path):
+    """A bias Add is taken only when it is the MatMul's sole reader."""
+    b, x = builder()
+    n = rms_norm(b, x, HIDDEN)
+    mm = b.node("MatMul", [n, b.const(weight(HIDDEN, 8))])
+    out(b, b.node("Add", [mm, b.const(weight(8))]), "y", ["batch", "seq", 8])
+    out(b, mm, "raw", ["batch", "seq", 8])
+    model, _ = fuse(tmp_path, b)
+    (node,) = linear_nodes(model)
+    assert attrs(node)["has_bias"] == [0]
+
+
+def test_fusing_twice_changes_nothing(tmp_path):
+    b, x = builder()
+    n = rms_norm(b, x, HIDDEN)
+    out(b, b.node("MatMul", [n, b.node("Transpose", [b.const(weight(8, HIDDEN))], perm=[1, 0])]), "y",
+        ["batch", "seq", 8])
+    model, _ = fuse(tmp_path, b)
+    again, report = fuse_model(tmp_path, model, name="again", only=["norm", "norm_linear"])
+    assert again is None and not report.fusions

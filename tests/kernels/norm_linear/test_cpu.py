@@ -1,0 +1,297 @@
+"""CPU kernels of the Norm + Linear family against otfuse.verify.reference, in real ORT sessions.
+
+Weights are constant initializers or graph inputs; the kernel reads both in place, so they must
+give the same bits. The products take one of three paths (kernels/cpu/norm_linear.cc): ORT's own
+Gemm (float32, one row), our GEMM reading W in place (up to 64 rows) or packing it per task (more
+rows); OTFUSE_NORM_LINEAR_GEMM=ort / own forces ORT's or ours for float32, OTFUSE_CPU_ISA=baseline
+the portable micro-kernels. The shapes below reach every path, layout and edge (partial tiles,
+k blocks, row chunks, column ranges) on every path the machine has. bfloat16 crosses the graph
+boundary as float32 with a Cast on each side (ORT's Python API cannot feed bfloat16).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import otfuse
+from otfuse.verify import reference
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F16 = np.dtype(np.float16)
+F32 = np.dtype(np.float32)
+ONNX_TYPE = {F32: TensorProto.FLOAT, F16: TensorProto.FLOAT16, BF16: TensorProto.BFLOAT16}
+# Y_i sums K products: the tolerance grows with K (float32 summation order differs from numpy's).
+TOLERANCE = {F32: 2e-5, F16: 2e-3, BF16: 2e-2}
+
+KINDS = {
+    "RMSNormLinear": (False, False),  # (residual Add, LayerNorm)
+    "AddRMSNormLinear": (True, False),
+    "LayerNormLinear": (False, True),
+    "AddLayerNormLinear": (True, True),
+}
+
+
+def _tensor(name: str, array: np.ndarray):
+    dtype = array.dtype
+    if dtype == BF16:
+        return helper.make_tensor(name, TensorProto.BFLOAT16, array.shape, array.view(np.uint16).tobytes(), raw=True)
+    return helper.make_tensor(name, ONNX_TYPE[dtype], array.shape, array.tobytes(), raw=True)
+
+
+class Case:
+    def __init__(self, op: str, dtype=F32, shape=(2, 5, 64), widths=(64, 32, 32), transposed=None,
+                 bias=None, norm_bias=True, keep=False, const=True, seed=0, epsilon=1e-5):
+        rng = np.random.default_rng(seed)
+        self.op, self.dtype, self.keep, self.const, self.epsilon = op, np.dtype(dtype), keep, const, epsilon
+        self.add, self.layer = KINDS[op]
+        k = shape[-1]
+        self.transposed = list(transposed or [0] * len(widths))
+        self.has_bias = list(bias if bias is not None else [1] * len(widths))
+        cast = lambda a: np.asarray(a, dtype=np.float32).astype(self.dtype)  # noqa: E731
+        self.x = cast(rng.standard_normal(shape))
+        self.b = cast(rng.standard_normal(shape)) if self.add else None
+        self.scale = cast(1 + 0.1 * rng.standard_normal(k))
+        self.norm_bias = cast(0.1 * rng.standard_normal(k)) if self.layer and norm_bias else None
+        self.weights = [cast(0.1 * rng.standard_normal((n, k) if t else (k, n)))
+                        for n, t in zip(widths, self.transposed)]
+        self.biases = [cast(0.1 * rng.standard_normal(n)) if hb else None for n, hb in zip(widths, self.has_bias)]
+        self.widths = list(widths)
+
+    def expected(self) -> list[np.ndarray]:
+        biases = self.biases
+        if self.add and self.layer:
+            ys, s, yn = reference.add_layer_norm_linear(self.x, self.b, self.scale, self.norm_bias, self.weights,
+                                                        biases, self.transposed, self.epsilon)
+        elif self.add:
+            ys, s, yn = reference.add_rms_norm_linear(self.x, self.b, self.scale, self.weights, biases,
+                                                      self.transposed, self.epsilon)
+        elif self.layer:
+            (ys, yn), s = reference.layer_norm_linear(self.x, self.scale, self.norm_bias, self.weights, biases,
+                                                      self.transposed, self.epsilon), None
+        else:
+            (ys, yn), s = reference.rms_norm_linear(self.x, self.scale, self.weights, biases, self.transposed,
+                                                    self.epsilon), None
+        return ys + ([s] if self.add else []) + ([yn] if self.keep else [])
+
+    def model(self, **attr_overrides):
+        t = ONNX_TYPE[self.dtype]
+        boundary = TensorProto.FLOAT if self.dtype == BF16 else t
+        nodes, inputs, inits, feeds = [], [], [], {}
+
+        def feed(name, array):
+            outer = f"{name}_in" if self.dtype == BF16 else name
+            inputs.append(helper.make_tensor_value_info(outer, boundary, list(array.shape)))
+            feeds[outer] = array.astype(np.float32) if self.dtype == BF16 else array
+            if self.dtype == BF16:
+                nodes.append(helper.make_node("Cast", [outer], [name], to=TensorProto.BFLOAT16))
+            return name
+
+        names = [feed("x", self.x)] + ([feed("b", self.b)] if self.add else [])
+        inits.append(_tensor("scale", self.scale))
+        names.append("scale")
+        if self.layer:
+            if self.norm_bias is not None:
+                inits.append(_tensor("norm_bias", self.norm_bias))
+            names.append("norm_bias" if self.norm_bias is not None else "")
+        for i, w in enumerate(self.weights):
+            if self.const:
+                inits.append(_tensor(f"w{i}", w))
+                names.append(f"w{i}")
+            else:
+                names.append(feed(f"w{i}", w))
+        for i, bias in enumerate(self.biases):
+            if bias is not None:
+                inits.append(_tensor(f"bias{i}", bias))
+                names.append(f"bias{i}")
+        outs = [f"y{i}" for i in range(len(self.weights))] + (["s"] if self.add else []) + (["yn"] if self.keep else [])
+        attrs = dict(epsilon=self.epsilon, axis=-1, out_features=self.widths, transposed=self.transposed,
+                     has_bias=self.has_bias)
+        attrs.update(attr_overrides)
+        attrs = {k: v for k, v in attrs.items() if v is not None}
+        nodes.append(helper.make_node(self.op, names, [f"{o}_t" for o in outs] if self.dtype == BF16 else outs,
+                                      name="fused_0", domain="otfuse", **attrs))
+        if self.dtype == BF16:
+            nodes += [helper.make_node("Cast", [f"{o}_t"], [o], to=TensorProto.FLOAT) for o in outs]
+        graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info(o, boundary, None) for o in outs],
+                                  inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("otfuse", 1)])
+        model.ir_version = 9
+        return model, feeds
+
+    def run(self, threads: int = 2, **attr_overrides):
+        model, feeds = self.model(**attr_overrides)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.register_custom_ops_library(otfuse.library_path())
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        return session.run(None, feeds)
+
+
+def _check(case: Case, got: list[np.ndarray]) -> None:
+    expected = case.expected()
+    assert len(got) == len(expected)
+    tol = TOLERANCE[case.dtype]
+    for index, (g, e) in enumerate(zip(got, expected)):
+        assert g.shape == e.shape, (index, g.shape, e.shape)
+        np.testing.assert_allclose(g.astype(np.float32), e.astype(np.float32), rtol=tol, atol=tol,
+                                   err_msg=f"output {index}")
+
+
+@pytest.mark.parametrize("op", list(KINDS))
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
+def test_matches_reference(op, dtype):
+    _check(Case(op, dtype), Case(op, dtype).run())
+
+
+@pytest.mark.parametrize("op", list(KINDS))
+def test_constant_and_runtime_weights_agree(op):
+    case = Case(op, shape=(3, 7, 40), widths=(17, 5), transposed=[1, 0], keep=True, seed=3)
+    runtime = Case(op, shape=(3, 7, 40), widths=(17, 5), transposed=[1, 0], keep=True, const=False, seed=3)
+    constant, per_run = case.run(), runtime.run()
+    _check(case, constant)
+    for a, b in zip(constant, per_run):
+        np.testing.assert_array_equal(a, b)
+
+
+# (shape, widths, transposed): every path and edge of the products.
+SHAPES = {
+    "one-row-one-col": ((1, 64), (1,), [0]),  # float32: ORT's Gemm; else one row streamed
+    "decode": ((1, 1, 4096), (40, 24), [0, 1]),  # one row, deep K, both layouts
+    "stream-blocks": ((13, 70), (5, 33, 16), [0, 1, 0]),  # 13 rows = 6 + 6 + 1, odd K, partial tiles
+    "stream-deep": ((2, 3, 300), (100, 7), [1, 0]),  # K past one 256-deep transposed stage, K % 16 != 0
+    "stream-ranges": ((64, 100), (1100,), [0]),  # 64 rows: the most streamed, four column ranges
+    "packed-one-chunk": ((65, 40), (48, 17), [0, 1]),  # the first packed size, one k block
+    "packed-deep": ((2, 70, 601), (130, 13), [0, 1]),  # three k blocks (256, 256, 89), K % 8 != 0
+    "packed-chunks": ((4, 203, 70), (1100, 9), [0, 1]),  # 812 rows: two row chunks, two column ranges
+}
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
+def test_odd_sizes(name, dtype):
+    shape, widths, transposed = SHAPES[name]
+    case = Case("AddRMSNormLinear", dtype, shape=shape, widths=widths, transposed=transposed,
+                bias=[i % 2 for i in range(len(widths))], keep=True, seed=7)
+    _check(case, case.run())
+
+
+@pytest.mark.parametrize("path", ["ort", "own"])
+@pytest.mark.parametrize("name", ["one-row-one-col", "decode", "stream-blocks", "packed-deep"])
+def test_forced_float32_paths(monkeypatch, path, name):
+    """ORT's Gemm and ours on every row count, both layouts and biases."""
+    monkeypatch.setenv("OTFUSE_NORM_LINEAR_GEMM", path)
+    shape, widths, transposed = SHAPES[name]
+    case = Case("LayerNormLinear", F32, shape=shape, widths=widths, transposed=transposed, keep=True, seed=13)
+    _check(case, case.run())
+
+
+def test_bad_gemm_knob_is_refused(monkeypatch):
+    monkeypatch.setenv("OTFUSE_NORM_LINEAR_GEMM", "mkl")
+    with pytest.raises(Exception) as info:
+        Case("RMSNormLinear").run()
+    assert "OTFUSE_NORM_LINEAR_GEMM must be ort or own, got 'mkl'" in str(info.value)
+
+
+def test_layernorm_without_norm_bias_and_projection_bias():
+    case = Case("LayerNormLinear", shape=(4, 32), widths=(8, 24), bias=[0, 0], norm_bias=False)
+    _check(case, case.run())
+
+
+def test_empty_rows():
+    case = Case("RMSNormLinear", shape=(0, 5, 32), widths=(8,))
+    got = case.run()
+    assert got[0].shape == (0, 5, 8)
+
+
+@pytest.mark.parametrize("name", ["stream-blocks", "stream-ranges", "packed-deep", "packed-chunks"])
+def test_thread_count_does_not_change_results(name):
+    shape, widths, transposed = SHAPES[name]
+    case = Case("AddLayerNormLinear", shape=shape, widths=widths, transposed=transposed, seed=11)
+    one, two = case.run(threads=1), case.run(threads=2)
+    for a, b in zip(one, two):
+        np.testing.assert_array_equal(a, b)
+
+
+_RUN_IN_CHILD = (
+    "import numpy as np, onnxruntime as ort, otfuse, sys\n"
+    "o = ort.SessionOptions(); o.register_custom_ops_library(otfuse.library_path())\n"
+    "for i in range(int(sys.argv[1])):\n"
+    "    s = ort.InferenceSession(f'{sys.argv[2]}/m{i}.onnx', o, providers=['CPUExecutionProvider'])\n"
+    "    feeds = dict(np.load(f'{sys.argv[2]}/f{i}.npz'))\n"
+    "    np.savez(f'{sys.argv[2]}/{sys.argv[3]}{i}.npz', *s.run(None, feeds))\n")
+
+
+def test_baseline_and_avx2_variants_agree(tmp_path):
+    """The portable micro-kernels (multiply + add) and the AVX2 ones (FMA), chosen once per process,
+    each against the reference and against each other within float32 rounding, on every path."""
+    import os
+    import subprocess
+    import sys
+    cases = []
+    for name in ("decode", "stream-blocks", "stream-deep", "packed-deep", "packed-chunks"):
+        shape, widths, transposed = SHAPES[name]
+        for dtype in (F32, F16):
+            cases.append(Case("RMSNormLinear", dtype, shape=shape, widths=widths, transposed=transposed, seed=5))
+    for i, case in enumerate(cases):
+        model, feeds = case.model()
+        (tmp_path / f"m{i}.onnx").write_bytes(model.SerializeToString())
+        np.savez(tmp_path / f"f{i}.npz", **feeds)
+    for isa in ("baseline", "auto"):
+        env = dict(os.environ, OTFUSE_CPU_ISA=isa)
+        subprocess.run([sys.executable, "-c", _RUN_IN_CHILD, str(len(cases)), str(tmp_path), isa], env=env, check=True)
+    for i, case in enumerate(cases):
+        baseline, auto = ([a for _, a in sorted(np.load(tmp_path / f"{isa}{i}.npz").items(), key=lambda kv: int(kv[0][4:]))]
+                          for isa in ("baseline", "auto"))
+        _check(case, baseline)
+        _check(case, auto)
+        tol = TOLERANCE[case.dtype]
+        for b, a in zip(baseline, auto):
+            np.testing.assert_allclose(b.astype(np.float32), a.astype(np.float32), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (dict(axis=-2), "attribute 'axis' must be -1"),
+    (dict(out_features=None), "'out_features' is required"),
+    (dict(transposed=[0]), "attribute 'transposed' has 1 entries"),
+    (dict(has_bias=[1, 1, 2]), "entries must be 0 or 1"),
+    (dict(has_bias=[0, 0, 0]), "expected 5 inputs"),
+    (dict(out_features=[64, 32, 31]), "W3 has shape [64, 32] but must equal [K, out_features]"),
+    (dict(epsilon=-1.0), "attribute 'epsilon' must be a finite number >= 0"),
+])
+def test_bad_nodes_are_refused(overrides, message):
+    with pytest.raises(Exception, match=None) as info:
+        Case("RMSNormLinear").run(**overrides)
+    assert message in str(info.value)
+    assert "RMSNormLinear (node 'fused_0')" in str(info.value)
+
+
+def test_mismatched_k_at_run_time():
+    case = Case("RMSNormLinear", const=False, shape=(2, 32), widths=(8,))
+    case.weights[0] = np.zeros((16, 8), dtype=np.float32)
+    with pytest.raises(Exception) as info:
+        case.run()
+    assert "W1 has shape [16, 8]" in str(info.value)
+
+
+def test_weight_of_another_type_is_refused():
+    case = Case("RMSNormLinear", shape=(2, 32), widths=(8,))
+    case.weights[0] = case.weights[0].astype(np.float16)
+    with pytest.raises(Exception) as info:
+        case.run()
+    assert "W1 has element type float16" in str(info.value)
+
+
+def test_too_few_outputs():
+    case = Case("AddRMSNormLinear", widths=(8, 8), shape=(2, 16))
+    model, feeds = case.model()
+    del model.graph.node[-1].output[-1]  # drop S: the Add* forms always output it
+    del model.graph.output[-1]
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(otfuse.library_path())
+    with pytest.raises(Exception) as info:
+        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, feeds)
+    assert "expected 3 or 4 outputs, got 2" in str(info.value)
