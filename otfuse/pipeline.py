@@ -23,6 +23,7 @@ from otfuse.rewriter.graph import forget_indexes
 from otfuse.rewriter.model_io import LoadedModel, load_model, read_paths, stage_model
 from otfuse.rewriter.output_paths import StagedFiles, check_disjoint
 from otfuse.rewriter.passes import unique_sites
+from otfuse.rewriter.sites import unfused_sites
 from otfuse.verify.validation import validate_fused
 
 
@@ -159,6 +160,9 @@ def fuse_families(model: onnx.ModelProto, families: list[str], base_dir: Path | 
         forget_indexes()  # the passes share an index while the graph is unchanged; not beyond
     final_nodes = {node.name for node in model.graph.node}
     near_misses = [dict(miss.to_dict(), family=family) for family, miss in unique_sites(found, final_nodes)]
+    reported = {name for _, miss in found for name in miss.nodes} | {miss.location for _, miss in found}
+    signatures = [(name, signature) for name in families for signature in FAMILIES[name].sites]
+    near_misses += unfused_sites(model, signatures, reported)
     # Counted on the result: a later pass may absorb what an earlier one fused (RoPE into attention).
     return _fused_op_census(model) - already_fused, near_misses
 

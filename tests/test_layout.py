@@ -11,7 +11,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "otfuse"
 MAX_FUNCTION_LINES = 120
 
-# cli -> __init__ -> pipeline -> {verify, fusions} -> {run, canonicalise} -> rewriter -> {errors, domain}
+# cli -> __init__ -> pipeline -> {verify, fusions} -> {run, canonicalise} -> rewriter -> {errors, domain, ops}
 LAYERS = {
     "otfuse.cli": 6,
     "otfuse": 5, "otfuse.ascend_ep": 5,  # the package face and its public alias of run.ascend
@@ -19,7 +19,7 @@ LAYERS = {
     "otfuse.verify": 3, "otfuse.fusions": 3,
     "otfuse.run": 2, "otfuse.canonicalise": 2,
     "otfuse.rewriter": 1,
-    "otfuse.errors": 0, "otfuse.domain": 0,
+    "otfuse.errors": 0, "otfuse.domain": 0, "otfuse.ops": 0,
 }
 
 

@@ -16,9 +16,9 @@ import onnx
 import onnx.defs
 
 from otfuse.rewriter.graph import GraphIndex
-from otfuse.rewriter.rule import Refuse
+from otfuse.rewriter.refuse import Refuse
 
-AttributeCheck = Callable[[object], str | None]  # the value -> why it is not modelled, or None
+AttributeCheck = Callable[[object], None]  # raises Refuse saying why the value is not modelled
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,9 @@ class OpAllowList:
 def only(*allowed) -> AttributeCheck:
     """An attribute check: the value must be one of ``allowed``."""
 
-    def check(value) -> str | None:
-        return None if value in allowed else f"is {value!r}, modelled only as {', '.join(map(repr, allowed))}"
+    def check(value) -> None:
+        if value not in allowed:
+            raise Refuse(f"is {value!r}, modelled only as {', '.join(map(repr, allowed))}")
 
     return check
 
@@ -84,9 +85,11 @@ def require_allowed(graph: GraphIndex, node: onnx.NodeProto, allow: OpAllowList)
             why = allow.notes.get(attribute.name, "not modelled by this rule")
             raise Refuse(f"{allow.op_type} attribute {attribute.name!r}: {why}")
         check = allow.attributes[attribute.name]
-        reason = check(onnx.helper.get_attribute_value(attribute)) if check else None
-        if reason:
-            raise Refuse(f"{allow.op_type} attribute {attribute.name!r} {reason}")
+        try:
+            if check:
+                check(onnx.helper.get_attribute_value(attribute))
+        except Refuse as refusal:
+            raise Refuse(f"{allow.op_type} attribute {attribute.name!r} {refusal}") from None
     schema = _schema(graph, allow)
     for position, name in enumerate(node.input):
         if position >= allow.inputs and name:

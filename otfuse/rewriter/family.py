@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from otfuse.rewriter.passes import Pass
+from otfuse.rewriter.sites import SiteSignature
 
 
 @dataclass(frozen=True)
@@ -21,3 +22,6 @@ class Family:
     # Passes of otfuse/canonicalise/ the family's patterns rely on: each runs once per model,
     # right before the first selected family that lists it.
     canonicalise: tuple[Pass, ...] = ()
+    # What the family's sites look like (rewriter/sites.py): one left in the graph that no near
+    # miss names is reported as unfused, so no site goes unmentioned.
+    sites: tuple[SiteSignature, ...] = ()

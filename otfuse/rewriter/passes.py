@@ -21,7 +21,7 @@ import onnx
 from otfuse.domain import OP_DOMAIN, OP_DOMAIN_VERSION
 from otfuse.rewriter.graph import GraphIndex, index_for
 from otfuse.rewriter.pattern import Failure, Match, Matcher
-from otfuse.rewriter.rule import Refuse, Replacement, RewriteContext, Rule
+from otfuse.rewriter.rule import Fusion, NotCandidate, Refuse, Replacement, RewriteContext, Rule
 
 # A failed candidate is reported as a near miss when it failed a semantic check, or when its
 # partial match reached one of the rule's anchor ops and got this deep.
@@ -77,21 +77,19 @@ def _node_label(node: onnx.NodeProto) -> str:
     return f"{node.op_type} {node.name or node.output[0]!r}"
 
 
-def _private_value_leak(graph: GraphIndex, match: Match, root_value: str, rule: Rule) -> str | None:
-    """Why the match cannot be removed: an interior value is needed outside it."""
-    inside = {id(node) for node in match.covered}
-    allowed = produced_values(graph, match, root_value, rule)
-    for node in match.covered:
+def _private_value_leak(graph: GraphIndex, fusion: Fusion) -> None:
+    """Refuse the fusion when an interior value is needed outside it."""
+    inside = {id(node) for node in fusion.covers}
+    for node in fusion.covers:
         for value in node.output:
-            if not value or value in allowed:
+            if not value or value in fusion.produces:
                 continue
             if graph.is_graph_output(value):
-                return f"interior value {value!r} of {_node_label(node)} is a graph output"
+                raise Refuse(f"interior value {value!r} of {_node_label(node)} is a graph output")
             for user in graph.uses(value):
                 if id(user) not in inside and not _only_feeds(graph, user, inside):
-                    return (f"interior value {value!r} of {_node_label(node)} is also used by "
-                            f"{_node_label(user)}")
-    return None
+                    raise Refuse(f"interior value {value!r} of {_node_label(node)} is also used by "
+                                 f"{_node_label(user)}")
 
 
 def _only_feeds(graph: GraphIndex, node: onnx.NodeProto, inside: set[int], depth: int = 8) -> bool:
@@ -110,28 +108,14 @@ def _only_feeds(graph: GraphIndex, node: onnx.NodeProto, inside: set[int], depth
     return True
 
 
-def produced_values(graph: GraphIndex, match: Match, root_value: str, rule: Rule) -> set[str]:
-    """Values the replacement produces: the rule's own list (fan-out rules), else the root's
-    value and the exported ones."""
-    produced = rule.produced_values(graph, match, root_value)
-    return produced if produced is not None else {root_value} | exported_values(match, rule)
-
-
-def exported_values(match: Match, rule: Rule) -> set[str]:
-    """Values the fused node will produce besides the root: bound values or bound nodes' outputs."""
-    values = {match.values[name] for name in rule.exports if name in match.values}
-    values |= {match.nodes[name].output[0] for name in rule.exports if name in match.nodes}
-    return values
-
-
-def _reads_interior(graph: GraphIndex, match: Match, replacement: Replacement,
-                    positions: dict[int, int]) -> str | None:
-    """Why the replacement cannot take the match's place: an input of one of its nodes is
+def _reads_interior(graph: GraphIndex, covers: tuple[onnx.NodeProto, ...], replacement: Replacement,
+                    positions: dict[int, int]) -> None:
+    """Refuse a replacement that cannot take the match's place: an input of one of its nodes is
     computed inside the match, or from a value the match computes through nodes outside it
     (``Shape(interior) -> ... -> mask``, ``CastLike(w, residual_sum)`` as a norm's scale). The fused
     node would read a value that disappears, or its own output: a cycle."""
-    covered = {id(node) for node in match.covered}
-    first = min(positions.get(id(node), 0) for node in match.covered)
+    covered = {id(node) for node in covers}
+    first = min(positions.get(id(node), 0) for node in covers)
     made_by = {out: index for index, node in enumerate(replacement.nodes) for out in node.output if out}
     for index, node in enumerate(replacement.nodes):
         for name in node.input:
@@ -139,21 +123,20 @@ def _reads_interior(graph: GraphIndex, match: Match, replacement: Replacement,
                 continue  # wired from another node of the replacement
             source = _match_value_upstream(graph, name, covered, first, positions)
             if source == name:
-                return f"the fused node would read {name!r}, which is computed inside the match"
+                raise Refuse(f"the fused node would read {name!r}, which is computed inside the match")
             if source is not None:
-                return (f"the fused node would read {name!r}, which is computed from {source!r} "
-                        f"inside the match")
-    return None
+                raise Refuse(f"the fused node would read {name!r}, which is computed from {source!r} "
+                             f"inside the match")
 
 
-def _materialise_static_inputs(ctx: RewriteContext, match: Match, replacement: Replacement,
+def _materialise_static_inputs(ctx: RewriteContext, covers: tuple[onnx.NodeProto, ...], replacement: Replacement,
                                positions: dict[int, int]) -> None:
     """A replacement input known before run time (``GraphIndex.folded``: ``CastLike(w, sum)``
     is w in the sum's type, whatever the sum holds) that is computed from the match becomes an
     initializer of its value: its only tie to the match is a type or a shape, not data."""
     graph = ctx.graph
-    covered = {id(node) for node in match.covered}
-    first = min(positions.get(id(node), 0) for node in match.covered)
+    covered = {id(node) for node in covers}
+    first = min(positions.get(id(node), 0) for node in covers)
     for node in replacement.nodes:
         for position, name in enumerate(node.input):
             if name in graph.folded and _match_value_upstream(graph, name, covered, first, positions):
@@ -208,45 +191,22 @@ def topological_positions(nodes: Sequence[onnx.NodeProto]) -> dict[int, int]:
 
 def _try_root(graph: GraphIndex, ctx: RewriteContext, rules: Sequence[Rule],
               root: onnx.NodeProto, claimed: set[int], positions: dict[int, int]):
-    """The accepted (rule, match, replacement) at ``root`` that covers the most nodes (earlier
+    """The accepted (rule, fusion, replacement) at ``root`` that covers the most nodes (earlier
     rules win ties), and the deepest failure: the reason nothing was fused, or, next to an
-    accepted match, a larger rule's refusal (a downgrade when it would have fused another op).
+    accepted fusion, a larger rule's refusal (a downgrade when it would have fused another op).
     Taking the largest match matters when a smaller rule also fits: a LayerNorm without bias
     contains an exact RMSNorm of ``x - mean``."""
     best_failure: tuple[Rule, Failure] | None = None
     accepted = None
-    root_value = root.output[0]
     for rule in rules:
         matcher = Matcher(graph)
-        for match in matcher.matches(rule.pattern, root_value):
-            grown = rule.grow(ctx, match)
-            if grown is None:
-                continue
-            if isinstance(grown, str):
-                matcher.best_failure = Failure(_CHECK_FAILURE_DEPTH + len(match.covered), grown, match.covered)
-                continue
-            match = grown
-            if accepted is not None and len(match.covered) <= len(accepted[1].covered):
-                break  # cannot beat what we have
-            if any(id(node) in claimed for node in match.covered):
-                matcher.fail(match, "overlaps a fusion already made")
-                continue
-            try:
-                reason = rule.check(ctx, match) or _private_value_leak(graph, match, root_value, rule)
-            except Refuse as refusal:
-                reason = str(refusal)
-            if reason:
-                matcher.best_failure = Failure(_CHECK_FAILURE_DEPTH + len(match.covered), reason,
-                                               match.covered)
-                continue
-            replacement = rule.rewrite(ctx, match, root)
-            _materialise_static_inputs(ctx, match, replacement, positions)
-            reason = _reads_interior(graph, match, replacement, positions)
-            if reason:
-                matcher.best_failure = Failure(_CHECK_FAILURE_DEPTH + len(match.covered), reason, match.covered)
-                continue
-            accepted = (rule, match, replacement)
-            break
+        for match in matcher.matches(rule.pattern, root.output[0]):
+            found = _try_match(graph, ctx, rule, match, matcher, accepted, claimed, positions)
+            if found is _CANNOT_BEAT:
+                break
+            if found is not None:
+                accepted = (rule, *found)
+                break
         failure = matcher.best_failure
         if failure and (best_failure is None or failure.depth > best_failure[1].depth):
             best_failure = (rule, failure)
@@ -255,15 +215,65 @@ def _try_root(graph: GraphIndex, ctx: RewriteContext, rules: Sequence[Rule],
     return None, None, None, best_failure
 
 
+_CANNOT_BEAT = object()
+
+
+def _try_match(graph: GraphIndex, ctx: RewriteContext, rule: Rule, match: Match, matcher: Matcher,
+               accepted, claimed: set[int], positions: dict[int, int]):
+    """(fusion, replacement) for one structural match; None when it is refused (the reason kept
+    in ``matcher.best_failure``), or _CANNOT_BEAT when it covers no more than ``accepted``."""
+    def beats(covers) -> bool:
+        return accepted is None or len(covers) > len(accepted[1].covers)
+
+    def overlaps(state: Match) -> bool:
+        if any(id(node) in claimed for node in state.covered):
+            matcher.fail(state, "overlaps a fusion already made")
+            return True
+        return False
+
+    if not beats(match.covered):
+        return _CANNOT_BEAT
+    if overlaps(match):
+        return None
+    ctx.match = match
+    try:
+        fusion = rule.analyse(ctx, match)
+    except NotCandidate:
+        return None
+    except Refuse as refusal:
+        matcher.best_failure = Failure(_CHECK_FAILURE_DEPTH + len(match.covered), str(refusal), match.covered)
+        return None
+    finally:
+        ctx.match = None
+    if len(fusion.covers) != len(match.covered):  # grown by a fan-out rule
+        if not beats(fusion.covers):
+            return _CANNOT_BEAT
+        if overlaps(match._with(covered=fusion.covers)):
+            return None
+    try:
+        _private_value_leak(graph, fusion)
+    except Refuse as refusal:
+        matcher.best_failure = Failure(_CHECK_FAILURE_DEPTH + len(fusion.covers), str(refusal), fusion.covers)
+        return None
+    replacement = rule.emit(ctx, fusion)
+    _materialise_static_inputs(ctx, fusion.covers, replacement, positions)
+    try:
+        _reads_interior(graph, fusion.covers, replacement, positions)
+    except Refuse as refusal:
+        matcher.best_failure = Failure(_CHECK_FAILURE_DEPTH + len(fusion.covers), str(refusal), fusion.covers)
+        return None
+    return fusion, replacement
+
+
 def _downgrade(accepted, failure: tuple[Rule, Failure] | None) -> tuple[Rule, Failure] | None:
     """The refusal of a rule that would have fused more, into another op, than what was accepted."""
     if failure is None:
         return None
     rule, refused = failure
-    kept, match = accepted[0], accepted[1]
-    if refused.depth < _CHECK_FAILURE_DEPTH or len(refused.covered) <= len(match.covered):
+    kept, fusion = accepted[0], accepted[1]
+    if refused.depth < _CHECK_FAILURE_DEPTH or len(refused.covered) <= len(fusion.covers):
         return None
-    bigger, smaller = getattr(rule, "fused_op", ""), getattr(kept, "fused_op", "")
+    bigger, smaller = rule.fused_op, kept.fused_op
     return failure if bigger and smaller and bigger != smaller else None
 
 
@@ -309,7 +319,7 @@ def run_pass(model: onnx.ModelProto, rules: Sequence[Rule], base_dir: Path | Non
     for root in reversed(nodes):
         if id(root) in claimed or not root.output or not root.output[0]:
             continue
-        rule, match, replacement, failure = _try_root(graph, ctx, rules, root, claimed, positions)
+        rule, fusion, replacement, failure = _try_root(graph, ctx, rules, root, claimed, positions)
         if rule is not None and failure is not None:
             larger, refused = failure
             kept = [n.op_type for n in refused.covered if n.domain == OP_DOMAIN] + [rule.fused_op]
@@ -317,12 +327,12 @@ def run_pass(model: onnx.ModelProto, rules: Sequence[Rule], base_dir: Path | Non
                                    tuple(n.name for n in refused.covered), fused_as=" + ".join(kept),
                                    fused_nodes=_fused_names(refused.covered)))
         if rule is not None:
-            claimed.update(id(node) for node in match.covered)
+            claimed.update(id(node) for node in fusion.covers)
             replacements[id(root)] = replacement
             for node in replacement.nodes:
                 if node.domain == OP_DOMAIN:  # helper nodes a rule adds (a Concat of tables) are not fusions
                     result.fusions[node.op_type] += 1
-            for node in match.covered:
+            for node in fusion.covers:
                 if node.domain == OP_DOMAIN:  # a fused node absorbed by a larger fusion (norm -> norm + linear)
                     result.fusions[node.op_type] -= 1
         elif failure is not None and _is_near_miss(*failure):

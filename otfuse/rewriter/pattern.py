@@ -8,12 +8,17 @@ A pattern is a tree of values written the way the model computes them::
 
 - ``Var(name)`` matches any value; every use of one name must be the same graph value.
 - ``Const(name, where=...)`` matches a constant (initializer or Constant node); ``where`` is a
-  predicate on its numpy value and returns a reason string when the value is not acceptable.
+  check of its numpy value that raises ``Refuse`` when the value is not acceptable.
 - ``op.<OpType>(*inputs, _bind=..., _as=..., attr=expected)`` matches a node (bound under
   ``_bind``; its matched output value under ``_as``); attribute expectations are a literal,
-  ``ANY`` or a predicate. ``Add``/``Mul``/``Max``/``Min``/``Sum`` try both operand orders.
-- ``Either(a, b, ...)`` tries alternatives in order (the first that completes the match wins).
+  ``ANY`` or a check (raising ``Refuse``). ``Add``/``Mul``/``Max``/``Min``/``Sum`` try both operand orders.
+- ``Either(a, b, ..., tag="form", tags=("a", "b", ...))`` tries alternatives in order (the first
+  that completes the match wins); with a ``tag``, the match records which one it took
+  (``match.tag("form")``), so a rule reads the spelling instead of probing its bindings.
 - ``Absent()`` matches a left-out optional input (an empty name); no other pattern does.
+- ``op.<OpType>(..., _optional_tail=True)`` also matches a node with fewer inputs: the inputs it
+  leaves out are matched as empty names, so each pattern there must accept one (``Absent`` or
+  ``Either(Var(...), Absent())``). Optional trailing inputs are stated once, not enumerated.
 - Re-using one pattern object at two places means "the same node": the exporter computed it once.
 
 The matcher walks from the pattern's root (the output) towards its inputs and records why each
@@ -31,6 +36,7 @@ import numpy as np
 import onnx
 
 from otfuse.rewriter.graph import GraphIndex
+from otfuse.rewriter.refuse import Refuse
 
 COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Sum", "And", "Or", "Equal"})
 
@@ -55,7 +61,7 @@ class Var(Pattern):
 @dataclass(eq=False)
 class Const(Pattern):
     name: str
-    where: Callable[[np.ndarray], str | None] | None = None
+    where: Callable[[np.ndarray], None] | None = None  # raises Refuse
 
 
 @dataclass(eq=False)
@@ -67,6 +73,7 @@ class Op(Pattern):
     domain: str = ""
     output_index: int = 0
     value_as: str | None = None  # also bind the matched output value under this name
+    optional_tail: bool = False  # a node may have fewer inputs: the missing ones are empty names
 
 
 @dataclass(eq=False)
@@ -77,10 +84,17 @@ class Absent(Pattern):
 
 @dataclass(eq=False)
 class Either(Pattern):
-    alternatives: tuple[Pattern, ...]
+    """Alternatives tried in order; ``tag`` records which one matched (as ``tags[i]``)."""
 
-    def __init__(self, *alternatives: Pattern):
+    alternatives: tuple[Pattern, ...]
+    tag: str | None = None
+    tags: tuple[str, ...] = ()
+
+    def __init__(self, *alternatives: Pattern, tag: str | None = None, tags: tuple[str, ...] = ()):
         self.alternatives = tuple(alternatives)
+        self.tag, self.tags = tag, tuple(tags)
+        if (tag is None) != (not self.tags) or (tag is not None and len(self.tags) != len(self.alternatives)):
+            raise ValueError(f"Either: tag {tag!r} needs one name per alternative, got {self.tags}")
 
 
 class _OpBuilder:
@@ -88,8 +102,8 @@ class _OpBuilder:
 
     def __getattr__(self, op_type: str) -> Callable[..., Op]:
         def build(*inputs: Pattern, _bind: str | None = None, _domain: str = "",
-                  _output: int = 0, _as: str | None = None, **attrs: Any) -> Op:
-            return Op(op_type, tuple(inputs), attrs, _bind, _domain, _output, _as)
+                  _output: int = 0, _as: str | None = None, _optional_tail: bool = False, **attrs: Any) -> Op:
+            return Op(op_type, tuple(inputs), attrs, _bind, _domain, _output, _as, _optional_tail)
 
         return build
 
@@ -97,16 +111,15 @@ class _OpBuilder:
 op = _OpBuilder()
 
 
-def scalar_equal(expected: float, tol: float = 0.0) -> Callable[[np.ndarray], str | None]:
-    """A ``Const.where`` predicate: exactly one element equal to ``expected``."""
+def scalar_equal(expected: float, tol: float = 0.0) -> Callable[[np.ndarray], None]:
+    """A ``Const.where`` check: exactly one element equal to ``expected``."""
 
-    def check(value: np.ndarray) -> str | None:
+    def check(value: np.ndarray) -> None:
         if value.size != 1:
-            return f"expected the scalar {expected}, got shape {list(value.shape)}"
+            raise Refuse(f"expected the scalar {expected}, got shape {list(value.shape)}")
         got = float(np.asarray(value, dtype=np.float64).reshape(-1)[0])
         if abs(got - expected) > tol:
-            return f"expected {expected}, got {got}"
-        return None
+            raise Refuse(f"expected {expected}, got {got}")
 
     return check
 
@@ -118,8 +131,9 @@ class Match:
 
     values: dict[str, str]  # Var/Const name -> graph value name
     nodes: dict[str, onnx.NodeProto]  # _bind name -> graph node
-    covered: tuple[onnx.NodeProto, ...]  # every matched node, each once
+    covered: tuple[onnx.NodeProto, ...]  # every matched node, each once; the root first
     shared: dict[int, str]  # id(pattern Op) -> graph value it matched (same-node rule)
+    tags: dict[str, str] = field(default_factory=dict)  # Either tag -> the alternative taken
 
     def value(self, name: str) -> str:
         return self.values[name]
@@ -130,16 +144,19 @@ class Match:
     def node(self, name: str) -> onnx.NodeProto:
         return self.nodes[name]
 
-    def grown(self, nodes: tuple[onnx.NodeProto, ...], **named: onnx.NodeProto) -> "Match":
-        """This match plus downstream ``nodes`` (a rule's ``grow``), optionally bound by name."""
-        extra = tuple(n for n in nodes if not any(n is c for c in self.covered))
-        return self._with(covered=self.covered + extra, nodes={**self.nodes, **named})
+    def tag(self, name: str) -> str | None:
+        """Which alternative of the ``Either`` tagged ``name`` matched (None: not reached)."""
+        return self.tags.get(name)
+
+    @property
+    def root(self) -> onnx.NodeProto:
+        return self.covered[0]
 
     def _with(self, **changes: Any) -> "Match":
         return Match(**{**self.__dict__, **changes})
 
 
-EMPTY_MATCH = Match({}, {}, (), {})
+EMPTY_MATCH = Match({}, {}, (), {}, {})
 
 
 @dataclass
@@ -173,8 +190,7 @@ class Matcher:
         elif isinstance(pattern, Const):
             yield from self._match_const(pattern, value, state)
         elif isinstance(pattern, Either):
-            for alternative in pattern.alternatives:
-                yield from self._match(alternative, value, state)
+            yield from self._match_either(pattern, value, state)
         elif isinstance(pattern, Op):
             yield from self._match_op(pattern, value, state)
         else:  # pragma: no cover - programming error in a pattern
@@ -188,10 +204,21 @@ class Matcher:
             else:
                 yield state
         elif isinstance(pattern, Either):
-            for alternative in pattern.alternatives:
-                yield from self._match(alternative, value, state)
+            yield from self._match_either(pattern, value, state)
         else:
             self.fail(state, "an optional input is missing")
+
+    def _match_either(self, pattern: Either, value: str, state: Match) -> Iterator[Match]:
+        for index, alternative in enumerate(pattern.alternatives):
+            tagged = state
+            if pattern.tag is not None:
+                taken = state.tags.get(pattern.tag)
+                if taken is not None and taken != pattern.tags[index]:
+                    self.fail(state, f"'{pattern.tag}' must be one alternative, found {taken!r} and "
+                                     f"{pattern.tags[index]!r}")
+                    continue
+                tagged = state._with(tags={**state.tags, pattern.tag: pattern.tags[index]})
+            yield from self._match(alternative, value, tagged)
 
     def _bind_value(self, name: str, value: str, state: Match) -> Match | None:
         bound = state.values.get(name)
@@ -211,9 +238,10 @@ class Matcher:
             self.fail(state, f"'{pattern.name}' is not a constant")
             return
         if pattern.where is not None:
-            reason = pattern.where(self.graph.constant_value(value))
-            if reason:
-                self.fail(state, f"'{pattern.name}': {reason}")
+            try:
+                pattern.where(self.graph.constant_value(value))
+            except Refuse as refusal:
+                self.fail(state, f"'{pattern.name}': {refusal}")
                 return
         new_state = self._bind_value(pattern.name, value, state)
         if new_state is None:
@@ -239,13 +267,17 @@ class Matcher:
         if pattern.output_index >= len(node.output) or node.output[pattern.output_index] != value:
             self.fail(state, f"{node.op_type} ({node.name}): a different output is used")
             return
-        reason = _check_attrs(pattern, node)
-        if reason:
-            self.fail(state, f"{node.op_type} ({node.name}): {reason}")
+        try:
+            _check_attrs(pattern, node)
+        except Refuse as refusal:
+            self.fail(state, f"{node.op_type} ({node.name}): {refusal}")
             return
-        if len(node.input) != len(pattern.inputs):
-            self.fail(state, f"{node.op_type} ({node.name}): has {len(node.input)} inputs, "
-                             f"expected {len(pattern.inputs)}")
+        inputs = tuple(node.input)
+        if len(inputs) < len(pattern.inputs) and pattern.optional_tail:
+            inputs += ("",) * (len(pattern.inputs) - len(inputs))
+        if len(inputs) != len(pattern.inputs):
+            expected = f"at most {len(pattern.inputs)}" if pattern.optional_tail else f"{len(pattern.inputs)}"
+            self.fail(state, f"{node.op_type} ({node.name}): has {len(node.input)} inputs, expected {expected}")
             return
         covered = state.covered if any(n is node for n in state.covered) else state.covered + (node,)
         nodes = {**state.nodes, pattern.bind: node} if pattern.bind else state.nodes
@@ -259,9 +291,9 @@ class Matcher:
             if entered is None:
                 self.fail(state, f"'{pattern.value_as}' must be one value, found two")
                 return
-        orders = [tuple(node.input)]
-        if node.op_type in COMMUTATIVE and len(node.input) == 2 and node.input[0] != node.input[1]:
-            orders.append((node.input[1], node.input[0]))
+        orders = [inputs]
+        if node.op_type in COMMUTATIVE and len(inputs) == 2 and inputs[0] != inputs[1]:
+            orders.append((inputs[1], inputs[0]))
         for order in orders:
             yield from self._match_inputs(pattern.inputs, order, entered)
 
@@ -279,19 +311,19 @@ def _domain(node: onnx.NodeProto) -> str:
     return "" if node.domain == "ai.onnx" else node.domain
 
 
-def _check_attrs(pattern: Op, node: onnx.NodeProto) -> str | None:
+def _check_attrs(pattern: Op, node: onnx.NodeProto) -> None:
     actual = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     for name, expected in pattern.attrs.items():
         if expected is ANY:
             continue
         got = actual.get(name)
         if callable(expected):
-            reason = expected(got)
-            if reason:
-                return f"attribute {name}: {reason}"
+            try:
+                expected(got)
+            except Refuse as refusal:
+                raise Refuse(f"attribute {name}: {refusal}") from None
         elif got != expected:
-            return f"attribute {name} is {got!r}, expected {expected!r}"
-    return None
+            raise Refuse(f"attribute {name} is {got!r}, expected {expected!r}")
 
 
 def attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
@@ -302,11 +334,25 @@ def attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
     return default
 
 
-def attr_is(expected: Any, default: Any = None) -> Callable[[Any], str | None]:
+def attributes(node: onnx.NodeProto) -> dict[str, Any]:
+    """Every attribute's Python value, strings as ``str`` (onnx gives bytes)."""
+    values = {}
+    for attribute in node.attribute:
+        value = onnx.helper.get_attribute_value(attribute)
+        if isinstance(value, bytes):
+            value = value.decode()
+        elif isinstance(value, list) and value and isinstance(value[0], bytes):
+            value = [v.decode() for v in value]
+        values[attribute.name] = value
+    return values
+
+
+def attr_is(expected: Any, default: Any = None) -> Callable[[Any], None]:
     """An attribute expectation that treats an absent attribute as ``default``."""
 
-    def check(value: Any) -> str | None:
+    def check(value: Any) -> None:
         got = default if value is None else value
-        return None if got == expected else f"is {got!r}, expected {expected!r}"
+        if got != expected:
+            raise Refuse(f"is {got!r}, expected {expected!r}")
 
     return check

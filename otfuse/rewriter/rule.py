@@ -1,8 +1,21 @@
-"""A rewrite rule: a pattern, the checks structure alone cannot express, and the replacement."""
+"""The rule protocol: a pattern, and ``analyse(ctx, match)`` that either returns the ``Fusion`` to
+make or raises ``Refuse`` with the reason; ``emit(ctx, fusion)`` then builds the nodes.
+
+    def analyse(ctx, match) -> Fusion:
+        x, y = match.value("x"), match.root.output[0]
+        checks.require_float_io(ctx.graph, x, y)                     # raises Refuse
+        return Fusion(ops.RMSNorm(X=x, scale=match.value("scale"), Y=y, epsilon=eps), match.covered)
+
+    RULE = Rule("RMSNorm", family="norm", pattern=..., analyse=analyse, anchor_ops={"ReduceMean"})
+
+The pass (passes.py) calls ``analyse`` once per structural match and hands the same ``Fusion`` to
+the leak checks and to ``emit``: every fact is computed once, and a refusal is always an
+exception, from however deep the rule found it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -10,8 +23,14 @@ import onnx
 from onnx import numpy_helper
 
 from otfuse.domain import OP_DOMAIN
+from otfuse.ops import Call
+from otfuse.rewriter.builder import Helpers, Namer, PlainNode
+from otfuse.rewriter.dim_binder import Dims, bind_dims
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.pattern import Match, Pattern
+from otfuse.rewriter.refuse import NotCandidate, Refuse
+
+__all__ = ["Fusion", "NotCandidate", "Refuse", "Replacement", "RewriteContext", "Rule", "emit"]
 
 
 @dataclass
@@ -23,13 +42,15 @@ class Replacement:
 
 
 class RewriteContext:
-    """What a rule's check and rewrite may use: the graph index and fresh, unique names."""
+    """What a rule's analyse and emit may use: the graph index, fresh unique names, a per-pass
+    memo, and the match being analysed (``dims`` reads values by its binding names)."""
 
     def __init__(self, graph: GraphIndex):
         self.graph = graph
         self._taken = {n.name for n in graph.graph.node} | set(graph.producer) | set(graph.initializers)
         self._taken |= graph.graph_inputs
         self.memo: dict = {}  # per-pass results rules share (e.g. one mask analysis for all layers)
+        self.match: Match | None = None  # set by the pass before each analyse
 
     def unique_name(self, base: str) -> str:
         name, counter = base, 1
@@ -49,26 +70,89 @@ class RewriteContext:
     def constant(self, base: str, value: np.ndarray) -> onnx.TensorProto:
         return numpy_helper.from_array(value, self.unique_name(base))
 
+    def dims(self, **specs: str | tuple[str, str]) -> Dims:
+        """Bind the dims of several values at once (rewriter/dim_binder.py):
+        ``ctx.dims(q="B N Sq D", k=(keys, "B Nkv Skv D"))``; a label alone names a value of the
+        match being analysed. Refuses naming the value and the two dims that disagree."""
+        return bind_dims(self.graph, self.match, specs)
 
-class Refuse(Exception):
-    """Raised by a rule's ``check`` (or any helper it calls) to refuse a match; the message is the
-    near-miss reason. Same as returning the reason, from however deep the check found it."""
+
+@dataclass(frozen=True)
+class Fusion:
+    """What a rule decided to make of a match: one ``ops`` call (inputs, outputs and attributes
+    by contract name, checked and ordered by ``otfuse/ops.py``), the nodes it replaces (``covers``,
+    the root first: the match, grown by fan-out rules), the graph values the replacement
+    produces (``produces``: by default the call's outputs and the helpers' that are graph values;
+    every other value computed inside ``covers`` must be private) and its helpers (plain nodes,
+    fresh names and initializers, named in this order when it is emitted)."""
+
+    call: Call
+    covers: tuple[onnx.NodeProto, ...]
+    helpers: tuple = ()
+    produces: frozenset[str] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.helpers, Helpers):
+            object.__setattr__(self, "helpers", tuple(self.helpers.items))
+        object.__setattr__(self, "covers", tuple(self.covers))
+        if self.produces is None:
+            made = [o for o in self.call.outputs if isinstance(o, str)]
+            made += [h.output for h in self.helpers if isinstance(h, PlainNode) and isinstance(h.output, str)]
+            object.__setattr__(self, "produces", frozenset(name for name in made if name))
+
+    @property
+    def op(self) -> str:
+        return self.call.op
+
+    @property
+    def inputs(self) -> Mapping[str, object]:
+        return self.call.named_inputs
+
+    @property
+    def outputs(self) -> Mapping[str, object]:
+        return self.call.named_outputs
+
+    @property
+    def attributes(self) -> Mapping[str, object]:
+        return self.call.attributes
+
+    @property
+    def root(self) -> onnx.NodeProto:
+        return self.covers[0]
 
 
+def emit(ctx: RewriteContext, fusion: Fusion) -> Replacement:
+    """The default emit: the helpers, named in the order the rule made them, then one fused node
+    named after the root; nodes in that order, those marked ``after`` behind the fused node."""
+    namer = Namer(ctx, ctx.graph)
+    for helper in fusion.helpers:
+        namer.value(helper)
+    inputs = [namer.value(v) for v in fusion.call.inputs]
+    outputs = [namer.value(v) for v in fusion.call.outputs]
+    fused = ctx.fused_node(fusion.op, inputs, outputs, fusion.root, **fusion.attributes)
+    before = [node for node, after in namer.nodes if not after]
+    behind = [node for node, after in namer.nodes if after]
+    return Replacement(before + [fused] + behind, namer.initializers)
+
+
+Analyse = Callable[[RewriteContext, Match], Fusion]
+Emit = Callable[[RewriteContext, Fusion], Replacement]
+
+
+@dataclass(frozen=True, eq=False)
 class Rule:
-    """Subclasses set the class attributes and implement ``check`` and ``rewrite``.
+    """A rule: ``name`` (the report's), ``pattern``, ``analyse``, ``family`` and ``emit``.
 
-    ``exports`` names pattern values that the fused node also outputs, so other nodes may keep
-    using them (e.g. the residual sum of AddRMSNorm); every other interior value must be private.
+    ``anchor_ops``: op types that make a failed candidate worth reporting: a candidate that never
+    reached one (a Mul that merely looks like the end of a norm) is not a near miss.
     """
 
-    name: str = ""
-    family: str = ""
+    name: str
     pattern: Pattern
-    exports: tuple[str, ...] = ()
-    # Op types that make a failed candidate worth reporting: a candidate that never reached one
-    # (a Mul that merely looks like the end of a norm) is not a near miss.
+    analyse: Analyse
+    family: str = ""
     anchor_ops: frozenset[str] = frozenset()
+    emit: Emit = emit
     # The op this rule fuses into; where a larger rule's is refused and a smaller one's fused at
     # the same root, the report lists the larger one's reason as a downgrade.
     fused_op: str = ""
@@ -76,26 +160,8 @@ class Rule:
     # refusal is reported as a downgrade.
     kept_when_refused: str = ""
 
-    def grow(self, ctx: RewriteContext, match: Match) -> Match | str | None:
-        """Extend a structural match downstream, for fan-out rules whose pattern matches one node
-        (the root) and whose fusion also takes some of its consumers (``Match.grown``). Return the
-        grown match, a reason (reported as a near miss), or None (not a candidate; silent). The
-        pass then applies the usual checks to the grown match: no overlap with other fusions, no
-        interior value leaking (against ``produced_values``), no interior value read."""
-        return match
-
-    def produced_values(self, graph: GraphIndex, match: Match, root_value: str) -> set[str] | None:
-        """Values of the (grown) match that the replacement produces; every other value computed
-        inside the match must be private. None: the root's value and ``exports``."""
-        return None
-
-    def check(self, ctx: RewriteContext, match: Match) -> str | None:
-        """Return (or raise :class:`Refuse` with) why this structural match must not be fused;
-        None accepts it."""
-        return None
-
-    def rewrite(self, ctx: RewriteContext, match: Match, root: onnx.NodeProto) -> Replacement:
-        raise NotImplementedError
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "anchor_ops", frozenset(self.anchor_ops))
 
     def __repr__(self) -> str:
         return f"<Rule {self.name} ({self.family})>"

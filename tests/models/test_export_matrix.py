@@ -42,9 +42,6 @@ KINDS = COVERAGE.KINDS
 # (or "no near miss reported", itself a bug: issue 10 wants every site left unfused in the report).
 XFAIL: dict[str, str] = {
     'bert/dynamo_pos_dyn.ort_extended': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
-    'bert/ts14_nopos_dyn': 'attention 0/2 fused: Attention(Kᵀ from BSND): head counts and head sizes must be static',
-    'bert/ts17_nopos_dyn': 'attention 0/2 fused: Attention(Kᵀ from BSND): head counts and head sizes must be static',
-    'bert/ts20_nopos_dyn': 'attention 0/2 fused: Attention(Kᵀ from BSND): head counts and head sizes must be static',
     'bloom/dynamo_nopos_dyn.ort_extended': 'attention 0/2 fused: Attention(flat heads, ALiBi): expected MatMul, found Reshape (node_view)',
     'bloom/dynamo_nopos_dyn.unoptimised': 'attention 0/2 fused: no near miss reported',
     'bloom/dynamo_nopos_static': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',

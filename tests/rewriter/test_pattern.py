@@ -6,13 +6,13 @@ anchor op on)."""
 from __future__ import annotations
 
 import numpy as np
-import onnx
 from graphs import F32, GraphBuilder
 
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.passes import NEAR_MISS_MIN_DEPTH, run_pass
 from otfuse.rewriter.pattern import Absent, Const, Either, Matcher, Var, op
-from otfuse.rewriter.rule import Replacement, RewriteContext, Rule
+from otfuse import ops
+from otfuse.rewriter.rule import Fusion, Refuse, RewriteContext, Rule
 
 SHAPE = ["batch", 4]
 
@@ -150,21 +150,15 @@ def test_the_deepest_failure_is_kept():
     assert [n.op_type for n in matcher.best_failure.covered] == ["Div", "Sqrt", "Add", "Mul"]
 
 
-class _ChainRule(Rule):
-    name = "chain"
-    family = "test"
-    pattern = _CHAIN
-    anchor_ops = frozenset({"Sqrt"})
+def _chain_rule(refuse: str | None = None) -> Rule:
+    """Fuses the chain into an RMSNorm-shaped node unless told to refuse (the near miss then)."""
+    def analyse(ctx: RewriteContext, match):
+        if refuse:
+            raise Refuse(refuse)
+        call = ops.RMSNorm(X=match.value("x"), scale=match.value("eps"), Y=match.root.output[0], epsilon=0.0)
+        return Fusion(call, match.covered)
 
-    def __init__(self, refuse: str | None = None):
-        self.refuse = refuse
-
-    def check(self, ctx: RewriteContext, match) -> str | None:
-        return self.refuse
-
-    def rewrite(self, ctx: RewriteContext, match, root: onnx.NodeProto) -> Replacement:
-        x = match.value("x")
-        return Replacement([onnx.helper.make_node("Identity", [x], [root.output[0]], name="fused")])
+    return Rule("chain", _CHAIN, analyse, "test", frozenset({"Sqrt"}))
 
 
 def _near_misses(build, rule: Rule):
@@ -177,16 +171,16 @@ def _near_misses(build, rule: Rule):
 
 def test_a_structural_failure_past_the_anchor_is_a_near_miss():
     assert NEAR_MISS_MIN_DEPTH == 3
-    misses = _near_misses(lambda b, x: _scaled_sqrt(b, x, eps_constant=False), _ChainRule())
+    misses = _near_misses(lambda b, x: _scaled_sqrt(b, x, eps_constant=False), _chain_rule())
     assert misses == ["'eps' is not a constant"]
 
 
 def test_a_failure_before_the_anchor_is_not_a_near_miss():
     """Div(x, Exp(...)) looks like the chain's root only: it never reached a Sqrt."""
-    misses = _near_misses(lambda b, x: b.node("Div", [x, b.node("Exp", [b.node("Add", [x, x])])]), _ChainRule())
+    misses = _near_misses(lambda b, x: b.node("Div", [x, b.node("Exp", [b.node("Add", [x, x])])]), _chain_rule())
     assert misses == []
 
 
 def test_a_refused_check_is_always_a_near_miss():
-    assert _near_misses(_scaled_sqrt, _ChainRule(refuse="eps too large")) == ["eps too large"]
-    assert _near_misses(_scaled_sqrt, _ChainRule()) == []  # accepted: fused, nothing missed
+    assert _near_misses(_scaled_sqrt, _chain_rule(refuse="eps too large")) == ["eps too large"]
+    assert _near_misses(_scaled_sqrt, _chain_rule()) == []  # accepted: fused, nothing missed

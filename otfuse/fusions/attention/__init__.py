@@ -1,10 +1,12 @@
 """The attention family: scaled dot-product attention into ``Attention``, and ``RopeAttention``
 when the rope family's q/k rotation feeds only that attention (contract in docs/ops.md).
 
-    sdpa.py             the chain as exporters write it (dynamo, TorchScript, eager), with RoPE
-                        folded in when the pattern reads RotaryEmbeddingQK
+    chain.py            the chain as exporters write it (dynamo, TorchScript, eager), as patterns
+    chain_checks.py     what its pieces must satisfy, the scale, softcap and mask inputs
+    sdpa.py             one Layout per spelling and the analyse they share; RoPE folded in when
+                        the pattern reads RotaryEmbeddingQK
+    keys_transposed.py  layouts of keys the graph holds transposed (GPT-2's permute, inputs, caches)
     flat_heads.py       heads merged into the batch with an ALiBi bias (BLOOM)
-    keys_transposed.py  keys the graph holds transposed (GPT-2's permute, inputs, caches)
     onnx_op.py          the ONNX Attention op (opset 23), re-targeted
     fold_rope.py        the pass that folds a rotation into any Attention that reads it
     masks.py            which masks are causal / window / padding, proven by running them
@@ -18,6 +20,15 @@ from otfuse.canonicalise import ShapeReadsPass
 from otfuse.fusions.attention import flat_heads, fold_rope, keys_transposed, onnx_op, sdpa
 from otfuse.rewriter.family import Family
 from otfuse.rewriter.passes import RulePass
+from otfuse.rewriter.sites import SiteSignature
+
+_SCORE_OPS = {"Add", "Sub", "Mul", "Div", "Where", "Cast", "Tanh", "Reshape", "Transpose", "Expand"}
+
+
+def _scores_softmax(scan, node) -> bool:
+    """Softmax over scores from a MatMul, whose probabilities (through Cast / Dropout) multiply V."""
+    return (scan.reaches(node, {"MatMul", "FusedMatMul", "Gemm"}, _SCORE_OPS, upstream=True) and
+            scan.reaches(node, {"MatMul"}, {"Cast", "Dropout", "Reshape", "Identity"}, upstream=False, depth=5))
 
 FAMILY = Family(
     name="attention",
@@ -25,4 +36,8 @@ FAMILY = Family(
             RulePass(fold_rope.RULES)),
     emits=("Attention", "RopeAttention"),
     canonicalise=(ShapeReadsPass(),),
+    sites=(
+        SiteSignature("an attention op", frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention"})),
+        SiteSignature("MatMul -> Softmax -> MatMul", frozenset({"Softmax"}), _scores_softmax),
+    ),
 )

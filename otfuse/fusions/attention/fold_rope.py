@@ -9,15 +9,12 @@ would then span all heads' lanes, not each head's)."""
 
 from __future__ import annotations
 
-import onnx
-
+from otfuse import ops
 from otfuse.domain import OP_DOMAIN
-from otfuse.rewriter.graph import GraphIndex
-from otfuse.rewriter.pattern import Absent, Either, Match, Var, op
-from otfuse.rewriter.rule import Replacement, RewriteContext, Rule
+from otfuse.rewriter.pattern import Absent, Either, Match, Var, attributes, op
+from otfuse.rewriter.rule import Fusion, Refuse, RewriteContext, Rule
 
 FAMILY = "attention"
-_MAX_INPUTS = 7  # Q, K, V, attn_bias, key_padding_mask, past_key, past_value
 
 
 def _pair_output(index: int, role: str):
@@ -25,43 +22,37 @@ def _pair_output(index: int, role: str):
                                 _output=index, _bind="rope", _as=role)
 
 
-def _folded(q_index: int, count: int):
-    rest = [Either(Var(f"in{i}"), Absent()) for i in range(3, count)]
-    return op.Attention(_pair_output(q_index, "q_rot"), _pair_output(1 - q_index, "k_rot"), Var("in2"), *rest,
-                        _domain=OP_DOMAIN, _bind="attention")
+def _folded(q_index: int):
+    """otfuse.Attention reading the pair's q and k, with any of its optional inputs."""
+    optional = [Either(Var(name), Absent()) for name in ("attn_bias", "key_padding_mask", "past_key", "past_value")]
+    return op.Attention(_pair_output(q_index, "q_rot"), _pair_output(1 - q_index, "k_rot"), Var("v"), *optional,
+                        _domain=OP_DOMAIN, _bind="attention", _optional_tail=True)
 
 
-class RopeAttentionFoldRule(Rule):
-    name = "RopeAttention(fold)"
-    family = FAMILY
-    anchor_ops = frozenset({"RotaryEmbeddingQK"})
-    fused_op = "RopeAttention"
-    kept_when_refused = "RotaryEmbeddingQK + Attention"
-    pattern = Either(*(_folded(q, count) for q in (0, 1) for count in range(_MAX_INPUTS, 2, -1)))
-
-    def produced_values(self, graph: GraphIndex, match: Match, root_value: str) -> set[str] | None:
-        # The rotated q/k are interior: the pass refuses the fold when anything else reads them.
-        return {name for name in match.node("attention").output if name}
-
-    def check(self, ctx: RewriteContext, match: Match) -> str | None:
-        graph = ctx.graph
-        for role in ("q_rot", "k_rot"):
-            if graph.rank(match.value(role)) != 4:
-                return f"the rotated {role[0]} is not rank 4 (the attention reads it as [B, S, N*D])"
-        return None
-
-    def rewrite(self, ctx: RewriteContext, match: Match, root: onnx.NodeProto) -> Replacement:
-        attention, rope = match.node("attention"), match.node("rope")
-        q = list(rope.output).index(match.value("q_rot"))
-        rotary = {a.name: onnx.helper.get_attribute_value(a) for a in rope.attribute}
-        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in attention.attribute}
-        attributes.update(rotary_mode=rotary.get("mode", b"half").decode(), rotary_dim=rotary.get("rotary_dim", 0))
-        if rotary.get("sections"):
-            attributes["rotary_sections"] = list(rotary["sections"])
-        inputs = [rope.input[q], rope.input[1 - q], attention.input[2], rope.input[2], rope.input[3],
-                  *attention.input[3:]]
-        node = ctx.fused_node("RopeAttention", inputs, list(attention.output), root, **attributes)
-        return Replacement([node])
+def _analyse(ctx: RewriteContext, match: Match) -> Fusion:
+    graph = ctx.graph
+    for role in ("q_rot", "k_rot"):
+        if graph.rank(match.value(role)) != 4:
+            raise Refuse(f"the rotated {role[0]} is not rank 4 (the attention reads it as [B, S, N*D])")
+    attention, rope = match.node("attention"), match.node("rope")
+    foreign = sorted(set(attributes(attention)) - {a.name for a in ops.Attention.attributes})
+    if foreign:
+        raise Refuse(f"the Attention node has attributes docs/ops.md does not define: {foreign}")
+    q = list(rope.output).index(match.value("q_rot"))
+    rotary = attributes(rope)
+    named = {name: match.value(name) for name in ("attn_bias", "key_padding_mask", "past_key", "past_value")
+             if match.has(name)}
+    outputs = dict(zip(ops.RopeAttention.output_names(), attention.output))
+    extra = {"rotary_sections": list(rotary["sections"])} if rotary.get("sections") else {}
+    call = ops.RopeAttention(Q=rope.input[q], K=rope.input[1 - q], V=attention.input[2], cos=rope.input[2],
+                             sin=rope.input[3], **named, **outputs, **attributes(attention),
+                             rotary_mode=rotary.get("mode", "half"), rotary_dim=rotary.get("rotary_dim", 0), **extra)
+    # The rotated q/k are interior: the pass refuses the fold when anything else reads them.
+    return Fusion(call, match.covered)
 
 
-RULES: list[Rule] = [RopeAttentionFoldRule()]
+ROPE_ATTENTION_FOLD = Rule("RopeAttention(fold)", Either(_folded(0), _folded(1)), _analyse, FAMILY,
+                           frozenset({"RotaryEmbeddingQK"}), fused_op="RopeAttention",
+                           kept_when_refused="RotaryEmbeddingQK + Attention")
+
+RULES: list[Rule] = [ROPE_ATTENTION_FOLD]

@@ -34,6 +34,7 @@ import onnx
 
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.pattern import attr
+from otfuse.rewriter.refuse import Refuse
 
 BOOL = onnx.TensorProto.BOOL
 # A "minimum" at least this negative masks a key for good in float32 and float16 alike.
@@ -60,32 +61,38 @@ class MaskClaim:
     empty_rows: str  # "uniform" for a finite minimum (HF), "zero" for -inf
 
 
-def classify_mask(graph: GraphIndex, mask: str, memo: dict) -> MaskClaim | str:
-    """A verified claim for the float additive ``mask``, or why none can be made (memoised)."""
-    key = ("mask", mask)
-    if key not in memo:
-        try:
-            conditions, fill = _float_mask_conditions(graph, mask)
-            empty_rows = "uniform" if np.isfinite(fill) else "zero"
-            memo[key] = _claim(graph, mask, conditions, empty_rows, lambda got: _visible_where_zero(got, fill))
-        except _NoClaim as refusal:
-            memo[key] = str(refusal)
-    return memo[key]
+def classify_mask(graph: GraphIndex, mask: str, memo: dict) -> MaskClaim:
+    """A verified claim for the float additive ``mask``; raises Refuse saying why none can be made.
+    Memoised per pass: the claim, or the refusal's text (every layer reads the same mask)."""
+    def claim() -> MaskClaim:
+        conditions, fill = _float_mask_conditions(graph, mask)
+        empty_rows = "uniform" if np.isfinite(fill) else "zero"
+        return _claim(graph, mask, conditions, empty_rows, lambda got: _visible_where_zero(got, fill))
+
+    return _memoised(memo, ("mask", mask), claim)
 
 
-def classify_bool_mask(graph: GraphIndex, condition: str, memo: dict) -> MaskClaim | str:
+def classify_bool_mask(graph: GraphIndex, condition: str, memo: dict) -> MaskClaim:
     """As ``classify_mask`` for a bool mask (True = attend; masked keys count as -inf)."""
-    key = ("bool_mask", condition)
+    return _memoised(memo, ("bool_mask", condition),
+                     lambda: _claim(graph, condition, [(condition, False)], "zero", lambda got: got.astype(bool)))
+
+
+def _memoised(memo: dict, key: tuple, claim) -> MaskClaim:
     if key not in memo:
         try:
-            memo[key] = _claim(graph, condition, [(condition, False)], "zero", lambda got: got.astype(bool))
-        except _NoClaim as refusal:
-            memo[key] = str(refusal)
-    return memo[key]
+            memo[key] = claim()
+        except Refuse as refusal:
+            memo[key] = _Refused(str(refusal))
+    found = memo[key]
+    if isinstance(found, _Refused):
+        raise Refuse(found.reason)
+    return found
 
 
-class _NoClaim(Exception):
-    pass
+@dataclass(frozen=True)
+class _Refused:
+    reason: str
 
 
 # -- structure ----------------------------------------------------------------------------------
@@ -95,20 +102,20 @@ def _float_mask_conditions(graph: GraphIndex, mask: str) -> tuple[list[tuple[str
     while node is not None and node.op_type in _RESHAPING:
         node = graph.producer.get(node.input[0])
     if node is None or node.op_type != "Where":
-        raise _NoClaim("the mask is not Where(condition, 0, minimum)")
+        raise Refuse("the mask is not Where(condition, 0, minimum)")
     keep, fill = graph.scalar_value(node.input[1]), graph.scalar_value(node.input[2])
     if _masks(fill):  # Where(visible, 0 | inner mask, min)
         negated, inner, fill_value = False, node.input[1], fill
     elif _masks(keep):  # Where(masked, min, 0 | inner mask)
         negated, inner, fill_value = True, node.input[2], keep
     else:
-        raise _NoClaim(f"the mask adds {keep} / {fill}, not 0 / a large negative minimum")
+        raise Refuse(f"the mask adds {keep} / {fill}, not 0 / a large negative minimum")
     conditions = [(node.input[0], negated)]
     if graph.scalar_value(inner) == 0.0:
         return conditions, fill_value
     more, inner_fill = _float_mask_conditions(graph, inner)
     if inner_fill != fill_value:
-        raise _NoClaim(f"chained masks fill {fill_value} and {inner_fill}: fully masked rows would differ")
+        raise Refuse(f"chained masks fill {fill_value} and {inner_fill}: fully masked rows would differ")
     return conditions + more, fill_value
 
 
@@ -266,21 +273,21 @@ def _claim(graph: GraphIndex, output: str, conditions: list[tuple[str, bool]], e
             elif kind == "padding":
                 paddings.add(value)
             elif kind not in ("true", "versus_constant"):
-                raise _NoClaim(f"the mask has a condition otfuse does not know ({value})")
+                raise Refuse(f"the mask has a condition otfuse does not know ({value})")
     if len(windows) > 1 or len(paddings) > 1:
-        raise _NoClaim(f"the mask has several windows {sorted(windows)} or padding inputs {sorted(paddings)}")
+        raise Refuse(f"the mask has several windows {sorted(windows)} or padding inputs {sorted(paddings)}")
     window, padding = (windows or {0}).pop(), (paddings or {None}).pop()
     if window and not causal:
-        raise _NoClaim("a sliding window without the causal condition")
+        raise Refuse("a sliding window without the causal condition")
     if not causal and padding is None:
-        raise _NoClaim("the mask is neither causal nor padding")
+        raise Refuse("the mask is neither causal nor padding")
     claim = MaskClaim(causal, window, padding, empty_rows)
     offsets = set()
     for condition, _ in conditions:
         offsets |= _offset_constants(graph, condition)
     unprobed = sorted(c for c in offsets | {window} if _LARGEST_PROBED_OFFSET < c < _SENTINEL)
     if unprobed:
-        raise _NoClaim(f"the mask uses {unprobed[0]}, longer than the sequences otfuse runs it at "
+        raise Refuse(f"the mask uses {unprobed[0]}, longer than the sequences otfuse runs it at "
                        f"({_LARGEST_PROBED_OFFSET})")
     _verify_by_running(graph, output, claim, visible_of, offsets)
     return claim
@@ -365,7 +372,7 @@ def _subgraph(graph: GraphIndex, output: str) -> onnx.ModelProto:
     initializers = []
     for name in sorted(reads & set(graph.initializers)):
         if (graph.constant_size(name) or 0) > 4096:
-            raise _NoClaim("the mask is computed from large weights")
+            raise Refuse("the mask is computed from large weights")
         initializers.append(onnx.numpy_helper.from_array(graph.constant_value(name), name))
     out = onnx.helper.make_tensor_value_info(output, graph.elem_type(output) or BOOL, None)
     model = onnx.helper.make_model(onnx.helper.make_graph(order, "mask", inputs, [out], initializers),
@@ -418,7 +425,7 @@ def _verify_by_running(graph: GraphIndex, output: str, claim: MaskClaim, visible
     try:
         session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - any failure means: no claim
-        raise _NoClaim(f"the mask subgraph does not run on its own ({type(exc).__name__})") from None
+        raise Refuse(f"the mask subgraph does not run on its own ({type(exc).__name__})") from None
     rng = np.random.default_rng(0)
     for batch, seq, past in _configurations(claim, has_past, offsets):
         feeds = make_feeds(model, {"batch": batch, "seq": seq, "past": past})
@@ -429,11 +436,11 @@ def _verify_by_running(graph: GraphIndex, output: str, claim: MaskClaim, visible
             try:
                 (got,) = session.run(None, feeds)
             except Exception as exc:  # noqa: BLE001
-                raise _NoClaim(f"the mask subgraph failed at seq {seq}, past {past} ({type(exc).__name__})") from None
+                raise Refuse(f"the mask subgraph failed at seq {seq}, past {past} ({type(exc).__name__})") from None
             expected = _expected(claim, batch, seq, past, padding)
             visible = visible_of(got) if got.ndim == 4 and got.shape[-2:] == (seq, total) else None
             if visible is None or not _broadcasts_to_equal(visible, expected):
-                raise _NoClaim(f"running the mask (seq {seq}, past {past}) contradicts "
+                raise Refuse(f"running the mask (seq {seq}, past {past}) contradicts "
                                f"causal={claim.causal}, window={claim.window}, padding={claim.key_padding}")
 
 

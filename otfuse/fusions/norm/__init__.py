@@ -4,9 +4,28 @@ LayerNormalization / RMSNormalization ops (rules.py; contract in docs/ops.md).""
 from otfuse.fusions.norm import rules
 from otfuse.rewriter.family import Family
 from otfuse.rewriter.passes import RulePass
+from otfuse.rewriter.sites import SiteSignature
+
+
+def _squared_mean(scan, node) -> bool:
+    """ReduceMean(x*x) or ReduceMean(Pow(x, 2)) whose result goes through Add (eps) into Sqrt:
+    the RMS of x, or the variance of a centred x."""
+    square = scan.parent(node)
+    if square is None or square.op_type not in ("Pow", "Mul"):
+        return False
+    if square.op_type == "Mul" and square.input[0] != square.input[1]:
+        return False
+    return scan.reaches(node, {"Sqrt", "Rsqrt"}, {"Add", "Cast"}, upstream=False, depth=3)
 
 FAMILY = Family(
     name="norm",
     passes=(RulePass(rules.RULES),),
     emits=("RMSNorm", "AddRMSNorm", "LayerNorm", "AddLayerNorm"),
+    sites=(
+        SiteSignature("a normalisation op", frozenset({
+            "LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization",
+            "SkipLayerNormalization", "SkipSimplifiedLayerNormalization"})),
+        SiteSignature("a mean of squares under a square root (RMS or variance)", frozenset({"ReduceMean"}),
+                      _squared_mean),
+    ),
 )

@@ -12,14 +12,19 @@ The patterns read like the PyTorch code exporters trace:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import onnx
 
+from otfuse import ops
 from otfuse.rewriter import checks
 from otfuse.rewriter.allow_list import OpAllowList, only, require_allowed
+from otfuse.rewriter.builder import Helpers, NewTensor
+from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.pattern import ANY, Const, Either, Match, Op, Var, attr, op, scalar_equal
-from otfuse.rewriter.rule import Replacement, RewriteContext, Rule
+from otfuse.rewriter.rule import Fusion, Refuse, RewriteContext, Rule
 
 FLOAT = onnx.TensorProto.FLOAT
 FAMILY = "norm"
@@ -76,143 +81,107 @@ def _residual_add() -> Op:
     return op.Add(Var("a"), Var("b"), _bind="residual")
 
 
-class _NormRule(Rule):
-    """Shared checks and rewrite; subclasses pick the pattern and the fused op."""
+@dataclass(frozen=True)
+class _Form:
+    """One way a norm is written: the op it becomes, whether it starts with the residual Add,
+    and the ONNX op it re-targets (None: spelled out as ReduceMean, Sqrt, ...)."""
 
-    family = FAMILY
-    anchor_ops = frozenset({"ReduceMean", "LayerNormalization", "RMSNormalization"})
-    fused_op = ""
-    residual = False
-    default_epsilon = 1e-6
-
-    def x_value(self, match: Match) -> str:
-        return match.node("residual").output[0] if self.residual else match.value("x")
-
-    def check(self, ctx: RewriteContext, match: Match) -> str | None:
-        graph = ctx.graph
-        x = self.x_value(match)
-        reason = checks.check_float_io(graph, x, self.root_value(match))
-        if reason:
-            return reason
-        if self.residual:
-            reason = checks.check_same_shape(graph, match.value("a"), match.value("b"), x)
-            if reason:
-                return reason
-        axis = self.normalised_axis(graph, match)
-        if isinstance(axis, str):
-            return axis
-        reason = self.check_epsilon(graph, match)
-        if reason:
-            return reason
-        for name in ("scale", "bias"):
-            if match.has(name):
-                reason = checks.check_row_parameter(graph, match.value(name), x, axis, name)
-                if reason:
-                    return reason
-        if match.has("gamma_offset"):
-            reason = checks.check_row_parameter(graph, match.value("gamma_offset"), x, axis, "scale")
-            if reason:
-                return reason
-        if self._cast_sum_readers(graph, match) and graph.elem_type(x) != FLOAT:
-            return "the float32 copy of the residual sum is also used elsewhere"
-        return None
-
-    def _cast_sum_readers(self, graph, match: Match) -> list:
-        """Readers outside the match of the residual sum's Cast to float32 (TorchScript: the next
-        residual Add reads it); when the sum is already float32 that Cast is the sum itself."""
-        if not self.residual or not match.has("cast_in"):
-            return []
-        inside = {id(node) for node in match.covered}
-        return [user for user in graph.uses(match.node("cast_in").output[0]) if id(user) not in inside]
-
-    def root_value(self, match: Match) -> str:
-        return match.covered[0].output[0]
-
-    def normalised_axis(self, graph, match: Match) -> int | str:
-        x = self.x_value(match)
-        axes = [checks.reduce_axes(graph, match, "reduce", "axes")]
-        if match.has("reduce_var"):
-            axes.append(checks.reduce_axes(graph, match, "reduce_var", "axes_var"))
-        for found in axes:
-            if isinstance(found, str):
-                return found
-        if len(axes) == 2 and axes[0] != axes[1]:
-            return f"the two ReduceMean nodes use different axes ({axes[0]} vs {axes[1]})"
-        return checks.trailing_axis(axes[0], graph.rank(x))
-
-    def check_epsilon(self, graph, match: Match) -> str | None:
-        eps = graph.scalar_value(match.value("eps"))
-        if eps is None:
-            return "epsilon must be a single-element constant"
-        if not math.isfinite(eps) or eps < 0:
-            return f"epsilon {eps} is not a finite value >= 0"
-        return None
-
-    def epsilon(self, graph, match: Match) -> float:
-        return graph.scalar_value(match.value("eps"))
-
-    def scale_input(self, ctx: RewriteContext, match: Match, x: str, axis: int) -> tuple[str, list]:
-        """The scale (and bias) as the fused op wants them: exactly X.shape[axis:]."""
-        if match.has("gamma_offset"):
-            offset = ctx.graph.constant_value(match.value("gamma_offset"))
-            folded = (offset.astype(np.float32) + np.float32(1.0)).astype(offset.dtype)
-            folded = folded.reshape(checks.row_shape(ctx.graph, x, axis))
-            tensor = ctx.constant(f"{match.value('gamma_offset')}_plus_one", folded)
-            return tensor.name, [tensor]
-        return checks.row_parameter(ctx, match.value("scale"), x, axis)
-
-    def rewrite(self, ctx: RewriteContext, match: Match, root: onnx.NodeProto) -> Replacement:
-        graph = ctx.graph
-        x = self.x_value(match)
-        axis = self.normalised_axis(graph, match)
-        scale, initializers = self.scale_input(ctx, match, x, axis)
-        inputs = [match.value("a"), match.value("b")] if self.residual else [x]
-        inputs.append(scale)
-        if match.has("bias"):
-            bias, more = checks.row_parameter(ctx, match.value("bias"), x, axis)
-            inputs.append(bias)
-            initializers += more
-        outputs = [root.output[0]]
-        if self.residual:
-            outputs.append(x)
-        node = ctx.fused_node(self.fused_op, inputs, outputs, root,
-                              epsilon=self.epsilon(graph, match), axis=axis)
-        nodes = [node]
-        if self._cast_sum_readers(graph, match):  # the identity Cast's readers now read the sum
-            cast = match.node("cast_in")
-            nodes.append(onnx.helper.make_node("Identity", [x], [cast.output[0]],
-                                               name=ctx.unique_name(f"{cast.name or cast.output[0]}/sum")))
-        return Replacement(nodes, initializers)
+    op: ops.Op
+    residual: bool = False
+    allow: OpAllowList | None = None
 
 
-class RMSNormRule(_NormRule):
-    name = "RMSNorm"
-    fused_op = "RMSNorm"
-    pattern = _scaled(_rms_normalized(Var("x")), with_bias=False)
+def _x_value(form: _Form, match: Match) -> str:
+    return match.node("residual").output[0] if form.residual else match.value("x")
 
 
-class AddRMSNormRule(_NormRule):
-    name = "AddRMSNorm"
-    fused_op = "AddRMSNorm"
-    residual = True
-    exports = ("residual", "cast_in")  # cast_in: only an identity Cast's (check)
-    pattern = _scaled(_rms_normalized(_residual_add()), with_bias=False)
+def _cast_sum_readers(form: _Form, graph: GraphIndex, match: Match) -> list:
+    """Readers outside the match of the residual sum's Cast to float32 (TorchScript: the next
+    residual Add reads it); when the sum is already float32 that Cast is the sum itself."""
+    if not form.residual or not match.has("cast_in"):
+        return []
+    inside = {id(node) for node in match.covered}
+    return [user for user in graph.uses(match.node("cast_in").output[0]) if id(user) not in inside]
 
 
-class LayerNormRule(_NormRule):
-    name = "LayerNorm"
-    fused_op = "LayerNorm"
-    pattern = Either(_scaled(_layer_normalized(Var("x")), with_bias=True),
-                     _scaled(_layer_normalized(Var("x")), with_bias=False))
+def _normalised_axis(form: _Form, graph: GraphIndex, match: Match) -> int:
+    x = _x_value(form, match)
+    if form.allow is not None:
+        return checks.trailing_axis([attr(match.node("norm"), "axis", -1)], graph.rank(x))
+    axes = [checks.reduce_axes(graph, match, "reduce", "axes")]
+    if match.has("reduce_var"):
+        axes.append(checks.reduce_axes(graph, match, "reduce_var", "axes_var"))
+    if len(axes) == 2 and axes[0] != axes[1]:
+        raise Refuse(f"the two ReduceMean nodes use different axes ({axes[0]} vs {axes[1]})")
+    return checks.trailing_axis(axes[0], graph.rank(x))
 
 
-class AddLayerNormRule(_NormRule):
-    name = "AddLayerNorm"
-    fused_op = "AddLayerNorm"
-    residual = True
-    exports = ("residual", "cast_in")  # cast_in: only an identity Cast's (check)
-    pattern = Either(_scaled(_layer_normalized(_residual_add()), with_bias=True),
-                     _scaled(_layer_normalized(_residual_add()), with_bias=False))
+def _epsilon(form: _Form, graph: GraphIndex, match: Match) -> float:
+    if form.allow is not None:  # the ONNX ops' epsilon, default 1e-5 for both
+        eps = float(attr(match.node("norm"), "epsilon", ONNX_DEFAULT_EPSILON))
+        if not (math.isfinite(eps) and eps >= 0):
+            raise Refuse(f"epsilon {eps} is not >= 0")
+        return eps
+    eps = graph.scalar_value(match.value("eps"))
+    if eps is None:
+        raise Refuse("epsilon must be a single-element constant")
+    if not math.isfinite(eps) or eps < 0:
+        raise Refuse(f"epsilon {eps} is not a finite value >= 0")
+    return eps
+
+
+def _scale_input(graph: GraphIndex, match: Match, x: str, axis: int):
+    """The scale as the fused op wants it, exactly X.shape[axis:] (Gemma's 1 + w folded)."""
+    if match.has("gamma_offset"):
+        offset_name = match.value("gamma_offset")
+        offset = graph.constant_value(offset_name)
+        folded = (offset.astype(np.float32) + np.float32(1.0)).astype(offset.dtype)
+        return NewTensor(f"{offset_name}_plus_one", value=folded.reshape(checks.row_shape(graph, x, axis)))
+    return checks.row_parameter(graph, match.value("scale"), x, axis)
+
+
+def _analyse(form: _Form, ctx: RewriteContext, match: Match) -> Fusion:
+    graph, root = ctx.graph, match.root
+    if form.allow is not None:
+        require_allowed(graph, match.node("norm"), form.allow)
+    x = _x_value(form, match)
+    checks.require_float_io(graph, x, root.output[0])
+    if form.residual:
+        checks.require_same_shape(graph, match.value("a"), match.value("b"))
+    axis = _normalised_axis(form, graph, match)
+    epsilon = _epsilon(form, graph, match)
+    for name in ("scale", "bias"):
+        if match.has(name):
+            checks.require_row_parameter(graph, match.value(name), x, axis, name)
+    if match.has("gamma_offset"):
+        checks.require_row_parameter(graph, match.value("gamma_offset"), x, axis, "scale")
+    cast_readers = _cast_sum_readers(form, graph, match)
+    if cast_readers and graph.elem_type(x) != FLOAT:
+        raise Refuse("the float32 copy of the residual sum is also used elsewhere")
+    helpers = Helpers(root)
+    if cast_readers:  # the identity Cast's readers now read the sum
+        cast = match.node("cast_in")
+        helpers.node("Identity", [x], cast.output[0], name=f"{cast.name or cast.output[0]}/sum", after=True)
+    named = dict(A=match.value("a"), B=match.value("b"), S=x) if form.residual else dict(X=x)
+    if match.has("bias"):
+        named["bias"] = checks.row_parameter(graph, match.value("bias"), x, axis)
+    call = form.op(**named, scale=_scale_input(graph, match, x, axis), Y=root.output[0], epsilon=epsilon, axis=axis)
+    return Fusion(call, match.covered, helpers)
+
+
+def _rule(name: str, form: _Form, pattern) -> Rule:
+    return Rule(name, pattern, partial(_analyse, form), FAMILY,
+                frozenset({"ReduceMean", "LayerNormalization", "RMSNormalization"}), fused_op=form.op.name)
+
+
+RMS_NORM = _rule("RMSNorm", _Form(ops.RMSNorm), _scaled(_rms_normalized(Var("x")), with_bias=False))
+ADD_RMS_NORM = _rule("AddRMSNorm", _Form(ops.AddRMSNorm, residual=True),
+                     _scaled(_rms_normalized(_residual_add()), with_bias=False))
+LAYER_NORM = _rule("LayerNorm", _Form(ops.LayerNorm), Either(_scaled(_layer_normalized(Var("x")), with_bias=True),
+                                                            _scaled(_layer_normalized(Var("x")), with_bias=False)))
+ADD_LAYER_NORM = _rule("AddLayerNorm", _Form(ops.AddLayerNorm, residual=True),
+                       Either(_scaled(_layer_normalized(_residual_add()), with_bias=True),
+                              _scaled(_layer_normalized(_residual_add()), with_bias=False)))
 
 
 # Everything of the standard norm ops these rules translate; anything else is refused.
@@ -226,26 +195,8 @@ RMS_NORMALIZATION_OP = OpAllowList(
     "RMSNormalization", versions=frozenset({23}), attributes=_NORM_ATTRIBUTES, inputs=2, outputs=1)
 
 
-class _StandardOpRule(_NormRule):
-    """The ONNX LayerNormalization / RMSNormalization ops, re-targeted to our kernels."""
-
-    allow: OpAllowList
-    default_epsilon = 1e-5
-
-    def check(self, ctx: RewriteContext, match: Match) -> str | None:
-        require_allowed(ctx.graph, match.node("norm"), self.allow)
-        return super().check(ctx, match)
-
-    def normalised_axis(self, graph, match: Match) -> int | str:
-        node = match.node("norm")
-        return checks.trailing_axis([attr(node, "axis", -1)], graph.rank(self.x_value(match)))
-
-    def check_epsilon(self, graph, match: Match) -> str | None:
-        eps = self.epsilon(graph, match)
-        return None if math.isfinite(eps) and eps >= 0 else f"epsilon {eps} is not >= 0"
-
-    def epsilon(self, graph, match: Match) -> float:
-        return float(attr(match.node("norm"), "epsilon", self.default_epsilon))
+# The ONNX ops' own default (LayerNormalization-17, RMSNormalization-23), not otfuse's.
+ONNX_DEFAULT_EPSILON = 1e-5
 
 
 def _standard_op(onnx_op: str, x, with_bias: bool) -> Op:
@@ -253,48 +204,29 @@ def _standard_op(onnx_op: str, x, with_bias: bool) -> Op:
     return Op(onnx_op, inputs, {}, "norm")
 
 
-class LayerNormalizationOpRule(_StandardOpRule):
-    allow = LAYER_NORMALIZATION_OP
-    name = "LayerNormalization"
-    fused_op = "LayerNorm"
-    pattern = Either(_standard_op("LayerNormalization", Var("x"), True),
-                     _standard_op("LayerNormalization", Var("x"), False))
+def _standard_op_either_bias(onnx_op: str, x) -> Either:
+    return Either(_standard_op(onnx_op, x, True), _standard_op(onnx_op, x, False))
 
 
-class AddLayerNormalizationOpRule(_StandardOpRule):
-    allow = LAYER_NORMALIZATION_OP
-    name = "AddLayerNormalization"
-    fused_op = "AddLayerNorm"
-    residual = True
-    exports = ("residual",)
-    pattern = Either(_standard_op("LayerNormalization", _residual_add(), True),
-                     _standard_op("LayerNormalization", _residual_add(), False))
-
-
-class RMSNormalizationOpRule(_StandardOpRule):
-    allow = RMS_NORMALIZATION_OP
-    name = "RMSNormalization"
-    fused_op = "RMSNorm"
-    pattern = _standard_op("RMSNormalization", Var("x"), False)
-
-
-class AddRMSNormalizationOpRule(_StandardOpRule):
-    allow = RMS_NORMALIZATION_OP
-    name = "AddRMSNormalization"
-    fused_op = "AddRMSNorm"
-    residual = True
-    exports = ("residual",)
-    pattern = _standard_op("RMSNormalization", _residual_add(), False)
+LAYER_NORMALIZATION = _rule("LayerNormalization", _Form(ops.LayerNorm, allow=LAYER_NORMALIZATION_OP),
+                            _standard_op_either_bias("LayerNormalization", Var("x")))
+ADD_LAYER_NORMALIZATION = _rule("AddLayerNormalization",
+                                _Form(ops.AddLayerNorm, residual=True, allow=LAYER_NORMALIZATION_OP),
+                                _standard_op_either_bias("LayerNormalization", _residual_add()))
+RMS_NORMALIZATION = _rule("RMSNormalization", _Form(ops.RMSNorm, allow=RMS_NORMALIZATION_OP),
+                          _standard_op("RMSNormalization", Var("x"), False))
+ADD_RMS_NORMALIZATION = _rule("AddRMSNormalization", _Form(ops.AddRMSNorm, residual=True, allow=RMS_NORMALIZATION_OP),
+                              _standard_op("RMSNormalization", _residual_add(), False))
 
 
 # At one root the residual forms are tried first: they absorb the Add as well.
 RULES: list[Rule] = [
-    AddRMSNormRule(),
-    RMSNormRule(),
-    AddLayerNormRule(),
-    LayerNormRule(),
-    AddLayerNormalizationOpRule(),
-    LayerNormalizationOpRule(),
-    AddRMSNormalizationOpRule(),
-    RMSNormalizationOpRule(),
+    ADD_RMS_NORM,
+    RMS_NORM,
+    ADD_LAYER_NORM,
+    LAYER_NORM,
+    ADD_LAYER_NORMALIZATION,
+    LAYER_NORMALIZATION,
+    ADD_RMS_NORMALIZATION,
+    RMS_NORMALIZATION,
 ]

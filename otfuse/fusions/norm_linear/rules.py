@@ -1,7 +1,7 @@
 """Norm + Linear family: an otfuse norm node and the projections that read its output, in one node
 (RMSNormLinear, AddRMSNormLinear, LayerNormLinear, AddLayerNormLinear; docs/ops.md).
 
-The norm family runs first, so the pattern is the fused norm node itself; the rule's ``grow``
+The norm family runs first, so the pattern is the fused norm node itself; the rule's ``analyse``
 then walks its consumers (a fan-out the single-root matcher cannot spell) and takes each one that
 is a projection with a constant weight:
 
@@ -17,14 +17,17 @@ pass's leak check runs on the grown match, so no value computed inside it can es
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import onnx
 
+from otfuse import ops
 from otfuse.rewriter import checks
+from otfuse.rewriter.builder import Fresh, Helpers, NewTensor, OutputName, Value
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.pattern import Either, Match, Op, Var, attr
-from otfuse.rewriter.rule import Replacement, RewriteContext, Rule
+from otfuse.rewriter.rule import Fusion, NotCandidate, Refuse, RewriteContext, Rule
 
 FAMILY = "norm_linear"
 OTFUSE = "otfuse"
@@ -65,73 +68,73 @@ def _only_user(graph: GraphIndex, value: str) -> onnx.NodeProto | None:
     return None
 
 
-def _weight(graph: GraphIndex, name: str, transposed: bool, k: int, elem: int) -> tuple[str, bool, int] | str:
+def _weight(graph: GraphIndex, name: str, transposed: bool, k: int, elem: int) -> tuple[str, bool, int]:
     """(constant weight, stored transposed?, N), reading through a Transpose of a constant."""
     producer = graph.producer.get(name)
     if not graph.is_constant(name) and producer is not None and _std(producer, "Transpose") \
             and list(attr(producer, "perm", [1, 0])) == [1, 0] and graph.is_constant(producer.input[0]):
         name, transposed = producer.input[0], not transposed
     if not graph.is_constant(name):
-        return f"weight {name!r} is not a constant"
+        raise Refuse(f"weight {name!r} is not a constant")
     shape = graph.constant_shape(name)
     if shape is None or len(shape) != 2:
-        return f"weight {name!r} is not a matrix (shape {shape})"
+        raise Refuse(f"weight {name!r} is not a matrix (shape {shape})")
     k_w, n = (shape[1], shape[0]) if transposed else (shape[0], shape[1])
     if k_w != k:
-        return f"weight {name!r} has K = {k_w} but the normalised rows have {k}"
+        raise Refuse(f"weight {name!r} has K = {k_w} but the normalised rows have {k}")
     if n <= 0:
-        return f"weight {name!r} has no columns"
+        raise Refuse(f"weight {name!r} has no columns")
     if graph.elem_type(name) != elem:
-        return f"weight {name!r} has type {checks.type_name(graph.elem_type(name))}, not the norm's"
+        raise Refuse(f"weight {name!r} has type {checks.type_name(graph.elem_type(name))}, not the norm's")
     return name, transposed, n
 
 
-def _bias(graph: GraphIndex, name: str, n: int, elem: int, max_rank: int) -> str | None:
+def _is_bias(graph: GraphIndex, name: str, n: int, elem: int, max_rank: int) -> bool:
     """Whether ``name`` is a constant bias of exactly N values on the last axis."""
     if not graph.is_constant(name) or graph.elem_type(name) != elem:
-        return None
+        return False
     shape = graph.constant_shape(name)
-    if not shape or shape[-1] != n or any(d != 1 for d in shape[:-1]) or len(shape) > max_rank:
-        return None
-    return name
+    return bool(shape) and shape[-1] == n and all(d == 1 for d in shape[:-1]) and len(shape) <= max_rank
 
 
 def _projection(graph: GraphIndex, node: onnx.NodeProto, a: str, k: int, elem: int,
-                rank: int) -> Projection | str | None:
-    """The projection ``node`` computes from ``a`` (Y or its Reshape), a reason, or None."""
+                rank: int) -> Projection | None:
+    """The projection ``node`` computes from ``a`` (Y or its Reshape); None when ``node`` is no
+    MatMul / Gemm. Refuses a MatMul / Gemm that is not such a projection."""
     if _std(node, "MatMul"):
         if node.input[0] != a:
-            return f"{_label(node)} reads the normalised value as its second operand (W @ x)"
+            raise Refuse(f"{_label(node)} reads the normalised value as its second operand (W @ x)")
         if node.input[1] == a:
-            return f"{_label(node)} multiplies the normalised value by itself"
-        found = _weight(graph, node.input[1], False, k, elem)
-        if isinstance(found, str):
-            return f"{_label(node)}: {found}"
-        weight, transposed, n = found
+            raise Refuse(f"{_label(node)} multiplies the normalised value by itself")
+        weight, transposed, n = _weight_of(graph, node, node.input[1], False, k, elem)
         projection = Projection(weight, transposed, n, None, node.output[0], [node])
         add = _only_user(graph, node.output[0])
         if add is not None and _std(add, "Add"):
             other = add.input[1] if add.input[0] == node.output[0] else add.input[0]
-            if add.input[0] != add.input[1] and _bias(graph, other, n, elem, rank):
+            if add.input[0] != add.input[1] and _is_bias(graph, other, n, elem, rank):
                 projection.bias, projection.output = other, add.output[0]
                 projection.nodes.append(add)
         return projection
     if _std(node, "Gemm"):
         if node.input[0] != a:
-            return f"{_label(node)} reads the normalised value as its second operand"
+            raise Refuse(f"{_label(node)} reads the normalised value as its second operand")
         if attr(node, "transA", 0) != 0 or attr(node, "alpha", 1.0) != 1.0 or attr(node, "beta", 1.0) != 1.0:
-            return f"{_label(node)}: transA / alpha / beta are not 0 / 1 / 1"
-        found = _weight(graph, node.input[1], attr(node, "transB", 0) == 1, k, elem)
-        if isinstance(found, str):
-            return f"{_label(node)}: {found}"
-        weight, transposed, n = found
+            raise Refuse(f"{_label(node)}: transA / alpha / beta are not 0 / 1 / 1")
+        weight, transposed, n = _weight_of(graph, node, node.input[1], attr(node, "transB", 0) == 1, k, elem)
         bias = None
         if len(node.input) > 2 and node.input[2]:
-            bias = _bias(graph, node.input[2], n, elem, 2)
-            if bias is None:
-                return f"{_label(node)}: C is not a constant bias of {n} values"
+            if not _is_bias(graph, node.input[2], n, elem, 2):
+                raise Refuse(f"{_label(node)}: C is not a constant bias of {n} values")
+            bias = node.input[2]
         return Projection(weight, transposed, n, bias, node.output[0], [node])
     return None
+
+
+def _weight_of(graph: GraphIndex, node: onnx.NodeProto, name: str, transposed: bool, k: int, elem: int):
+    try:
+        return _weight(graph, name, transposed, k, elem)
+    except Refuse as refusal:
+        raise Refuse(f"{_label(node)}: {refusal}") from None
 
 
 def _reshape_keeps_k(graph: GraphIndex, node: onnx.NodeProto, k: int, downstream: set[str]) -> bool:
@@ -167,16 +170,16 @@ def _downstream(graph: GraphIndex, node: onnx.NodeProto) -> set[str]:
     return seen
 
 
-def analyse(graph: GraphIndex, norm: onnx.NodeProto, scale: str) -> Analysis | str:
+def _consumers(graph: GraphIndex, norm: onnx.NodeProto, scale: str) -> Analysis:
     """Which consumers of the norm's output become projections of the fused node."""
     y = norm.output[0]
     scale_shape = graph.constant_shape(scale) if graph.is_constant(scale) else graph.shape(scale)
     if not scale_shape or not isinstance(scale_shape[-1], int) or len(scale_shape) != 1:
-        return "the norm's scale is not a vector of static length"
+        raise Refuse("the norm's scale is not a vector of static length")
     k = int(scale_shape[-1])
     elem = graph.elem_type(norm.input[0])
     if elem not in checks.FLOAT_TYPES:
-        return f"the norm's input has type {checks.type_name(elem)}"
+        raise Refuse(f"the norm's input has type {checks.type_name(elem)}")
     rank = graph.rank(norm.input[0]) or 8
     analysis = Analysis(k, keep_normalized=graph.is_graph_output(y))
     downstream: set[str] | None = None
@@ -184,29 +187,41 @@ def analyse(graph: GraphIndex, norm: onnx.NodeProto, scale: str) -> Analysis | s
         if _std(user, "Reshape") and user.input[0] == y and len(user.input) == 2:
             if downstream is None:
                 downstream = _downstream(graph, norm)
-            users = graph.uses(user.output[0])
-            found = [_projection(graph, u, user.output[0], k, elem, rank) for u in users]
-            analysis.tried |= any(f is not None for f in found)
-            if (_reshape_keeps_k(graph, user, k, downstream) and users and not graph.is_graph_output(user.output[0])
-                    and all(isinstance(f, Projection) for f in found)):
-                for projection in found:
-                    projection.reshape = user
-                    analysis.projections.append(projection)
-                continue
-            analysis.reasons += [f for f in found if isinstance(f, str)] or \
-                [f"{_label(user)} does not provably keep the last dim {k}, or feeds other ops"]
-            analysis.keep_normalized = True
+            _read_reshaped(graph, user, k, elem, rank, downstream, analysis)
             continue
-        found = _projection(graph, user, y, k, elem, rank)
-        if isinstance(found, Projection):
+        try:
+            found = _projection(graph, user, y, k, elem, rank)
+        except Refuse as refusal:  # noted: the other consumers may still fit
+            analysis.reasons.append(str(refusal))
+            analysis.tried = analysis.keep_normalized = True
+            continue
+        if found is not None:
             analysis.projections.append(found)
             analysis.tried = True
             continue
-        if isinstance(found, str):
-            analysis.reasons.append(found)
-            analysis.tried = True
         analysis.keep_normalized = True
     return analysis
+
+
+def _read_reshaped(graph: GraphIndex, reshape: onnx.NodeProto, k: int, elem: int, rank: int,
+                   downstream: set[str], analysis: Analysis) -> None:
+    """A Reshape of Y: its consumers become projections when all of them are and it keeps K."""
+    users = graph.uses(reshape.output[0])
+    found, reasons = [], []
+    for user in users:
+        try:
+            found.append(_projection(graph, user, reshape.output[0], k, elem, rank))
+        except Refuse as refusal:
+            reasons.append(str(refusal))
+    analysis.tried |= bool(reasons) or any(f is not None for f in found)
+    if (_reshape_keeps_k(graph, reshape, k, downstream) and users and not graph.is_graph_output(reshape.output[0])
+            and not reasons and all(f is not None for f in found)):
+        for projection in found:
+            projection.reshape = reshape
+            analysis.projections.append(projection)
+        return
+    analysis.reasons += reasons or [f"{_label(reshape)} does not provably keep the last dim {k}, or feeds other ops"]
+    analysis.keep_normalized = True
 
 
 def _norm_pattern(op_type: str, add: bool, bias: bool) -> Op:
@@ -217,142 +232,98 @@ def _norm_pattern(op_type: str, add: bool, bias: bool) -> Op:
     return Op(op_type, tuple(inputs), {}, "norm", OTFUSE)
 
 
-class _NormLinearRule(Rule):
-    family = FAMILY
-    anchor_ops = frozenset({"RMSNorm", "AddRMSNorm", "LayerNorm", "AddLayerNorm"})
-    fused_op = ""
-    add = False
-
-    def grow(self, ctx: RewriteContext, match: Match) -> Match | str | None:
-        norm = match.node("norm")
-        if checks.trailing_axis([attr(norm, "axis", -1)], ctx.graph.rank(norm.input[0])) != -1:
-            return None  # normalises more than the last axis: not a row-wise projection input
-        analysis = analyse(ctx.graph, norm, match.value("scale"))
-        if isinstance(analysis, str):
-            return analysis if any(_std(u, "MatMul") or _std(u, "Gemm") for u in ctx.graph.uses(norm.output[0])) else None
-        if not analysis.projections:
-            return "; ".join(analysis.reasons) if analysis.tried and analysis.reasons else None
-        nodes: list[onnx.NodeProto] = []
-        for projection in analysis.projections:
-            if projection.reshape is not None:
-                nodes.append(projection.reshape)
-            nodes.extend(projection.nodes)
-        return match.grown(tuple(nodes))
-
-    def produced_values(self, graph: GraphIndex, match: Match, root_value: str) -> set[str] | None:
-        norm = match.node("norm")
-        analysis = analyse(graph, norm, match.value("scale"))
-        values = {p.output for p in analysis.projections}
-        if self.add and len(norm.output) > 1 and norm.output[1]:
-            values.add(norm.output[1])
-        if analysis.keep_normalized:
-            values.add(root_value)
-        return values
-
-    def rewrite(self, ctx: RewriteContext, match: Match, root: onnx.NodeProto) -> Replacement:
-        graph = ctx.graph
-        norm = match.node("norm")
-        analysis = analyse(graph, norm, match.value("scale"))
-        inputs = list(norm.input)
-        if "LayerNorm" in self.fused_op and not match.has("norm_bias"):
-            inputs.append("")  # the optional norm bias, before the variadic tail
-        initializers: list[onnx.TensorProto] = []
-        helpers: list[onnx.NodeProto] = []
-        outputs: list[str] = []
-        biases: list[str] = []
-        for projection in analysis.projections:
-            inputs.append(projection.weight)
-            if projection.bias is not None:
-                bias, more = _as_vector(ctx, projection.bias, projection.n)
-                biases.append(bias)
-                initializers += more
-            if projection.reshape is None:
-                outputs.append(projection.output)
-                continue
-            rows = ctx.unique_name(f"{projection.output}_rows")
-            outputs.append(rows)
-            shape, more_nodes, more_inits = _shape_back(ctx, projection.reshape, projection.n)
-            helpers += more_nodes
-            initializers += more_inits
-            helpers.append(onnx.helper.make_node(
-                "Reshape", [rows, shape], [projection.output], name=ctx.unique_name(f"{projection.output}/reshape_back"),
-                allowzero=attr(projection.reshape, "allowzero", 0)))
-        inputs += biases
-        if self.add:
-            outputs.append(norm.output[1] if len(norm.output) > 1 and norm.output[1]
-                           else ctx.unique_name(f"{norm.output[0]}_sum"))
-        if analysis.keep_normalized:
-            outputs.append(norm.output[0])
-        epsilon = attr(norm, "epsilon")
-        extra = {} if epsilon is None else {"epsilon": float(epsilon)}
-        fused = ctx.fused_node(self.fused_op, inputs, outputs, root, axis=-1,
-                               out_features=[p.n for p in analysis.projections],
-                               transposed=[int(p.transposed) for p in analysis.projections],
-                               has_bias=[int(p.bias is not None) for p in analysis.projections], **extra)
-        return Replacement([fused] + helpers, initializers)
+def _grown(ctx: RewriteContext, match: Match) -> Analysis:
+    """The consumers the fused node takes; not a candidate when none is a projection."""
+    graph, norm = ctx.graph, match.node("norm")
+    try:
+        axis = checks.trailing_axis([attr(norm, "axis", -1)], graph.rank(norm.input[0]))
+    except Refuse:
+        axis = None
+    if axis != -1:
+        raise NotCandidate("normalises more than the last axis: not a row-wise projection input")
+    try:
+        analysis = _consumers(graph, norm, match.value("scale"))
+    except Refuse:
+        if any(_std(u, "MatMul") or _std(u, "Gemm") for u in graph.uses(norm.output[0])):
+            raise
+        raise NotCandidate("no projection reads the norm") from None
+    if not analysis.projections:
+        if analysis.tried and analysis.reasons:
+            raise Refuse("; ".join(analysis.reasons))
+        raise NotCandidate("no projection reads the norm")
+    return analysis
 
 
-def _as_vector(ctx: RewriteContext, name: str, n: int) -> tuple[str, list[onnx.TensorProto]]:
+def _analyse(op: ops.Op, ctx: RewriteContext, match: Match) -> Fusion:
+    norm = match.node("norm")
+    analysis = _grown(ctx, match)
+    helpers = Helpers(norm)
+    named = dict(zip((i.name for i in ops.get(norm.op_type).inputs), norm.input))
+    if "bias" in named:
+        named["norm_bias"] = named.pop("bias")
+    weights, biases, outputs = [], [], []
+    for projection in analysis.projections:
+        weights.append(projection.weight)
+        if projection.bias is not None:
+            biases.append(_as_vector(ctx.graph, helpers, projection.bias, projection.n))
+        if projection.reshape is None:
+            outputs.append(projection.output)
+            continue
+        rows = helpers.fresh(f"{projection.output}_rows")
+        outputs.append(rows)
+        shape = _shape_back(ctx.graph, helpers, projection.reshape, projection.n)
+        helpers.node("Reshape", [rows, shape], projection.output, name=f"{projection.output}/reshape_back",
+                     after=True, allowzero=attr(projection.reshape, "allowzero", 0))
+    if "S" in op.output_names():
+        named["S"] = norm.output[1] if len(norm.output) > 1 and norm.output[1] else \
+            helpers.fresh(f"{norm.output[0]}_sum")
+    epsilon = attr(norm, "epsilon")
+    call = op(**named, W=weights, bias=biases, Y=outputs, Yn=norm.output[0] if analysis.keep_normalized else "",
+              axis=-1, out_features=[p.n for p in analysis.projections],
+              transposed=[int(p.transposed) for p in analysis.projections],
+              has_bias=[int(p.bias is not None) for p in analysis.projections],
+              epsilon=None if epsilon is None else float(epsilon))
+    nodes: list[onnx.NodeProto] = []
+    for projection in analysis.projections:
+        if projection.reshape is not None and not any(projection.reshape is n for n in nodes):
+            nodes.append(projection.reshape)
+        nodes.extend(projection.nodes)
+    return Fusion(call, (*match.covered, *nodes), helpers)
+
+
+def _as_vector(graph: GraphIndex, helpers: Helpers, name: str, n: int) -> Value:
     """A bias constant as exactly [N] (same bytes, new dims; external data keeps its reference)."""
-    shape = ctx.graph.constant_shape(name)
-    if list(shape) == [n]:
-        return name, []
-    tensor = ctx.graph.constant_tensor(name)
-    if tensor is not None:
-        reshaped = onnx.TensorProto()
-        reshaped.CopyFrom(tensor)
-        reshaped.name = ctx.unique_name(f"{name}_vector")
-        del reshaped.dims[:]
-        reshaped.dims.append(n)
-        return reshaped.name, [reshaped]
-    new = ctx.constant(f"{name}_vector", np.asarray(ctx.graph.constant_value(name)).reshape(n))
-    return new.name, [new]
+    if list(graph.constant_shape(name)) == [n]:
+        return name
+    return helpers.add(NewTensor(f"{name}_vector", source=name, dims=(n,)))
 
 
-def _shape_back(ctx: RewriteContext, reshape: onnx.NodeProto, n: int):
+def _shape_back(graph: GraphIndex, helpers: Helpers, reshape: onnx.NodeProto, n: int) -> Value:
     """The Reshape target that gives the projection its original output shape: the Reshape of Y's
     target with the last entry K replaced by N."""
-    graph = ctx.graph
     shape = reshape.input[1]
     if graph.is_constant(shape):
         value = np.array(graph.constant_value(shape), dtype=np.int64)
         value[-1] = n
-        tensor = ctx.constant(f"{shape}_n{n}", value)
-        return tensor.name, [], [tensor]
+        return helpers.constant(value, f"{shape}_n{n}")
     concat = graph.producer[shape]
     last = np.array(graph.constant_value(concat.input[-1]), dtype=np.int64)
     last[-1] = n
-    tensor = ctx.constant(f"{concat.input[-1]}_n{n}", last)
-    out = ctx.unique_name(f"{shape}_n{n}")
-    node = onnx.helper.make_node("Concat", list(concat.input[:-1]) + [tensor.name], [out],
-                                 name=ctx.unique_name(f"{out}/concat"), axis=attr(concat, "axis", 0))
-    return out, [node], [tensor]
+    tail = helpers.constant(last, f"{concat.input[-1]}_n{n}")
+    return helpers.node("Concat", [*concat.input[:-1], tail], Fresh(f"{shape}_n{n}"), name=OutputName("/concat"),
+                        after=True, axis=attr(concat, "axis", 0))
 
 
-class RMSNormLinearRule(_NormLinearRule):
-    name = "RMSNormLinear"
-    fused_op = "RMSNormLinear"
-    pattern = _norm_pattern("RMSNorm", False, False)
+def _rule(name: str, op: ops.Op, pattern) -> Rule:
+    return Rule(name, pattern, partial(_analyse, op), FAMILY,
+                frozenset({"RMSNorm", "AddRMSNorm", "LayerNorm", "AddLayerNorm"}), fused_op=op.name)
 
 
-class AddRMSNormLinearRule(_NormLinearRule):
-    name = "AddRMSNormLinear"
-    fused_op = "AddRMSNormLinear"
-    add = True
-    pattern = _norm_pattern("AddRMSNorm", True, False)
-
-
-class LayerNormLinearRule(_NormLinearRule):
-    name = "LayerNormLinear"
-    fused_op = "LayerNormLinear"
-    pattern = Either(_norm_pattern("LayerNorm", False, True), _norm_pattern("LayerNorm", False, False))
-
-
-class AddLayerNormLinearRule(_NormLinearRule):
-    name = "AddLayerNormLinear"
-    fused_op = "AddLayerNormLinear"
-    add = True
-    pattern = Either(_norm_pattern("AddLayerNorm", True, True), _norm_pattern("AddLayerNorm", True, False))
-
-
-RULES: list[Rule] = [RMSNormLinearRule(), AddRMSNormLinearRule(), LayerNormLinearRule(), AddLayerNormLinearRule()]
+RULES: list[Rule] = [
+    _rule("RMSNormLinear", ops.RMSNormLinear, _norm_pattern("RMSNorm", False, False)),
+    _rule("AddRMSNormLinear", ops.AddRMSNormLinear, _norm_pattern("AddRMSNorm", True, False)),
+    _rule("LayerNormLinear", ops.LayerNormLinear,
+          Either(_norm_pattern("LayerNorm", False, True), _norm_pattern("LayerNorm", False, False))),
+    _rule("AddLayerNormLinear", ops.AddLayerNormLinear,
+          Either(_norm_pattern("AddLayerNorm", True, True), _norm_pattern("AddLayerNorm", True, False))),
+]

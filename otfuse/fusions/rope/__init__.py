@@ -11,9 +11,24 @@ paired into ``RotaryEmbeddingQK`` (contract in docs/ops.md).
 from otfuse.fusions.rope import lane_pairs, onnx_op, pair_qk, rotations
 from otfuse.rewriter.family import Family
 from otfuse.rewriter.passes import RulePass
+from otfuse.rewriter.sites import SiteSignature
+
+
+def _rotate_half(scan, node) -> bool:
+    """Neg of a half of x, concatenated back (directly or as a stacked pair) and multiplied by sin."""
+    for concat in scan.readers(node):
+        if concat.op_type == "Unsqueeze":
+            concat = next((user for user in scan.readers(concat) if user.op_type == "Concat"), concat)
+        if concat.op_type == "Concat" and scan.reaches(concat, {"Mul"}, {"Reshape", "Cast"}, upstream=False, depth=2):
+            return True
+    return False
 
 FAMILY = Family(
     name="rope",
     passes=(RulePass(onnx_op.RULES), RulePass(lane_pairs.RULES), RulePass(rotations.RULES), pair_qk.PairQKPass()),
     emits=("RotaryEmbedding", "RotaryEmbeddingQK"),
+    sites=(
+        SiteSignature("a rotary embedding op", frozenset({"RotaryEmbedding"})),
+        SiteSignature("rotate_half (Neg -> Concat -> * sin)", frozenset({"Neg"}), _rotate_half),
+    ),
 )

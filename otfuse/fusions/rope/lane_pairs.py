@@ -19,11 +19,12 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from otfuse import ops
 from otfuse.rewriter import checks
-from otfuse.rewriter.builder import PlainNodes
+from otfuse.rewriter.builder import Helpers
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.pattern import ANY, Const, Either, Match, Var, attr, op
-from otfuse.rewriter.rule import Refuse, Replacement, RewriteContext, Rule
+from otfuse.rewriter.rule import Fusion, Refuse, RewriteContext, Rule
 from otfuse.rewriter.spellings import slice_params, sliced, split_output, split_sizes, unsqueeze, unsqueeze_axes
 
 FAMILY = "rope"
@@ -82,9 +83,7 @@ def _lane_index(graph: GraphIndex, match: Match, index: int) -> bool:
 def _geometry(graph: GraphIndex, match: Match) -> dict:
     """Half width and whether the lanes keep the pair axis; refuses anything not interleaved."""
     pairs, root = match.value("pairs"), match.node("flatten").output[0]
-    reason = checks.check_float_io(graph, pairs, root)
-    if reason:
-        raise Refuse(reason)
+    checks.require_float_io(graph, pairs, root)
     shape = graph.shape(pairs)
     if shape is None or len(shape) < 3 or shape[-1] != 2 or not isinstance(shape[-2], int):
         raise Refuse(f"{pairs!r} has shape {shape}, not [..., D/2, 2] with a static D/2")
@@ -165,33 +164,25 @@ def _broadcasts_over_shape(table: str, shape, x_shape, width: int) -> None:
                          f"({checks.broadcast_mismatch(shape[:-1], x_shape[:-1])})")
 
 
-class PairLanesRule(Rule):
-    name = "RotaryEmbedding(interleaved, lane pairs)"
-    family = FAMILY
-    anchor_ops = frozenset({"Sub"})
-    pattern = _pair_rotation()
-
-    def check(self, ctx: RewriteContext, match: Match) -> str | None:
-        _geometry(ctx.graph, match)  # raises Refuse with the reason
-        return None
-
-    def rewrite(self, ctx: RewriteContext, match: Match, root: onnx.NodeProto) -> Replacement:
-        geometry = _geometry(ctx.graph, match)
-        plain = PlainNodes(ctx, root)
-        # [..., D/2, 2] -> [..., D] by a shape of our own (0 copies a leading dim): the graph's
-        # may be computed from the rotation's own values (TorchScript reads Shape(stack)).
-        rank = ctx.graph.rank(match.value("pairs"))
-        x = plain.node("Reshape", [match.value("pairs"), plain.ints([0] * (rank - 2) + [2 * geometry["half"]])])
-        lanes = (np.arange(2 * geometry["half"]) // 2).tolist()  # pair j's table entry on lanes 2j, 2j+1
-        tables = []
-        for name in ("cos", "sin"):
-            table = match.value(name)
-            if geometry["kept"]:
-                table = plain.node("Squeeze", [table, plain.ints([-1])])
-            tables.append(plain.node("Gather", [table, plain.ints(lanes)], axis=-1))
-        fused = ctx.fused_node("RotaryEmbedding", [x, *tables], [root.output[0]], root, mode="interleaved",
-                               rotary_dim=0)
-        return plain.replacement(fused)
+def _analyse(ctx: RewriteContext, match: Match) -> Fusion:
+    geometry = _geometry(ctx.graph, match)
+    root = match.root
+    helpers = Helpers(root)
+    # [..., D/2, 2] -> [..., D] by a shape of our own (0 copies a leading dim): the graph's
+    # may be computed from the rotation's own values (TorchScript reads Shape(stack)).
+    rank = ctx.graph.rank(match.value("pairs"))
+    x = helpers.node("Reshape", [match.value("pairs"), helpers.ints([0] * (rank - 2) + [2 * geometry["half"]])])
+    lanes = (np.arange(2 * geometry["half"]) // 2).tolist()  # pair j's table entry on lanes 2j, 2j+1
+    tables = []
+    for name in ("cos", "sin"):
+        table = match.value(name)
+        if geometry["kept"]:
+            table = helpers.node("Squeeze", [table, helpers.ints([-1])])
+        tables.append(helpers.node("Gather", [table, helpers.ints(lanes)], axis=-1))
+    call = ops.RotaryEmbedding(X=x, cos=tables[0], sin=tables[1], Y=root.output[0], mode="interleaved", rotary_dim=0)
+    return Fusion(call, match.covered, helpers)
 
 
-RULES: list[Rule] = [PairLanesRule()]
+PAIR_LANES = Rule("RotaryEmbedding(interleaved, lane pairs)", _pair_rotation(), _analyse, FAMILY, frozenset({"Sub"}))
+
+RULES: list[Rule] = [PAIR_LANES]

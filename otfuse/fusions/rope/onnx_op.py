@@ -18,12 +18,13 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from otfuse import ops
 from otfuse.rewriter import checks
 from otfuse.rewriter.allow_list import OpAllowList, only, require_allowed
-from otfuse.rewriter.builder import PlainNodes
+from otfuse.rewriter.builder import Helpers
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.pattern import Either, Match, Var, attr, op
-from otfuse.rewriter.rule import Refuse, Replacement, RewriteContext, Rule
+from otfuse.rewriter.rule import Fusion, Refuse, RewriteContext, Rule
 
 FAMILY = "rope"
 
@@ -41,9 +42,7 @@ def _geometry(graph: GraphIndex, match: Match) -> dict:
     node = match.node("rope")
     require_allowed(graph, node, ROTARY_OP)
     x, y = match.value("x"), node.output[0]
-    reason = checks.check_float_io(graph, x, y)
-    if reason:
-        raise Refuse(reason)
+    checks.require_float_io(graph, x, y)
     shape = graph.shape(x)
     if shape is None or len(shape) not in (3, 4):
         raise Refuse(f"X {x!r} must have a known rank 3 or 4, has {shape}")
@@ -83,46 +82,41 @@ def _geometry(graph: GraphIndex, match: Match) -> dict:
             "mode": "interleaved" if interleaved else "half"}
 
 
-class RotaryEmbeddingOpRule(Rule):
-    name = "RotaryEmbedding(ONNX op)"
-    family = FAMILY
-    anchor_ops = frozenset({"RotaryEmbedding"})
-    pattern = Either(
-        op.RotaryEmbedding(Var("x"), Var("cos"), Var("sin"), Var("position_ids"), _bind="rope"),
-        op.RotaryEmbedding(Var("x"), Var("cos"), Var("sin"), _bind="rope"),
-    )
+def _full_table(helpers: Helpers, match: Match, name: str, geometry: dict, bnsd: bool):
+    """[.., r/2] -> [.., r] by one Gather of lanes (c, c for half; each lane twice for
+    interleaved), by position ids when given (ORT folds the lane Gather of a constant cache),
+    then [B, 1, S, r] (BNSD) or [B, S, 1, r]. Few levels, so the q and k tables compare equal
+    and the two rotations pair."""
+    width = geometry["width"]
+    lanes = np.arange(width) // 2 if geometry["mode"] == "interleaved" else np.arange(width) % (width // 2)
+    table = helpers.node("Gather", [match.value(name), helpers.ints(lanes.tolist())], axis=-1)
+    if match.has("position_ids"):
+        table = helpers.node("Gather", [table, match.value("position_ids")], axis=0)
+    return helpers.node("Unsqueeze", [table, helpers.ints([1 if bnsd else 2])])
 
-    def check(self, ctx: RewriteContext, match: Match) -> str | None:
-        _geometry(ctx.graph, match)  # raises Refuse with the reason
-        return None
 
-    def rewrite(self, ctx: RewriteContext, match: Match, root: onnx.NodeProto) -> Replacement:
-        geometry = _geometry(ctx.graph, match)
-        plain = PlainNodes(ctx, root)
-        bnsd = geometry["rank"] == 4
-        tables = [self._full_table(plain, match, name, geometry, bnsd) for name in ("cos", "sin")]
-        x, y = match.value("x"), root.output[0]
-        if not bnsd:  # [B, S, N*D] viewed as [B, S, N, D]
-            x = plain.node("Reshape", [x, plain.ints([0, 0, geometry["heads"], geometry["head_dim"]])])
-            y = ctx.unique_name(f"{root.output[0]}/heads")
-            hidden = geometry["heads"] * geometry["head_dim"]  # not -1: an empty B or S stays valid
-            plain.node("Reshape", [y, plain.ints([0, 0, hidden])], output=root.output[0])
-        width = geometry["width"]
-        fused = ctx.fused_node("RotaryEmbedding", [x, *tables], [y], root, mode=geometry["mode"],
+def _analyse(ctx: RewriteContext, match: Match) -> Fusion:
+    geometry = _geometry(ctx.graph, match)
+    root = match.root
+    helpers = Helpers(root)
+    bnsd = geometry["rank"] == 4
+    tables = [_full_table(helpers, match, name, geometry, bnsd) for name in ("cos", "sin")]
+    x, y = match.value("x"), root.output[0]
+    if not bnsd:  # [B, S, N*D] viewed as [B, S, N, D]
+        x = helpers.node("Reshape", [x, helpers.ints([0, 0, geometry["heads"], geometry["head_dim"]])])
+        y = helpers.fresh(f"{root.output[0]}/heads")
+        hidden = geometry["heads"] * geometry["head_dim"]  # not -1: an empty B or S stays valid
+        helpers.node("Reshape", [y, helpers.ints([0, 0, hidden])], output=root.output[0])
+    width = geometry["width"]
+    call = ops.RotaryEmbedding(X=x, cos=tables[0], sin=tables[1], Y=y, mode=geometry["mode"],
                                rotary_dim=0 if width == geometry["head_dim"] else width)
-        return plain.replacement(fused)
-
-    def _full_table(self, plain: PlainNodes, match: Match, name: str, geometry: dict, bnsd: bool) -> str:
-        """[.., r/2] -> [.., r] by one Gather of lanes (c, c for half; each lane twice for
-        interleaved), by position ids when given (ORT folds the lane Gather of a constant cache),
-        then [B, 1, S, r] (BNSD) or [B, S, 1, r]. Few levels, so the q and k tables compare equal
-        and the two rotations pair."""
-        width = geometry["width"]
-        lanes = np.arange(width) // 2 if geometry["mode"] == "interleaved" else np.arange(width) % (width // 2)
-        table = plain.node("Gather", [match.value(name), plain.ints(lanes.tolist())], axis=-1)
-        if match.has("position_ids"):
-            table = plain.node("Gather", [table, match.value("position_ids")], axis=0)
-        return plain.node("Unsqueeze", [table, plain.ints([1 if bnsd else 2])])
+    return Fusion(call, match.covered, helpers)
 
 
-RULES: list[Rule] = [RotaryEmbeddingOpRule()]
+ROTARY_EMBEDDING_OP = Rule(
+    "RotaryEmbedding(ONNX op)",
+    Either(op.RotaryEmbedding(Var("x"), Var("cos"), Var("sin"), Var("position_ids"), _bind="rope"),
+           op.RotaryEmbedding(Var("x"), Var("cos"), Var("sin"), _bind="rope")),
+    _analyse, FAMILY, frozenset({"RotaryEmbedding"}))
+
+RULES: list[Rule] = [ROTARY_EMBEDDING_OP]

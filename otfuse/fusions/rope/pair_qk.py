@@ -14,10 +14,12 @@ from pathlib import Path
 
 import onnx
 
+from otfuse import ops
 from otfuse.domain import OP_DOMAIN
 from otfuse.rewriter.graph import GraphIndex, index_for
 from otfuse.rewriter.passes import PassResult, apply_replacements
-from otfuse.rewriter.rule import Replacement, RewriteContext
+from otfuse.rewriter.pattern import attributes
+from otfuse.rewriter.rule import Fusion, Replacement, RewriteContext, emit
 
 _ANCESTOR_HOPS = 6
 
@@ -94,11 +96,10 @@ class PairQKPass:
             if partner is None:
                 continue
             paired |= {id(first), id(partner)}
-            fused = ctx.fused_node("RotaryEmbeddingQK",
-                                   [first.input[0], partner.input[0], first.input[1], first.input[2]],
-                                   [first.output[0], partner.output[0]], first,
-                                   **{a.name: onnx.helper.get_attribute_value(a) for a in first.attribute})
-            replacements[id(first)] = Replacement([fused])
+            call = ops.RotaryEmbeddingQK(Q=first.input[0], K=partner.input[0], cos=first.input[1],
+                                         sin=first.input[2], Q_out=first.output[0], K_out=partner.output[0],
+                                         **attributes(first))
+            replacements[id(first)] = emit(ctx, Fusion(call, (first, partner)))
         if not replacements:
             return PassResult()
         apply_replacements(model, list(model.graph.node), paired, replacements, graph)

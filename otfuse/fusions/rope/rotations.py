@@ -13,12 +13,17 @@ A later pass (pair_qk.py) pairs the q and k rotations of one attention into ``Ro
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import partial
+
 import onnx
 
+from otfuse import ops
 from otfuse.rewriter import checks
+from otfuse.rewriter.builder import Fresh, Helpers
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.pattern import ANY, Either, Match, Var, attr, op
-from otfuse.rewriter.rule import Refuse, Replacement, RewriteContext, Rule
+from otfuse.rewriter.rule import Fusion, Refuse, RewriteContext, Rule
 from otfuse.rewriter.spellings import slice_params, sliced, split_output, split_sizes, unsqueeze, unsqueeze_axes
 
 FAMILY = "rope"
@@ -94,122 +99,108 @@ def _broadcasts_over(graph: GraphIndex, table: str, x: str, width: int) -> None:
 
 def _check_input(graph: GraphIndex, match: Match) -> tuple[int, int]:
     """x is a float tensor of known rank >= 2 with a static head dim; the output keeps its type."""
-    x, root = match.value("x"), match.covered[0].output[0]
-    reason = checks.check_float_io(graph, x, root)
-    if reason:
-        raise Refuse(reason)
+    x, root = match.value("x"), match.root.output[0]
+    checks.require_float_io(graph, x, root)
     shape = graph.shape(x)
     if shape is None or len(shape) < 2 or not isinstance(shape[-1], int):
         raise Refuse(f"x {x!r} needs a known rank >= 2 and a static last dim")
     return len(shape), shape[-1]
 
 
-class _RopeRule(Rule):
-    family = FAMILY
-    anchor_ops = frozenset({"Neg"})
-    mode = "half"
-    partial = False
+@dataclass(frozen=True)
+class _Spelling:
+    """How one rule writes the rotation: the mode, and whether only the leading lanes rotate."""
 
-    def rotated_value(self, match: Match) -> str:
-        """The tensor whose lanes are rotated (x itself, or its leading slice when partial)."""
-        return match.node("rot_part").output[0] if self.partial else match.value("x")
-
-    def check(self, ctx: RewriteContext, match: Match) -> str | None:
-        self._check(ctx.graph, match)  # raises Refuse with the reason
-        return None
-
-    def _check(self, graph: GraphIndex, match: Match) -> None:
-        x, xr = match.value("x"), self.rotated_value(match)
-        rank, head_dim = _check_input(graph, match)
-        width = head_dim
-        if self.partial:
-            _, width, _, _ = slice_params(graph, match, "rot_part")
-            if not 0 < width < head_dim:
-                raise Refuse(f"partial rotary width {width} is not inside (0, {head_dim})")
-            _expect_slice(graph, match, "rot_part", rank, head_dim, 0, 0, end_exact=width)
-            _expect_slice(graph, match, "pass_part", rank, head_dim, width, head_dim)
-            _check_concat_last(match, "outer_concat", rank)
-        if width % 2:
-            raise Refuse(f"rotary width {width} is odd")
-        self.check_rotation(graph, match, xr, rank, width)
-        for table in ("cos", "sin"):
-            _broadcasts_over(graph, match.value(table), xr, width)
-            if graph.elem_type(match.value(table)) not in (graph.elem_type(x), onnx.TensorProto.FLOAT):
-                raise Refuse(f"{table} has type {checks.type_name(graph.elem_type(match.value(table)))}")
-        if graph.shape(match.value("cos")) != graph.shape(match.value("sin")):
-            raise Refuse("cos and sin have different shapes")
-
-    def check_rotation(self, graph, match, xr, rank, width, tag: str = "") -> None:
-        half = width // 2
-        _check_concat_last(match, f"rot_concat{tag}", rank)
-        if match.has(f"halves{tag}"):
-            node = match.node(f"halves{tag}")
-            axis = attr(node, "axis", 0)
-            if axis not in (-1, rank - 1):
-                raise Refuse(f"Split {node.name!r} splits axis {axis}, not the last axis")
-            sizes = split_sizes(graph, match, f"halves{tag}")
-            if sizes is None:
-                sizes = [half, half] if attr(node, "num_outputs", len(node.output)) == 2 == len(node.output) else []
-            if sizes != [half, half]:
-                raise Refuse(f"Split {node.name!r} cuts {sizes}, not two halves of {width}")
-            return
-        _expect_slice(graph, match, f"first_half{tag}", rank, width, 0, 0, end_exact=half)
-        _expect_slice(graph, match, f"second_half{tag}", rank, width, half, width)
-
-    def rewrite(self, ctx: RewriteContext, match: Match, root: onnx.NodeProto) -> Replacement:
-        graph = ctx.graph
-        head_dim = graph.shape(match.value("x"))[-1]
-        width = graph.shape(match.value("cos"))[-1]
-        node = ctx.fused_node(
-            "RotaryEmbedding", [match.value("x"), match.value("cos"), match.value("sin")], [root.output[0]],
-            root, mode=self.mode, rotary_dim=0 if width == head_dim else width)
-        return Replacement([node])
+    mode: str = "half"
+    partial: bool = False
 
 
-class RotateHalfRule(_RopeRule):
-    name = "RotaryEmbedding(half)"
-    pattern = _rope(Var("x"), _rotate_half)
+def _rotated_value(spelling: _Spelling, match: Match) -> str:
+    """The tensor whose lanes are rotated (x itself, or its leading slice when partial)."""
+    return match.node("rot_part").output[0] if spelling.partial else match.value("x")
 
 
-class PartialRotateHalfRule(_RopeRule):
-    name = "RotaryEmbedding(half, partial)"
-    partial = True
-    pattern = _partial(_rotate_half)
+def _check_half_rotation(graph, match, xr, rank, width, tag: str = "") -> None:
+    half = width // 2
+    _check_concat_last(match, f"rot_concat{tag}", rank)
+    if match.has(f"halves{tag}"):
+        node = match.node(f"halves{tag}")
+        axis = attr(node, "axis", 0)
+        if axis not in (-1, rank - 1):
+            raise Refuse(f"Split {node.name!r} splits axis {axis}, not the last axis")
+        sizes = split_sizes(graph, match, f"halves{tag}")
+        if sizes is None:
+            sizes = [half, half] if attr(node, "num_outputs", len(node.output)) == 2 == len(node.output) else []
+        if sizes != [half, half]:
+            raise Refuse(f"Split {node.name!r} cuts {sizes}, not two halves of {width}")
+        return
+    _expect_slice(graph, match, f"first_half{tag}", rank, width, 0, 0, end_exact=half)
+    _expect_slice(graph, match, f"second_half{tag}", rank, width, half, width)
 
 
-class InterleavedRule(_RopeRule):
-    name = "RotaryEmbedding(interleaved)"
-    mode = "interleaved"
-    pattern = _rope(Var("x"), _rotate_interleaved)
-
-    def check_rotation(self, graph, match, xr, rank, width) -> None:
-        _expect_slice(graph, match, "even", rank, width, 0, width - 1, step=2)
-        _expect_slice(graph, match, "odd", rank, width, 1, width, step=2)
-        for bind in ("unsq_odd", "unsq_even"):
-            node = match.node(bind)
-            axes = unsqueeze_axes(graph, match, bind)
-            if axes not in ([-1], [rank]):
-                raise Refuse(f"Unsqueeze {node.name!r} adds axis {axes}, not a new last axis")
-        stack = match.node("stack")
-        if attr(stack, "axis") not in (-1, rank):
-            raise Refuse(f"Concat {stack.name!r} does not stack on the new last axis")
-        stacked_shape = graph.shape(stack.output[0])
-        if stacked_shape is None or list(stacked_shape[-2:]) != [width // 2, 2]:
-            raise Refuse(f"the stacked pairs have shape {stacked_shape}, expected [..., {width // 2}, 2]")
-        shape_source = graph.producer.get(match.value("flat_shape"))
-        restores_by_construction = (shape_source is not None and shape_source.op_type == "Shape"
-                                    and list(shape_source.input) == [xr] and not shape_source.attribute)
-        # The fused op gives x's shape: proven, not by the broadcast convention (nothing checks it at run time).
-        flat_proven, x_proven = graph.proven_shape(match.node("flatten").output[0]), graph.proven_shape(xr)
-        if not restores_by_construction and not checks.shapes_equal(flat_proven, x_proven):
-            raise Refuse(f"Reshape {match.node('flatten').name!r} does not restore x's shape "
-                         f"({checks.shape_mismatch(flat_proven, x_proven)})")
+def _check_interleaved_rotation(graph, match, xr, rank, width) -> None:
+    _expect_slice(graph, match, "even", rank, width, 0, width - 1, step=2)
+    _expect_slice(graph, match, "odd", rank, width, 1, width, step=2)
+    for bind in ("unsq_odd", "unsq_even"):
+        node = match.node(bind)
+        axes = unsqueeze_axes(graph, match, bind)
+        if axes not in ([-1], [rank]):
+            raise Refuse(f"Unsqueeze {node.name!r} adds axis {axes}, not a new last axis")
+    stack = match.node("stack")
+    if attr(stack, "axis") not in (-1, rank):
+        raise Refuse(f"Concat {stack.name!r} does not stack on the new last axis")
+    stacked_shape = graph.shape(stack.output[0])
+    if stacked_shape is None or list(stacked_shape[-2:]) != [width // 2, 2]:
+        raise Refuse(f"the stacked pairs have shape {stacked_shape}, expected [..., {width // 2}, 2]")
+    shape_source = graph.producer.get(match.value("flat_shape"))
+    restores_by_construction = (shape_source is not None and shape_source.op_type == "Shape"
+                                and list(shape_source.input) == [xr] and not shape_source.attribute)
+    # The fused op gives x's shape: proven, not by the broadcast convention (nothing checks it at run time).
+    flat_proven, x_proven = graph.proven_shape(match.node("flatten").output[0]), graph.proven_shape(xr)
+    if not restores_by_construction and not checks.shapes_equal(flat_proven, x_proven):
+        raise Refuse(f"Reshape {match.node('flatten').name!r} does not restore x's shape "
+                     f"({checks.shape_mismatch(flat_proven, x_proven)})")
 
 
-class PartialInterleavedRule(InterleavedRule):
-    name = "RotaryEmbedding(interleaved, partial)"
-    partial = True
-    pattern = _partial(_rotate_interleaved)
+def _analyse_rotation(spelling: _Spelling, ctx: RewriteContext, match: Match) -> Fusion:
+    graph = ctx.graph
+    x, xr = match.value("x"), _rotated_value(spelling, match)
+    rank, head_dim = _check_input(graph, match)
+    width = head_dim
+    if spelling.partial:
+        _, width, _, _ = slice_params(graph, match, "rot_part")
+        if not 0 < width < head_dim:
+            raise Refuse(f"partial rotary width {width} is not inside (0, {head_dim})")
+        _expect_slice(graph, match, "rot_part", rank, head_dim, 0, 0, end_exact=width)
+        _expect_slice(graph, match, "pass_part", rank, head_dim, width, head_dim)
+        _check_concat_last(match, "outer_concat", rank)
+    if width % 2:
+        raise Refuse(f"rotary width {width} is odd")
+    check = _check_interleaved_rotation if spelling.mode == "interleaved" else _check_half_rotation
+    check(graph, match, xr, rank, width)
+    for table in ("cos", "sin"):
+        _broadcasts_over(graph, match.value(table), xr, width)
+        if graph.elem_type(match.value(table)) not in (graph.elem_type(x), onnx.TensorProto.FLOAT):
+            raise Refuse(f"{table} has type {checks.type_name(graph.elem_type(match.value(table)))}")
+    if graph.shape(match.value("cos")) != graph.shape(match.value("sin")):
+        raise Refuse("cos and sin have different shapes")
+    table_width = graph.shape(match.value("cos"))[-1]
+    call = ops.RotaryEmbedding(X=x, cos=match.value("cos"), sin=match.value("sin"), Y=match.root.output[0],
+                               mode=spelling.mode, rotary_dim=0 if table_width == head_dim else table_width)
+    return Fusion(call, match.covered)
+
+
+def _rotation_rule(name: str, spelling: _Spelling, pattern) -> Rule:
+    return Rule(name, pattern, partial(_analyse_rotation, spelling), FAMILY, frozenset({"Neg"}))
+
+
+ROTATE_HALF = _rotation_rule("RotaryEmbedding(half)", _Spelling(), _rope(Var("x"), _rotate_half))
+PARTIAL_ROTATE_HALF = _rotation_rule("RotaryEmbedding(half, partial)", _Spelling(partial=True),
+                                     _partial(_rotate_half))
+INTERLEAVED = _rotation_rule("RotaryEmbedding(interleaved)", _Spelling("interleaved"),
+                             _rope(Var("x"), _rotate_interleaved))
+PARTIAL_INTERLEAVED = _rotation_rule("RotaryEmbedding(interleaved, partial)", _Spelling("interleaved", True),
+                                     _partial(_rotate_interleaved))
 
 
 def _sections(count: int):
@@ -220,72 +211,67 @@ def _sections(count: int):
                      _bind="outer_concat")
 
 
-class SectionsRule(_RopeRule):
-    """Multi-axis RoPE (video/image DiTs): head_dim cut into sections rotated on their own."""
-
-    def __init__(self, count: int):
-        self.count = count
-        self.name = f"RotaryEmbedding({count} sections)"
-        self.pattern = _sections(count)
-
-    def section_widths(self, graph: GraphIndex, match: Match, head_dim: int, rank: int) -> list[int]:
-        if match.has("section_split"):
-            node = match.node("section_split")
-            if attr(node, "axis", 0) not in (-1, rank - 1):
-                raise Refuse(f"Split {node.name!r} does not cut the last axis")
-            sizes = split_sizes(graph, match, "section_split")
-            if sizes is None:
-                raise Refuse(f"Split {node.name!r} has no explicit section sizes")
-            return sizes
-        widths, position = [], 0
-        for i in range(self.count):
-            start, end, axis, step = slice_params(graph, match, f"section{i}")
-            _is_last_axis(axis, rank, f"section Slice {match.node(f'section{i}').name!r}")
-            last = i == self.count - 1
-            if step != 1 or start != position or (end < head_dim if last else end <= start):
-                raise Refuse(f"section {i} takes [{start}:{end}], expected to start at {position}")
-            end = head_dim if last else end
-            widths.append(end - start)
-            position = end
-        return widths
-
-    def _check(self, graph: GraphIndex, match: Match) -> None:
-        rank, head_dim = _check_input(graph, match)
-        _check_concat_last(match, "outer_concat", rank)
-        widths = self.section_widths(graph, match, head_dim, rank)
-        if len(widths) != self.count or sum(widths) != head_dim or any(w <= 0 or w % 2 for w in widths):
-            raise Refuse(f"sections {widths} are not even widths covering {head_dim} lanes")
-        leading = None
-        for i, width in enumerate(widths):
-            rotated = self._section_input(match, i)
-            self.check_rotation(graph, match, rotated, rank, width, tag=str(i))
-            for table in (f"cos{i}", f"sin{i}"):
-                _broadcasts_over(graph, match.value(table), rotated, width)
-                table_shape = graph.shape(match.value(table))
-                if leading is None:
-                    leading = table_shape[:-1]
-                elif table_shape[:-1] != leading or len(table_shape) != len(leading) + 1:
-                    raise Refuse("the sections' cos/sin tables differ in their leading dims")
-
-    def _section_input(self, match: Match, i: int) -> str:
-        if match.has("section_split"):
-            return match.node("section_split").output[i]
-        return match.node(f"section{i}").output[0]
-
-    def rewrite(self, ctx: RewriteContext, match: Match, root: onnx.NodeProto) -> Replacement:
-        graph = ctx.graph
-        head_dim = graph.shape(match.value("x"))[-1]
-        widths = self.section_widths(graph, match, head_dim, graph.rank(match.value("x")))
-        joined = []
-        for table in ("cos", "sin"):
-            name = ctx.unique_name(f"{root.output[0]}/{table}_sections")
-            joined.append(onnx.helper.make_node(
-                "Concat", [match.value(f"{table}{i}") for i in range(self.count)], [name],
-                name=ctx.unique_name(f"{root.name or root.output[0]}/concat_{table}"), axis=-1))
-        node = ctx.fused_node("RotaryEmbedding", [match.value("x"), joined[0].output[0], joined[1].output[0]],
-                              [root.output[0]], root, mode="half", rotary_dim=0, sections=widths)
-        return Replacement(joined + [node])
+def _section_widths(graph: GraphIndex, match: Match, count: int, head_dim: int, rank: int) -> list[int]:
+    if match.has("section_split"):
+        node = match.node("section_split")
+        if attr(node, "axis", 0) not in (-1, rank - 1):
+            raise Refuse(f"Split {node.name!r} does not cut the last axis")
+        sizes = split_sizes(graph, match, "section_split")
+        if sizes is None:
+            raise Refuse(f"Split {node.name!r} has no explicit section sizes")
+        return sizes
+    widths, position = [], 0
+    for i in range(count):
+        start, end, axis, step = slice_params(graph, match, f"section{i}")
+        _is_last_axis(axis, rank, f"section Slice {match.node(f'section{i}').name!r}")
+        last = i == count - 1
+        if step != 1 or start != position or (end < head_dim if last else end <= start):
+            raise Refuse(f"section {i} takes [{start}:{end}], expected to start at {position}")
+        end = head_dim if last else end
+        widths.append(end - start)
+        position = end
+    return widths
 
 
-RULES: list[Rule] = [PartialRotateHalfRule(), RotateHalfRule(), PartialInterleavedRule(), InterleavedRule(),
-                     SectionsRule(4), SectionsRule(3), SectionsRule(2)]
+def _section_input(match: Match, i: int) -> str:
+    if match.has("section_split"):
+        return match.node("section_split").output[i]
+    return match.node(f"section{i}").output[0]
+
+
+def _analyse_sections(count: int, ctx: RewriteContext, match: Match) -> Fusion:
+    """Multi-axis RoPE (video/image DiTs): head_dim cut into sections rotated on their own; the
+    fused node reads the sections' tables concatenated."""
+    graph, root = ctx.graph, match.root
+    rank, head_dim = _check_input(graph, match)
+    _check_concat_last(match, "outer_concat", rank)
+    widths = _section_widths(graph, match, count, head_dim, rank)
+    if len(widths) != count or sum(widths) != head_dim or any(w <= 0 or w % 2 for w in widths):
+        raise Refuse(f"sections {widths} are not even widths covering {head_dim} lanes")
+    leading = None
+    for i, width in enumerate(widths):
+        rotated = _section_input(match, i)
+        _check_half_rotation(graph, match, rotated, rank, width, tag=str(i))
+        for table in (f"cos{i}", f"sin{i}"):
+            _broadcasts_over(graph, match.value(table), rotated, width)
+            table_shape = graph.shape(match.value(table))
+            if leading is None:
+                leading = table_shape[:-1]
+            elif table_shape[:-1] != leading or len(table_shape) != len(leading) + 1:
+                raise Refuse("the sections' cos/sin tables differ in their leading dims")
+    helpers = Helpers(root)
+    joined = [helpers.node("Concat", [match.value(f"{table}{i}") for i in range(count)],
+                           Fresh(f"{root.output[0]}/{table}_sections"),
+                           name=f"{root.name or root.output[0]}/concat_{table}", axis=-1) for table in ("cos", "sin")]
+    call = ops.RotaryEmbedding(X=match.value("x"), cos=joined[0], sin=joined[1], Y=root.output[0], mode="half",
+                               rotary_dim=0, sections=widths)
+    return Fusion(call, match.covered, helpers)
+
+
+def _sections_rule(count: int) -> Rule:
+    return Rule(f"RotaryEmbedding({count} sections)", _sections(count), partial(_analyse_sections, count),
+                FAMILY, frozenset({"Neg"}))
+
+
+RULES: list[Rule] = [PARTIAL_ROTATE_HALF, ROTATE_HALF, PARTIAL_INTERLEAVED, INTERLEAVED,
+                     _sections_rule(4), _sections_rule(3), _sections_rule(2)]

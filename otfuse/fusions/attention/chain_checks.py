@@ -1,0 +1,233 @@
+"""What the pieces of a matched attention chain (chain.py) must satisfy to be one ``Attention``,
+each check raising ``Refuse``, and what they contribute to the fused node: the scale, the
+soft-cap, and the mask inputs (``mask_inputs``: the graph's mask as causal / window / padding when
+masks.py proves what it computes, else as an additive bias built with plain nodes)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+
+from otfuse.fusions.attention.masks import classify_bool_mask, classify_mask
+from otfuse.rewriter import checks
+from otfuse.rewriter.builder import Helpers, Value
+from otfuse.rewriter.graph import GraphIndex
+from otfuse.rewriter.pattern import Match, attr
+from otfuse.rewriter.refuse import Refuse
+from otfuse.rewriter.rule import RewriteContext
+from otfuse.rewriter.spellings import unsqueeze_axes
+
+
+def known_shape(graph: GraphIndex, value: str, rank: int, what: str) -> tuple:
+    shape = graph.shape(value)
+    if shape is None or len(shape) != rank:
+        raise Refuse(f"{what} {value!r} must have a known rank-{rank} shape, has {shape}")
+    return shape
+
+
+def may_equal(a, b) -> bool:
+    """False only when two dims are provably different (two different numbers)."""
+    return not (isinstance(a, int) and isinstance(b, int) and a != b)
+
+
+def _scalar(graph: GraphIndex, match: Match, name: str) -> float:
+    value = graph.scalar_value(match.value(name))
+    if value is None or not math.isfinite(value) or value == 0:
+        raise Refuse(f"scale constant '{name}' is not one finite non-zero number")
+    return value
+
+
+def scale(graph: GraphIndex, match: Match) -> float:
+    """The product of the scale constants the chain multiplies by (and divides by)."""
+    value = 1.0
+    for tag in ("q", "kt", "scores"):
+        if match.has(f"{tag}_mul"):
+            value *= _scalar(graph, match, f"{tag}_mul")
+        if match.has(f"{tag}_div"):
+            value /= _scalar(graph, match, f"{tag}_div")
+    return float(np.float32(value))
+
+
+def require_broadcast(graph: GraphIndex, value: str, target: tuple, what: str) -> None:
+    shape = graph.shape(value)
+    if shape is None or len(shape) > 4:
+        raise Refuse(f"{what} has an unknown or too large rank")
+    for dim, want in zip(reversed(shape), reversed(target)):
+        # The kernel checks broadcasting at run time; refuse only what provably widens scores.
+        if dim != 1 and not may_equal(dim, want):
+            raise Refuse(f"{what} has shape {list(shape)}, which does not broadcast to {list(target)} "
+                         f"(dim {dim} vs {want})")
+
+
+# A Where fill at most this (or -inf) is what adding it gives too: s + fill rounds to fill in
+# float32 for every |s| < ulp(fill) / 2 (3.8e22 at -1e30, 1e31 at finfo(float32).min).
+_FILL_ABSORBS_SCORES = -1e30
+
+
+def fill(graph: GraphIndex, match: Match) -> float:
+    """The fill of ``Where(cond, s, fill)``, when replacing the masked scores by it equals adding
+    it (the op adds an ``attn_bias`` or masks with -inf): one number, -inf (with the graph's
+    IsNaN guard: a row with every key masked is NaN without it, 0 in the op) or <= -1e30. A
+    smaller fill (-1e4, float16's -65504) keeps s in s + fill: a fully masked row would be
+    softmax(s) in the op, uniform in the graph."""
+    name = match.value("fill")
+    value = graph.scalar_value(name)
+    if value is None or len(graph.constant_shape(name) or ()) > 4:
+        raise Refuse(f"the Where fill {name!r} is not one number")
+    if value == -math.inf:
+        if not match.has("nan_guard"):
+            raise Refuse("the Where fill is -inf without the IsNaN guard: a row with every key masked is NaN "
+                         "in the graph, 0 in the op")
+    elif not value <= _FILL_ABSORBS_SCORES:
+        raise Refuse(f"the Where fill {value:g} is not -inf or <= {_FILL_ABSORBS_SCORES:g}: adding it keeps the "
+                     f"scores (a fully masked row would be softmax(s), not uniform)")
+    return value
+
+
+def softcap(graph: GraphIndex, match: Match) -> float:
+    """The cap c of ``c * tanh(s / c)``: the outer factor, which the inner divisor must equal
+    (or the inner factor be 1/c to the constant's precision); c > 0, one scalar each."""
+    for name in ("softcap_mul", "softcap_div", "softcap_recip"):
+        if match.has(name) and len(graph.constant_shape(match.value(name)) or ()) > 4:
+            raise Refuse(f"the soft-capping constant '{name}' widens the scores' rank")
+    cap = graph.scalar_value(match.value("softcap_mul"))
+    if cap is None or not math.isfinite(cap) or cap <= 0:
+        raise Refuse(f"the soft-capping factor is {cap}, not one finite positive number")
+    if match.has("softcap_div"):
+        inner = graph.scalar_value(match.value("softcap_div"))
+        if inner != cap:
+            raise Refuse(f"soft-capping divides by {inner} but multiplies by {cap}")
+    else:
+        recip = match.value("softcap_recip")
+        inner = graph.scalar_value(recip)
+        eps = float(np.finfo(graph.constant_value(recip).dtype).eps) if inner is not None else 0.0
+        if inner is None or abs(inner * cap - 1.0) > eps:
+            raise Refuse(f"soft-capping multiplies by {inner} inside tanh, not by 1/{cap}")
+    return float(np.float32(cap))
+
+
+def require_repeat(graph: GraphIndex, match: Match, tag: str, source: str, heads: int, kv_heads: int) -> None:
+    """repeat_kv in front of k (v), when the chain has one: HF's grouping of the kv heads."""
+    if match.has(f"{tag}_tile_heads"):
+        # Tile(x, [1, r, 1, 1]) lays the heads out as [x, x, ...]: query head h reads kv head
+        # h % Nkv, which is HF's h // (N / Nkv) only when there is one kv head.
+        repeats = [int(r) for r in graph.constant_value(match.value(f"{tag}_head_repeats")).reshape(-1)]
+        tiled = known_shape(graph, match.node(f"{tag}_tile_heads").output[0], 4, "the tiled kv heads")
+        if kv_heads != 1 or repeats != [1, heads, 1, 1] or tiled[1] != heads:
+            raise Refuse(f"Tile {match.node(f'{tag}_tile_heads').name!r} repeats {kv_heads} kv heads by "
+                         f"{repeats}: query head h would read kv head h % {kv_heads}, not h // {heads // kv_heads}")
+        return
+    if not match.has(f"{tag}_merge"):
+        return
+    unsq = match.node(f"{tag}_unsq")
+    axes = unsqueeze_axes(graph, match, f"{tag}_unsq")
+    if axes != [2]:
+        raise Refuse(f"repeat_kv Unsqueeze {unsq.name!r} adds axis {axes}, not 2")
+    expanded = known_shape(graph, match.node(f"{tag}_expand").output[0], 5, "repeat_kv Expand")
+    merged = checks.reshaped_dims(graph, match.node(f"{tag}_merge"))
+    src = graph.shape(source)
+    rep = heads // kv_heads
+    if match.has(f"{tag}_repeats"):  # Tile: the repeats must copy along the new axis 2 only
+        repeats = [int(r) for r in graph.constant_value(match.value(f"{tag}_repeats")).reshape(-1)]
+        if repeats != [1, 1, rep, 1, 1]:
+            raise Refuse(f"repeat_kv Tile repeats {repeats}, not [1, 1, {rep}, 1, 1]")
+    want = [src[0], kv_heads, rep, src[2], src[3]]
+    if heads % kv_heads or not checks.shapes_equal(expanded, want):
+        raise Refuse(f"repeat_kv expands {list(src)} to {list(expanded)}, not x{rep} along a new axis 2 "
+                     f"({checks.shape_mismatch(expanded, want)})")
+    want = [src[0], heads, src[2], src[3]]
+    if not checks.shapes_equal(merged, want):
+        raise Refuse(f"repeat_kv merges into {list(merged)}, not [B, {heads}, S, D] "
+                     f"({checks.shape_mismatch(merged, want)})")
+
+
+def require_keys_transpose(graph: GraphIndex, match: Match) -> None:
+    """The dynamo exporter's Kᵀ, ``Reshape -> Transpose -> Reshape``: only the last two axes swap."""
+    if not match.has("kt_flat"):  # a Transpose of the last two axes, or keys given transposed
+        return
+    keys = match.node("kt_flat").input[0]
+    k_shape = known_shape(graph, keys, 4, "keys")
+    flat = checks.reshaped_dims(graph, match.node("kt_flat"))
+    unflat = checks.reshaped_dims(graph, match.node("kt_unflat"))
+    if flat is None or len(flat) != 3 or not checks.shapes_equal(flat[1:], k_shape[2:]):
+        raise Refuse(f"Kᵀ's first Reshape gives {flat}, not [B*N, S, D] "
+                     f"({checks.shape_mismatch(None if flat is None else flat[1:], k_shape[2:])})")
+    want = [k_shape[0], k_shape[1], k_shape[3], k_shape[2]]
+    if not checks.shapes_equal(unflat, want):
+        raise Refuse(f"Kᵀ's last Reshape gives {unflat}, not [B, N, D, S] ({checks.shape_mismatch(unflat, want)})")
+
+
+def require_softmax_over_keys(graph: GraphIndex, match: Match) -> None:
+    node = match.node("softmax")
+    opset = next((e.version for e in graph.model.opset_import if e.domain in ("", "ai.onnx")), 0)
+    axis = attr(node, "axis", -1 if opset >= 13 else 1)
+    if axis not in (-1, 3):
+        raise Refuse(f"Softmax runs over axis {axis}, not the keys")
+
+
+def require_softmax_casts(graph: GraphIndex, match: Match, elem: int) -> None:
+    """Casts around the Softmax drop exactly only as T -> float32 -> T: the op's softmax is
+    float32 and it rounds once, at the end (a narrowing Cast would round where it does not)."""
+    if not match.has("softmax_narrow"):
+        return
+    widen, narrow = match.node("softmax_widen"), match.node("softmax_narrow")
+    name = onnx.TensorProto.DataType.Name
+    source, wide, back = graph.elem_type(widen.input[0]), attr(widen, "to"), attr(narrow, "to")
+    if source != elem or wide != onnx.TensorProto.FLOAT:
+        raise Refuse(f"Cast {widen.name!r} around the Softmax takes {name(source)} to "
+                     f"{name(wide or 0)}, not q's {name(elem)} to FLOAT")
+    if back != elem:
+        raise Refuse(f"Cast {narrow.name!r} after the Softmax gives {name(back or 0)}, not q's {name(elem)}")
+
+
+def require_mask(graph: GraphIndex, mask: str, target: tuple) -> None:
+    require_broadcast(graph, mask, target, f"the mask {mask!r}")
+    if graph.elem_type(mask) not in checks.FLOAT_TYPES:
+        raise Refuse(f"the mask {mask!r} is not a float tensor")
+
+
+def mask_inputs(ctx: RewriteContext, match: Match, attributes: dict, helpers: Helpers) -> tuple[Value, Value]:
+    """(attn_bias, key_padding_mask): the graph's mask as causal/window/padding when masks.py
+    can prove what it computes (``attributes`` updated), else as an additive bias."""
+    if match.has("fill_where"):
+        return _filled_mask_inputs(ctx, match, attributes, helpers)
+    if not match.has("mask"):
+        return "", ""
+    try:
+        claim = classify_mask(ctx.graph, match.value("mask"), ctx.memo)
+    except Refuse:
+        return match.value("mask"), ""
+    attributes.update(causal=int(claim.causal), window=claim.window, empty_rows=claim.empty_rows)
+    return "", claim.key_padding or ""
+
+
+def _filled_mask_inputs(ctx: RewriteContext, match: Match, attributes: dict,
+                        helpers: Helpers) -> tuple[Value, Value]:
+    """``Where(cond, s, fill)``: with no other mask, a condition masks.py proves causal /
+    window / padding becomes those attributes (the fill masks for good, see ``fill``: a row
+    with every key masked is uniform for a finite fill, 0 for -inf behind the NaN guard).
+    Otherwise the bias ``Where(cond, 0, fill)`` (``Where(cond, fill, 0)`` for swapped
+    branches) is built in front of the node, plus the added mask (``s + (fill + m)`` is
+    ``fill + m`` as ``fill`` argues, ``s + (0 + m)`` is ``s + m``). In float32 (exact for
+    every T; ORT's CPU has no bfloat16 Where)."""
+    graph, cond = ctx.graph, match.value("fill_cond")
+    swapped = match.node("fill_where").input[1] == match.value("fill")
+    if not swapped and not match.has("mask"):
+        try:
+            claim = classify_bool_mask(graph, cond, ctx.memo)
+        except Refuse:
+            claim = None
+        if claim is not None:
+            empty_rows = "uniform" if math.isfinite(fill(graph, match)) else "zero"
+            attributes.update(causal=int(claim.causal), window=claim.window, empty_rows=empty_rows)
+            return "", claim.key_padding or ""
+    zero, filler = helpers.float32(0.0), helpers.float32(fill(graph, match))
+    bias = helpers.node("Where", [cond, filler, zero] if swapped else [cond, zero, filler])
+    if match.has("mask"):
+        mask = match.value("mask")
+        if graph.elem_type(mask) != onnx.TensorProto.FLOAT:
+            mask = helpers.node("Cast", [mask], to=onnx.TensorProto.FLOAT)
+        bias = helpers.node("Add", [bias, mask])
+    return bias, ""
