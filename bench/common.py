@@ -216,37 +216,47 @@ def cpu_busy_seconds() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def timed_run(run) -> tuple[float, float]:
-    """(seconds, cores everyone else used meanwhile) of one call of run()."""
+def timed_run(run) -> tuple[float, float, float]:
+    """(seconds, cores everyone else used meanwhile, CPU seconds this process used) of one call."""
     import time
     c0, b0, t0 = os.times(), cpu_busy_seconds(), time.perf_counter()
     run()
     wall = time.perf_counter() - t0
     c1, b1 = os.times(), cpu_busy_seconds()
     mine = (c1.user - c0.user) + (c1.system - c0.system)
-    return wall, max(0.0, (b1 - b0) - mine) / wall
+    return wall, max(0.0, (b1 - b0) - mine) / wall, mine
 
 
 def side_by_side(runs: list, wanted: int, max_turns: int, contended: float = 0.25) -> list[dict]:
     """Each callable once as a warm-up, then turns of one call each until `wanted` turns were clean
     (everyone else under `contended` cores during every call of the turn) or `max_turns` ran.
     Per callable: the median of the clean turns (of all turns when none was clean), the counts,
-    and the median load of the others."""
+    the median load of the others, and per kept turn the seconds and this process's CPU seconds
+    (`walls`, `cpus`: the same turns for every callable, so that ratios can be taken per turn)."""
     import statistics
     for run in runs:
         run()
     turns = []
     while len(turns) < max_turns:
         turns.append([timed_run(run) for run in runs])
-        if sum(all(o < contended for _, o in turn) for turn in turns) >= wanted:
+        if sum(all(o < contended for _, o, _ in turn) for turn in turns) >= wanted:
             break
+    clean = [turn for turn in turns if all(o < contended for _, o, _ in turn)]
+    kept = clean or turns
     results = []
     for i in range(len(runs)):
-        clean = [turn[i][0] for turn in turns if all(o < contended for _, o in turn)]
-        times = clean or [turn[i][0] for turn in turns]
-        results.append({"median": statistics.median(times), "clean": len(clean), "turns": len(turns),
-                        "others": statistics.median(turn[i][1] for turn in turns)})
+        walls = [turn[i][0] for turn in kept]
+        results.append({"median": statistics.median(walls), "clean": len(clean), "turns": len(turns),
+                        "others": statistics.median(turn[i][1] for turn in turns), "walls": walls,
+                        "cpus": [turn[i][2] for turn in kept]})
     return results
+
+
+def paired_ratio(base: dict, other: dict, key: str = "walls") -> float:
+    """The median over turns of base's time / other's time in the same turn (side_by_side): the
+    speed-up, robust to load that changes between turns."""
+    import statistics
+    return statistics.median(b / o for b, o in zip(base[key], other[key]))
 
 
 def ort_session(path, threads: int, library: bool = True):

@@ -9,10 +9,13 @@ The block: RMSNorm(x) -> q/k/v (4096 -> 4096/1024/1024), and AddRMSNorm(h, r) ->
 for the unfused baseline, ``norm`` + ``norm_linear`` for the fused one, so both run the same
 norm kernels and differ only in the projections. Same session options for both (intra-op threads
 = --threads, pools not spinning). After a warm-up the two sessions take turns, one run each, and
-a turn is *clean* when everyone else used under --contended cores during both runs (/proc/stat
-minus this process); turns go on until --runs clean ones exist (at most 3x). The table shows the
+a turn is *clean* when everyone else used under --contended cores during all its runs (/proc/stat
+minus this process); turns go on until --runs clean ones exist (at most 3x; --runs + 2 at M >= 256). The table shows the
 medians of the clean turns (of all turns when none was clean, marked), the clean count and the
-others' load; the ratio is the result, not the times.
+others' load; the ratios are the result, not the times: per turn unfused / fused, the median over
+turns, in wall time and in this process's CPU time. With --forced, fp32 also runs one fused session
+per forced GEMM path (OTFUSE_NORM_LINEAR_GEMM=ort: ORT's own Gemm through OrtApi::InvokeOp;
+own: otfuse's GEMM) beside the default one.
 
 Printed in the same run, so that no figure is carried over from another machine: the CPU model
 and flags, the ISA path otfuse's kernels take, the machine's references (memory read bandwidth,
@@ -93,6 +96,26 @@ def block_model(dtype) -> onnx.ModelProto:
     return model
 
 
+def forced_session(path: Path, threads: int, gemm: str) -> ort.InferenceSession:
+    """A session whose norm + linear kernels were created with OTFUSE_NORM_LINEAR_GEMM=gemm."""
+    before = os.environ.get("OTFUSE_NORM_LINEAR_GEMM")
+    os.environ["OTFUSE_NORM_LINEAR_GEMM"] = gemm
+    try:
+        return common.ort_session(path, threads)
+    finally:
+        if before is None:
+            del os.environ["OTFUSE_NORM_LINEAR_GEMM"]
+        else:
+            os.environ["OTFUSE_NORM_LINEAR_GEMM"] = before
+
+
+def speed(base: dict, other: dict) -> str:
+    """'1.05x (cpu 1.08x)': base's time over other's, the median of per-turn ratios, in wall time
+    and in this process's CPU time (less moved by others' load: a pool that does not spin uses
+    CPU only while working)."""
+    return f"{common.paired_ratio(base, other):.2f}x (cpu {common.paired_ratio(base, other, 'cpus'):.2f}x)"
+
+
 def feeds_for(m: int, dtype) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(m)
     return {k: rng.standard_normal((1, m, HIDDEN)).astype(dtype) for k in ("x", "h", "r")}
@@ -111,8 +134,8 @@ def print_references(args) -> None:
           + (f"best {bandwidth['best']} GB/s, median {bandwidth['median']} GB/s" if bandwidth else "n/a"))
     print(f"FMA peak, {args.threads} threads (bench/fma_peak.c): "
           + (", ".join(f"{bits}-bit {g:.0f} GFLOP/s" for bits, g in sorted(peaks.items())) or "n/a"))
-    rates = [f"M = {m}: {common.ort_matmul_gflops(m, HIDDEN, WIDTHS, args.threads, 3 if m >= 512 else 7):.0f}"
-             for m in args.tokens]
+    runs = {m: 1 if m >= 2048 else 3 if m >= 512 else 7 for m in args.tokens}
+    rates = [f"M = {m}: {common.ort_matmul_gflops(m, HIDDEN, WIDTHS, args.threads, runs[m]):.0f}" for m in args.tokens]
     print(f"ORT MatMul (MLAS, prepacked float32), [M, 4096] x [4096, 28160], GFLOP/s: {'; '.join(rates)}")
 
 
@@ -134,12 +157,14 @@ def main() -> None:
     parser.add_argument("--tokens", nargs="+", type=int, default=[1, 16, 512, 2048])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", type=int, default=0, help="clean turns wanted (default 15; 5 at M >= 256, 3 at M >= 2048)")
-    parser.add_argument("--max-runs", type=int, default=0, help="turns at most (default 3x --runs)")
+    parser.add_argument("--max-runs", type=int, default=0, help="turns at most (default 3x --runs; --runs + 2 at M >= 256)")
     parser.add_argument("--contended", type=float, default=0.25,
                         help="a turn during which others used this many cores or more is not clean")
     parser.add_argument("--wait-quiet", type=float, default=0.0,
                         help="before each case, wait (up to --wait-max s) for the 1-minute loadavg to drop under this")
     parser.add_argument("--wait-max", type=float, default=300.0)
+    parser.add_argument("--forced", nargs="+", default=["ort", "own"], choices=["ort", "own", "none"],
+                        help="float32 GEMM paths also measured, each forced in a session of its own (none: only the default)")
     parser.add_argument("--no-references", action="store_true", help="skip bandwidth, FMA peak and MatMul rates")
     parser.add_argument("--no-memory", action="store_true", help="skip the per-session memory probes")
     args = parser.parse_args()
@@ -148,8 +173,11 @@ def main() -> None:
           f"{args.threads}; loadavg {open('/proc/loadavg').read().split()[:3]}")
     if not args.no_references:
         print_references(args)
-    print("| dtype | M | unfused ms | fused ms | fused / unfused speed | clean turns | others (cores) | max abs diff |")
-    print("|---|---|---|---|---|---|---|---|")
+    forced = [path for path in args.forced if path != "none"]
+    print("| dtype | M | unfused ms | fused ms | fused / unfused speed | "
+          + "".join(f"{path} forced / unfused | " for path in forced)
+          + "clean turns | others (cores) | max abs diff |")
+    print("|---|---|---|---|---|" + "---|" * len(forced) + "---|---|---|")
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
         for name in args.dtypes:
@@ -160,21 +188,29 @@ def main() -> None:
             otfuse.fuse(src, base, only=["norm"])
             report = otfuse.fuse(src, fused, only=["norm", "norm_linear"])
             assert report.fusions == {"AddRMSNormLinear": 1, "RMSNormLinear": 1}, report.fusions
-            s_base, s_fused = common.ort_session(base, args.threads), common.ort_session(fused, args.threads)
+            sessions = [common.ort_session(base, args.threads), common.ort_session(fused, args.threads)]
+            # The kernel reads OTFUSE_NORM_LINEAR_GEMM when ORT creates it: one session per forced
+            # float32 path (16-bit weights always take otfuse's GEMM: nothing to force).
+            paths = forced if name == "fp32" else []
+            sessions += [forced_session(fused, args.threads, path) for path in paths]
             for m in args.tokens:
                 feeds = feeds_for(m, dtype)
                 wait_quiet(args.wait_quiet, args.wait_max)
                 runs = args.runs or (3 if m >= 2048 else 5 if m >= 256 else 15)
-                tb, tf = common.side_by_side([lambda: s_base.run(None, feeds), lambda: s_fused.run(None, feeds)],
-                                             runs, args.max_runs or 3 * runs, args.contended)
+                turns = args.max_runs or (3 * runs if m < 256 else runs + 2)
+                times = common.side_by_side([lambda s=s: s.run(None, feeds) for s in sessions],
+                                            runs, turns, args.contended)
+                reference = sessions[0].run(None, feeds)
                 diff = max(float(np.max(np.abs(a.astype(np.float32) - b.astype(np.float32))))
-                           for a, b in zip(s_base.run(None, feeds), s_fused.run(None, feeds)))
+                           for s in sessions[1:] for a, b in zip(reference, s.run(None, feeds)))
+                tb, tf = times[0], times[1]
                 clean = f"{tf['clean']}/{tf['turns']}" + ("" if tf["clean"] else " (none clean: all runs)")
+                cells = [speed(tb, t) for t in times[1:]] + ["-"] * (len(forced) - len(paths))
                 print(f"| {name} | {m} | {tb['median'] * 1e3:.1f} | {tf['median'] * 1e3:.1f} | "
-                      f"{tb['median'] / tf['median']:.2f}x | {clean} | {max(tb['others'], tf['others']):.2f} | "
-                      f"{diff:.2g} |", flush=True)
-                del feeds
-            del s_base, s_fused
+                      + "".join(f"{c} | " for c in cells)
+                      + f"{clean} | {max(t['others'] for t in times):.2f} | {diff:.2g} |", flush=True)
+                del feeds, reference
+            del sessions
             if not args.no_memory:
                 print_memory(name, base, fused, folder, args.threads, HIDDEN * sum(WIDTHS) * np.dtype(dtype).itemsize)
     print(f"loadavg after: {open('/proc/loadavg').read().split()[:3]}")
