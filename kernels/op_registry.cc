@@ -16,6 +16,7 @@ void AppendAscendOps(CustomOpList& list, ascend::Placement placement, ascend::At
   ascend::AppendAscendRotaryOps(list, placement);
   ascend::AppendAscendAttentionOps(list, placement, fp32);
   ascend::AppendAscendNormLinearOps(list, placement);
+  ascend::AppendAscendActivationOps(list, placement);
 }
 
 // The CPU kernels of every family.
@@ -26,6 +27,7 @@ const CustomOpList& CpuOps() {
     cpu::AppendNormLinearOps(list);
     cpu::AppendRotaryOps(list);
     cpu::AppendAttentionOps(list);
+    cpu::AppendActivationOps(list);
     return list;
   }();
   return ops;

@@ -252,11 +252,28 @@ RopeAttention = _op("RopeAttention", "attention",
                     "Attention(RotaryEmbedding(Q), RotaryEmbedding(K), V, ...)")
 
 
+
+# -- activation family --------------------------------------------------------------------------
+_APPROXIMATE = Attribute("approximate", "string", "none")
+_GATE_HALF = Attribute("gate_half", "int", 0)
+_GATED_INPUTS = (Input("A"), Input("B", optional=True))
+
+Gelu = _op("Gelu", "activation", [Input("X")], [Output("Y")], (_APPROXIMATE,),
+           "Y = X * Phi(X), Phi by erf (none) or its tanh approximation (tanh)")
+QuickGelu = _op("QuickGelu", "activation", [Input("X")], [Output("Y")], (Attribute("alpha", "float", 1.702),),
+                "Y = X * sigmoid(alpha * X)")
+SiLU = _op("SiLU", "activation", [Input("X")], [Output("Y")], (), "Y = X * sigmoid(X)")
+SwiGLU = _op("SwiGLU", "activation", _GATED_INPUTS, [Output("Y")], (_GATE_HALF,),
+             "Y = SiLU(gate) * up; gate, up = A, B or the halves of A's last axis")
+GeGLU = _op("GeGLU", "activation", _GATED_INPUTS, [Output("Y")], (_APPROXIMATE, _GATE_HALF),
+            "Y = Gelu(gate) * up; gate, up = A, B or the halves of A's last axis")
+
 OPS: dict[str, Op] = {op.name: op for op in (
     RMSNorm, AddRMSNorm, LayerNorm, AddLayerNorm,
     RMSNormLinear, AddRMSNormLinear, LayerNormLinear, AddLayerNormLinear,
     RotaryEmbedding, RotaryEmbeddingQK,
     Attention, RopeAttention,
+    Gelu, QuickGelu, SiLU, SwiGLU, GeGLU,
 )}
 
 

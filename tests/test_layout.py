@@ -88,7 +88,7 @@ def test_imports_run_down_the_layers(module):
 def test_a_family_imports_no_other_family():
     families = {m for m in MODULES if m.count(".") == 2 and m.startswith("otfuse.fusions.")}
     assert families == {"otfuse.fusions.norm", "otfuse.fusions.norm_linear", "otfuse.fusions.rope",
-                        "otfuse.fusions.attention"}
+                        "otfuse.fusions.attention", "otfuse.fusions.activation"}
     for module, path in MODULES.items():
         if _unit(module) in families:
             others = [m for _, m in _imports(module, path) if _unit(m) in families and _unit(m) != _unit(module)]

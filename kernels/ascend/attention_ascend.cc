@@ -27,6 +27,7 @@
 #include "ascend/rotary_plan.h"
 #include "common/attention_params.h"
 #include "common/shape_check.h"
+#include "contract/attention_index.h"
 #include "op_registry.h"
 
 namespace otfuse::ascend {
@@ -186,10 +187,7 @@ class AscendAttentionKernel {
   void Compute(const KernelContext& ctx) const;
 
  private:
-  struct Index {
-    size_t cos, sin, bias, key_mask, past_key, past_value;
-  };
-  static constexpr Index kIn = kRope ? Index{3, 4, 5, 6, 7, 8} : Index{0, 0, 3, 4, 5, 6};
+  static constexpr AttentionInputIndex kIn = AttentionInputs<kRope>();
 
   // FIA's compute type for node type t.
   static ONNXTensorElementDataType ComputeType(ONNXTensorElementDataType t) {

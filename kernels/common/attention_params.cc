@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/shape_check.h"
+#include "contract/contract_spec.h"
 
 namespace otfuse {
 
@@ -79,20 +80,8 @@ AttentionParams ReadAttentionParams(const KernelInfo& info) {
   return p;
 }
 
-OpSpec AttentionOpSpec(const char* name, const char* execution_provider, ONNXTensorElementDataType t, bool rope) {
-  constexpr ONNXTensorElementDataType kAny = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-  OpSpec spec{name, execution_provider, {}, {}};
-  spec.inputs = {{t}, {t}, {t}};  // Q, K, V
-  if (rope) {
-    spec.inputs.push_back({kAny});  // cos
-    spec.inputs.push_back({kAny});  // sin
-  }
-  spec.inputs.push_back({kAny, true});  // attn_bias
-  spec.inputs.push_back({kAny, true});  // key_padding_mask
-  spec.inputs.push_back({t, true});     // past_key
-  spec.inputs.push_back({t, true});     // past_value
-  spec.outputs = {{t}, {t, true}, {t, true}};  // Y, present_key, present_value
-  return spec;
+OpSpec AttentionOpSpec(const char* name, const char* execution_provider, ONNXTensorElementDataType t, bool) {
+  return ContractOpSpec(name, execution_provider, t);
 }
 
 }  // namespace otfuse

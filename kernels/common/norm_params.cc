@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common/shape_check.h"
+#include "contract/contract_spec.h"
 
 namespace otfuse {
 namespace {
@@ -20,18 +21,6 @@ std::vector<int64_t> ReadFlags(const KernelInfo& info, const char* name, size_t 
   return flags;
 }
 
-// The leading inputs every backend declares: X (A, B), then scale and LayerNorm's optional bias,
-// typed UNDEFINED because they may be T or float32 (the kernels check them).
-OpSpec LeadingSpec(const char* name, const char* execution_provider, ONNXTensorElementDataType t, NormKind kind,
-                   bool add) {
-  OpSpec spec{name, execution_provider, {}, {}};
-  spec.inputs.push_back({t});
-  if (add) spec.inputs.push_back({t});
-  spec.inputs.push_back({ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED});  // scale
-  if (kind == NormKind::kLayer) spec.inputs.push_back({ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, true});  // bias
-  return spec;
-}
-
 }  // namespace
 
 bool IsNormType(ONNXTensorElementDataType type) {
@@ -40,7 +29,8 @@ bool IsNormType(ONNXTensorElementDataType type) {
 }
 
 float ReadNormEpsilon(const KernelInfo& info, NormKind kind) {
-  const float default_epsilon = kind == NormKind::kRms ? 1e-6f : 1e-5f;
+  const float default_epsilon = kind == NormKind::kRms ? contract::RMSNorm::defaults::kEpsilon
+                                                       : contract::LayerNorm::defaults::kEpsilon;
   const float epsilon = info.FloatAttribute("epsilon").value_or(default_epsilon);
   if (!(epsilon >= 0.0f) || !std::isfinite(epsilon)) {
     throw Error("attribute 'epsilon' must be a finite number >= 0, got " + std::to_string(epsilon));
@@ -83,12 +73,9 @@ void CheckNormParameter(const std::string& name, const InputTensor& tensor, ONNX
   ExpectShape(name, tensor.shape, shape_name, shape);
 }
 
-OpSpec NormOpSpec(const char* name, const char* execution_provider, ONNXTensorElementDataType t, NormKind kind,
-                  bool add) {
-  OpSpec spec = LeadingSpec(name, execution_provider, t, kind, add);
-  spec.outputs.push_back({t});
-  if (add) spec.outputs.push_back({t, true});  // S
-  return spec;
+OpSpec NormOpSpec(const char* name, const char* execution_provider, ONNXTensorElementDataType t, NormKind,
+                  bool) {
+  return ContractOpSpec(name, execution_provider, t);
 }
 
 NormLinearParams ReadNormLinearParams(const KernelInfo& info, NormKind kind, bool add) {
@@ -201,13 +188,10 @@ NormLinearOutputs AllocateNormLinearOutputs(const KernelContext& ctx, const Norm
 }
 
 OpSpec NormLinearOpSpec(const char* name, const char* execution_provider, ONNXTensorElementDataType t,
-                        NormKind kind, bool add) {
-  // The weights and biases are one variadic input of mixed types (biases may be float32 in a T
-  // model), the outputs one variadic output of type T: Y_1..Y_n, [S], [Yn].
-  OpSpec spec = LeadingSpec(name, execution_provider, t, kind, add);
-  spec.inputs.push_back({ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, false, true});
-  spec.outputs.push_back({t, false, true});
-  return spec;
+                        NormKind, bool) {
+  // The contract's W..., bias... are one variadic input of mixed types (biases may be float32 in a
+  // T model), its Y..., S, Yn one variadic output of type T.
+  return ContractOpSpec(name, execution_provider, t);
 }
 
 }  // namespace otfuse

@@ -7,20 +7,14 @@
 
 #include "common/custom_op.h"
 #include "common/shape_check.h"
+#include "contract/contract_spec.h"
 
 namespace otfuse {
 
-// X (Q, K) and the outputs are T; cos and sin are declared UNDEFINED (any type) because they may
-// be T or float32, and the kernels check them.
-inline OpSpec RotaryOpSpec(const char* name, const char* execution_provider, ONNXTensorElementDataType t, bool qk) {
-  OpSpec spec{name, execution_provider, {}, {}};
-  spec.inputs.push_back({t});
-  if (qk) spec.inputs.push_back({t});
-  spec.inputs.push_back({ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED});  // cos
-  spec.inputs.push_back({ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED});  // sin
-  spec.outputs.push_back({t});
-  if (qk) spec.outputs.push_back({t});
-  return spec;
+// The contract's schema (otfuse/ops.py): X (Q, K) and the outputs are T; cos and sin, T or float32,
+// are declared UNDEFINED and checked by the kernels (CheckRotaryTables).
+inline OpSpec RotaryOpSpec(const char* name, const char* execution_provider, ONNXTensorElementDataType t, bool) {
+  return ContractOpSpec(name, execution_provider, t);
 }
 
 // cos and sin: element type T or float32, both the same, and the same shape.

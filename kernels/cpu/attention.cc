@@ -17,6 +17,7 @@
 #include "common/cpu_features.h"
 #include "common/float_types.h"
 #include "common/shape_check.h"
+#include "contract/attention_index.h"
 #include "cpu/attention_tiles.h"
 #include "op_registry.h"
 
@@ -157,16 +158,6 @@ bool Avx512Allowed() {
 #endif
 }
 
-struct InputIndex {
-  size_t cos, sin, bias, key_mask, past_key, past_value;
-};
-
-template <bool kRope>
-constexpr InputIndex Indices() {
-  if constexpr (kRope) return InputIndex{3, 4, 5, 6, 7, 8};
-  return InputIndex{0, 0, 3, 4, 5, 6};
-}
-
 template <bool kRope>
 class AttentionKernel {
  public:
@@ -233,7 +224,7 @@ class AttentionKernel {
 
   template <typename T>
   void Run(const KernelContext& ctx, const InputTensor& q) const {
-    constexpr InputIndex kIn = Indices<kRope>();
+    constexpr AttentionInputIndex kIn = AttentionInputs<kRope>();
     const InputTensor k = RequiredInput(ctx, 1, "K");
     const InputTensor v = RequiredInput(ctx, 2, "V");
     ExpectType("K", k, q.type, "Q");

@@ -5,13 +5,14 @@ emits, whether it is opt-in, the canonicalisers it needs). A family imports the 
 ``otfuse.run.feeds``, never another family (docs/architecture.md).
 
 The order matters only across families whose fused ops feed each other: norm_linear consumes the
-norms the norm family produces, attention folds in the rope family's rotations. Within one pass,
+norms the norm family produces, attention folds in the rope family's rotations. activation runs
+last: its ops feed no other family, and attention's soft-capping Tanh is not its to take. Within one pass,
 the largest match at each root wins.
 """
 
 from __future__ import annotations
 
-from otfuse.fusions import attention, norm, norm_linear, rope
+from otfuse.fusions import activation, attention, norm, norm_linear, rope
 from otfuse.rewriter.family import Family
 
 FAMILIES: dict[str, Family] = {family.name: family for family in (
@@ -19,6 +20,7 @@ FAMILIES: dict[str, Family] = {family.name: family for family in (
     norm_linear.FAMILY,
     rope.FAMILY,
     attention.FAMILY,
+    activation.FAMILY,
 )}
 
 # Families that run only when named with ``only`` (none today; Family.opt_in).

@@ -26,6 +26,8 @@ class OpAllowList:
     """``versions``: the op versions (``since_version`` of the schema in effect) modelled.
     ``ort_builtin_below``: for default-domain ops that ORT also registers itself before ONNX had
     them (LayerNormalization before opset 17), the model opsets below which ORT's op is meant.
+    For another ``domain`` (ORT's contrib ops, which have no ONNX schema), ``versions`` are the
+    domain opsets modelled.
     ``attributes``: every attribute the rule models; a check (or None: the rule reads it itself).
     ``inputs``: how many inputs are modelled; ``outputs``: how many outputs may be used."""
 
@@ -64,6 +66,13 @@ def op_version(graph: GraphIndex, node: onnx.NodeProto, allow: OpAllowList) -> i
         raise Refuse(f"{label}: the model imports no opset for domain {allow.domain!r}")
     if allow.domain == "" and opset < allow.ort_builtin_below:
         return 0  # ORT's own op of that name (no ONNX schema): the rule models it as such
+    if allow.domain not in ("", "ai.onnx"):
+        # ONNX Runtime's contrib ops (com.microsoft) have no ONNX schema: the domain's opset is
+        # their version.
+        if opset not in allow.versions:
+            raise Refuse(f"{allow.domain}.{allow.op_type} at domain opset {opset}: only "
+                         f"{sorted(allow.versions)} are modelled")
+        return opset
     if allow.domain == "" and opset > onnx.defs.onnx_opset_version():
         raise Refuse(f"{label}: newer than the ONNX this otfuse runs with knows "
                      f"({onnx.defs.onnx_opset_version()}), so its semantics are not modelled")

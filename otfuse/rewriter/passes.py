@@ -241,7 +241,8 @@ def _try_match(graph: GraphIndex, ctx: RewriteContext, rule: Rule, match: Match,
     except NotCandidate:
         return None
     except Refuse as refusal:
-        matcher.best_failure = Failure(_CHECK_FAILURE_DEPTH + len(match.covered), str(refusal), match.covered)
+        covered = refusal.covers or match.covered
+        matcher.best_failure = Failure(_CHECK_FAILURE_DEPTH + len(covered), str(refusal), covered)
         return None
     finally:
         ctx.match = None

@@ -3,7 +3,13 @@
 
 class Refuse(Exception):
     """Raised by a rule's ``analyse`` (or any check it calls, at any depth) to refuse a match;
-    the message is the near-miss reason."""
+    the message is the near-miss reason. ``covers``: the nodes the refused fusion would have
+    taken, when the rule looked past its structural match (a fan-out rule's region): the near
+    miss names them, so no site signature reports the same site again."""
+
+    def __init__(self, reason: str = "", *, covers=()):
+        super().__init__(reason)
+        self.covers = tuple(covers)
 
 
 class NotCandidate(Refuse):

@@ -25,6 +25,13 @@ torch_npu counterparts (Ascend/op-plugin), each the aclnn call the Ascend kernel
                        the norm op's counterpart above (Yn, S), then per projection
                        torch.matmul(Yn, W) -> aclnnMatmul, or torch.addmm(bias, Yn, W) -> aclnnAddmm
                        with a bias (cast to T); a transposed W as W.t(), a strided view, as the kernel
+    Gelu               torch.nn.functional.gelu(x, approximate)                 -> aclnnGelu / GeluV2
+    QuickGelu          x * torch.sigmoid(alpha * x) (torch_npu has no Swish of its own; the kernel
+                       calls aclnnSwish)
+    SiLU               torch.nn.functional.silu(x)                               -> aclnnSilu
+    SwiGLU             torch_npu.npu_swiglu(a, -1) for one input with the gate first -> aclnnSwiGlu,
+                       else silu(gate) * up on the halves or the two inputs
+    GeGLU              gelu(gate, approximate) * up (the kernel's aclnnGeGlu / GeluV2 + InplaceMul)
 
 Weights of the norm + linear ops are random too (normal x 0.05, the model's shapes), not the
 model's. The rotary, attention and norm + linear runners are untested here (no torch_npu); the
@@ -48,17 +55,20 @@ NORM_OPS = ("RMSNorm", "AddRMSNorm", "LayerNorm", "AddLayerNorm")
 ROTARY_OPS = ("RotaryEmbedding", "RotaryEmbeddingQK")
 ATTENTION_OPS = ("Attention", "RopeAttention")
 NORM_LINEAR_OPS = ("RMSNormLinear", "AddRMSNormLinear", "LayerNormLinear", "AddLayerNormLinear")
-VERIFIED_OPS = NORM_OPS + ROTARY_OPS + ATTENTION_OPS + NORM_LINEAR_OPS
+ACTIVATION_OPS = ("Gelu", "QuickGelu", "SiLU", "SwiGLU", "GeGLU")
+VERIFIED_OPS = NORM_OPS + ROTARY_OPS + ATTENTION_OPS + NORM_LINEAR_OPS + ACTIVATION_OPS
 # Which node inputs are activations (random normal) and which are something else.
 _WEIGHT_INPUTS = {"RMSNorm": {1: "scale"}, "AddRMSNorm": {2: "scale"}, "LayerNorm": {1: "scale", 2: "bias"},
                   "AddLayerNorm": {2: "scale", 3: "bias"},
                   "RotaryEmbedding": {1: "angle", 2: "angle"}, "RotaryEmbeddingQK": {2: "angle", 3: "angle"},
                   "Attention": {3: "bias", 4: "mask", 5: "cache", 6: "cache"},
-                  "RopeAttention": {3: "angle", 4: "angle", 5: "bias", 6: "mask", 7: "cache", 8: "cache"}}
+                  "RopeAttention": {3: "angle", 4: "angle", 5: "bias", 6: "mask", 7: "cache", 8: "cache"},
+                  **{op: {} for op in ACTIVATION_OPS}}
 _OUTPUT_NAMES = {"RMSNorm": ("Y",), "AddRMSNorm": ("Y", "S"), "LayerNorm": ("Y",), "AddLayerNorm": ("Y", "S"),
                  "RotaryEmbedding": ("Y",), "RotaryEmbeddingQK": ("Q_out", "K_out"),
                  "Attention": ("Y", "present_key", "present_value"),
-                 "RopeAttention": ("Y", "present_key", "present_value")}
+                 "RopeAttention": ("Y", "present_key", "present_value"),
+                 **{op: ("Y",) for op in ACTIVATION_OPS}}
 _DEFAULT_EPSILON = {"RMSNorm": 1e-6, "AddRMSNorm": 1e-6, "LayerNorm": 1e-5, "AddLayerNorm": 1e-5,
                     "RMSNormLinear": 1e-6, "AddRMSNormLinear": 1e-6, "LayerNormLinear": 1e-5,
                     "AddLayerNormLinear": 1e-5}
@@ -105,7 +115,7 @@ def collect_cases(model_path, dims=None, seed=0) -> list[OpCase]:
     nodes = [n for n in graph.node if n.domain == OP_DOMAIN and n.op_type in VERIFIED_OPS]
     if not nodes:
         found = sorted({n.op_type for n in graph.node if n.domain == OP_DOMAIN})
-        raise OtfuseError(f"{model_path}: no fused norm, norm + linear, rotary or attention nodes to verify"
+        raise OtfuseError(f"{model_path}: no fused norm, norm + linear, rotary, attention or activation nodes to verify"
                           + (f" (its otfuse ops: {', '.join(found)} have no NPU check yet)" if found
                              else " (fuse it first: otfuse MODEL -o MODEL_fused.onnx)"))
     initializers = {t.name: t for t in graph.initializer}
@@ -255,6 +265,10 @@ def torch_npu_runner(device_id: int = 0) -> Runner:
             results = _norm_linear_on_npu(torch, torch_npu, op, t, attrs)
             torch.npu.synchronize()
             return [to_numpy(r, inputs[0].dtype) for r in results]
+        if op in ACTIVATION_OPS:
+            results = [_activation_on_npu(torch, torch_npu, op, t, attrs)]
+            torch.npu.synchronize()
+            return [to_numpy(r, inputs[0].dtype) for r in results]
         eps = float(attrs.get("epsilon", _DEFAULT_EPSILON[op]))
         if op == "RMSNorm":
             results = [torch_npu.npu_rms_norm(t[0], t[1], epsilon=eps)[0]]
@@ -272,6 +286,27 @@ def torch_npu_runner(device_id: int = 0) -> Runner:
         return [to_numpy(r, inputs[0].dtype) for r in results]
 
     return runner
+
+
+def _activation_on_npu(torch, torch_npu, op: str, t: list, attrs: dict):
+    """The activation kernel's counterpart (module docstring)."""
+    approximate = attrs.get("approximate", "none")
+    if op == "Gelu":
+        return torch.nn.functional.gelu(t[0], approximate=approximate)
+    if op == "QuickGelu":
+        return t[0] * torch.sigmoid(float(attrs.get("alpha", 1.702)) * t[0])
+    if op == "SiLU":
+        return torch.nn.functional.silu(t[0])
+    gate_half = int(attrs.get("gate_half", 0))
+    if len(t) > 1 and t[1] is not None:
+        gate, up = t[0], t[1]
+    else:
+        if op == "SwiGLU" and gate_half == 0:
+            return torch_npu.npu_swiglu(t[0], -1)
+        halves = t[0].chunk(2, dim=-1)
+        gate, up = halves[gate_half], halves[1 - gate_half]
+    act = torch.nn.functional.silu(gate) if op == "SwiGLU" else torch.nn.functional.gelu(gate, approximate=approximate)
+    return act * up
 
 
 def _norm_linear_on_npu(torch, torch_npu, op: str, t: list, attrs: dict) -> list:

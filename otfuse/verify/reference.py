@@ -2,10 +2,14 @@
 
 The tests compare the kernels against these. They follow the contract literally: inputs are
 widened to float32, all arithmetic is float32, and the result is rounded to the input's type
-once (numpy float16 and ml_dtypes.bfloat16 both round to nearest even).
+once (numpy float16 and ml_dtypes.bfloat16 both round to nearest even). The activation family's
+references are the exact formulas evaluated in float64 (``*_exact``), then rounded once: what
+the kernels' error bounds in docs/ops.md are measured against.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -347,3 +351,94 @@ def add_layer_norm_linear(a, b, scale, norm_bias, weights, biases=None, transpos
     """AddLayerNormLinear: S = A + B; Yn = LayerNorm(S); returns ([Y_i], S, Yn)."""
     normed, s = add_layer_norm(a, b, scale, norm_bias, epsilon, -1)
     return _projections(normed, weights, biases, transposed), s, normed
+
+
+# -- activation family: the exact formulas, in float64, rounded to the input's type once --------
+_ERFC = np.frompyfunc(math.erfc, 1, 1)
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def _times_sigmoid(x: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """x * sigmoid(t) in float64, as x * e^t / (1 + e^t) where t < 0 (no cancellation, no overflow);
+    an infinite x whose sigmoid goes to 0 gives the limit 0."""
+    e = np.exp(-np.abs(t))
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = np.where(t < 0, x * e, x) / (1.0 + e)
+        return np.where(np.isinf(x) & (t < 0), np.copysign(0.0, x), y)
+
+
+def gelu_exact(x: np.ndarray, approximate: str = "none") -> np.ndarray:
+    """Gelu in float64: x * Phi(x), Phi(x) = erfc(-x / sqrt 2) / 2 ("none"), or
+    0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) = x * sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)) ("tanh")."""
+    x64 = np.asarray(x, dtype=np.float64)
+    if approximate == "tanh":
+        with np.errstate(over="ignore", invalid="ignore"):
+            t = 2.0 * _SQRT_2_OVER_PI * (x64 + 0.044715 * x64 ** 3)
+        return _times_sigmoid(x64, np.where(np.isnan(t), x64, t))
+    if approximate != "none":
+        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    phi = _ERFC(-x64 / math.sqrt(2.0)).astype(np.float64) / 2.0
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isneginf(x64), -0.0, x64 * phi)
+
+
+def quick_gelu_exact(x: np.ndarray, alpha: float = 1.702) -> np.ndarray:
+    """QuickGelu in float64: x * sigmoid(alpha * x), alpha as a float32 attribute."""
+    x64 = np.asarray(x, dtype=np.float64)
+    alpha = float(np.float32(alpha))
+    with np.errstate(invalid="ignore"):
+        return _times_sigmoid(x64, alpha * x64 if alpha else np.zeros_like(x64))
+
+
+def silu_exact(x: np.ndarray) -> np.ndarray:
+    """SiLU in float64: x * sigmoid(x)."""
+    x64 = np.asarray(x, dtype=np.float64)
+    return _times_sigmoid(x64, x64)
+
+
+def _gate_and_up(a: np.ndarray, b: np.ndarray | None, gate_half: int) -> tuple[np.ndarray, np.ndarray]:
+    if b is not None:
+        if gate_half != 0:
+            raise ValueError("gate_half applies to the one-input form only")
+        if a.shape != b.shape or a.dtype != b.dtype:
+            raise ValueError(f"A {a.dtype}{list(a.shape)} and B {b.dtype}{list(b.shape)} differ")
+        return a, b
+    if a.ndim == 0 or a.shape[-1] % 2:
+        raise ValueError(f"A alone needs an even last dimension, got shape {list(a.shape)}")
+    if gate_half not in (0, 1):
+        raise ValueError(f"gate_half must be 0 or 1, got {gate_half}")
+    halves = np.split(a, 2, axis=-1)
+    return halves[gate_half], halves[1 - gate_half]
+
+
+def swiglu_exact(a: np.ndarray, b: np.ndarray | None = None, gate_half: int = 0) -> np.ndarray:
+    """SwiGLU in float64: SiLU(gate) * up; gate, up = A, B, or the halves of A's last axis."""
+    gate, up = _gate_and_up(a, b, gate_half)
+    return silu_exact(gate) * up.astype(np.float64)
+
+
+def geglu_exact(a: np.ndarray, b: np.ndarray | None = None, gate_half: int = 0,
+                approximate: str = "none") -> np.ndarray:
+    """GeGLU in float64: Gelu(gate) * up."""
+    gate, up = _gate_and_up(a, b, gate_half)
+    return gelu_exact(gate, approximate) * up.astype(np.float64)
+
+
+def gelu(x: np.ndarray, approximate: str = "none") -> np.ndarray:
+    return gelu_exact(x, approximate).astype(x.dtype)
+
+
+def quick_gelu(x: np.ndarray, alpha: float = 1.702) -> np.ndarray:
+    return quick_gelu_exact(x, alpha).astype(x.dtype)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return silu_exact(x).astype(x.dtype)
+
+
+def swiglu(a: np.ndarray, b: np.ndarray | None = None, gate_half: int = 0) -> np.ndarray:
+    return swiglu_exact(a, b, gate_half).astype(a.dtype)
+
+
+def geglu(a: np.ndarray, b: np.ndarray | None = None, gate_half: int = 0, approximate: str = "none") -> np.ndarray:
+    return geglu_exact(a, b, gate_half, approximate).astype(a.dtype)

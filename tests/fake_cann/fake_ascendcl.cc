@@ -18,6 +18,7 @@
 //   OTFUSE_FAKE_CANN_SOC=<name>  what aclrtGetSocName returns (default Ascend910B3, an Atlas A2).
 // It exports otfuse_fake_cann_runtime(), by which otfuse recognises it: the Ascend kernels refuse
 // to run on it under the real CANN EP, and the CPU "fake mode" refuses anything else.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -1577,4 +1578,243 @@ EXPORT Status aclnnAddmmGetWorkspaceSize(const aclTensor* self, const aclTensor*
 
 EXPORT Status aclnnAddmm(void* workspace, uint64_t workspace_size, aclOpExecutor* executor, void* stream) {
   return Execute("aclnnAddmm", workspace, workspace_size, executor, stream);
+}
+
+// ================================================================== activation family
+// hicann/ops-nn activation/: gelu_v2/docs/aclnnGeluV2_en.md, swish (aclnnSwish, CANN operator API
+// reference), silu (aclnnSilu), swi_glu/docs/aclnnSwiGlu.md, ge_glu_v2/docs/aclnnGeGlu_en.md;
+// hicann/ops-math math/mul/docs/aclnnMul&aclnnInplaceMul_en.md. The documented formulas are
+// evaluated in float64, then stored through float32 into out's dtype (the docs say nothing finer).
+
+namespace {
+
+enum class ActProduct { kA2A3, k950, kInference, kTraining, k200I500A2 };
+
+ActProduct ActProductOf() {
+  const std::string name(aclrtGetSocName());
+  auto starts = [&](const char* p) { return name.rfind(p, 0) == 0; };
+  if (starts("Ascend910B") || starts("Ascend910_93")) return ActProduct::kA2A3;
+  if (starts("Ascend950")) return ActProduct::k950;
+  if (starts("Ascend310P")) return ActProduct::kInference;
+  if (starts("Ascend310B")) return ActProduct::k200I500A2;
+  if (starts("Ascend910")) return ActProduct::kTraining;
+  return ActProduct::kA2A3;
+}
+
+// The product rules the activation docs share: `allowed` lists the products the op's table marks
+// supported; Atlas inference and training products take FLOAT16 / FLOAT32 only.
+Status ActivationProductRules(const char* api, int32_t dtype, std::initializer_list<ActProduct> allowed) {
+  const ActProduct product = ActProductOf();
+  if (std::find(allowed.begin(), allowed.end(), product) == allowed.end()) {
+    return Fail(kInvalid, std::string(api) + " is not supported on " + aclrtGetSocName());
+  }
+  if ((product == ActProduct::kInference || product == ActProduct::kTraining) && dtype == kBF16) {
+    return Fail(kInvalid, std::string(api) + ": BFLOAT16 is not supported on " + aclrtGetSocName());
+  }
+  return kOk;
+}
+
+constexpr std::initializer_list<ActProduct> kElementwiseProducts = {ActProduct::kA2A3, ActProduct::k950,
+                                                                    ActProduct::kInference, ActProduct::kTraining};
+
+double GeluOf(double x, int64_t approximate) {
+  if (approximate == 1) return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+  return 0.5 * x * std::erfc(-x / std::sqrt(2.0));
+}
+
+double SwishOf(double x, double beta) {
+  const double t = beta * x;
+  return t >= 0 ? x / (1.0 + std::exp(-t)) : x * std::exp(t) / (1.0 + std::exp(t));
+}
+
+// self and out: same dtype, same shape (the unary activations).
+Status UnaryArgs(const aclTensor* self, const char* sn, const aclTensor* out, const char* on) {
+  if (Status s = CheckTensor(self, sn, true)) return s;
+  if (Status s = CheckTensor(out, on, true)) return s;
+  if (Status s = SameType(self, sn, out, on)) return s;
+  return SameShape(self, sn, out, on);
+}
+
+// out (and outGelu) of the GLU ops: self's shape with dim halved, self's dtype; returns dim >= 0.
+Status HalvedArgs(const aclTensor* self, int64_t dim, const aclTensor* out, const char* on, size_t* axis) {
+  const int64_t rank = static_cast<int64_t>(self->dims.size());
+  if (dim < -rank || dim >= rank) return Fail(kInvalid, "dim " + std::to_string(dim) + " is out of range");
+  *axis = static_cast<size_t>(dim < 0 ? dim + rank : dim);
+  if (self->dims[*axis] % 2 != 0) return Fail(kInvalid, "the dim axis of self must be even, got " + Shape(self->dims));
+  std::vector<int64_t> half = self->dims;
+  half[*axis] /= 2;
+  if (out->dims != half) return Fail(kInvalid, std::string(on) + " shape " + Shape(out->dims) + " must be " + Shape(half));
+  return SameType(self, "self", out, on);
+}
+
+// The flat indices of halves A (first) and B (second) of self along `axis` for out's element i.
+std::pair<int64_t, int64_t> Halves(const aclTensor* self, size_t axis, int64_t i) {
+  int64_t inner = 1;
+  for (size_t d = axis + 1; d < self->dims.size(); ++d) inner *= self->dims[d];
+  const int64_t half = self->dims[axis] / 2;
+  const int64_t outer = i / (half * inner), rest = i % (half * inner);
+  const int64_t a = outer * self->dims[axis] * inner + rest;
+  return {a, a + half * inner};
+}
+
+}  // namespace
+
+EXPORT Status aclnnGeluV2GetWorkspaceSize(const aclTensor* x, int64_t approximate, aclTensor* y,
+                                          uint64_t* workspace_size, aclOpExecutor** executor) {
+  const char* fn = "aclnnGeluV2GetWorkspaceSize";
+  const std::string fields = "\"x\":" + Json(x) + ",\"approximate\":" + std::to_string(approximate) + ",\"y\":" + Json(y);
+  return Logged(fn, fields, workspace_size, [&]() -> Status {
+    if (Status s = Begin(fn, workspace_size, executor)) return s;
+    if (Status s = UnaryArgs(x, "x", y, "y")) return s;
+    if (approximate != 0 && approximate != 1) return Fail(kInvalid, "approximate must be 0 (none) or 1 (tanh)");
+    if (Status s = ActivationProductRules("aclnnGeluV2", x->dtype, kElementwiseProducts)) return s;
+    *workspace_size = 0;
+    *executor = NewExecutor("aclnnGeluV2", 0, [=] {
+      for (int64_t i = 0, n = Count(x->dims); i < n; ++i) Store(y, i, static_cast<float>(GeluOf(Load(x, i), approximate)));
+    });
+    return kOk;
+  });
+}
+
+EXPORT Status aclnnGeluV2(void* workspace, uint64_t workspace_size, aclOpExecutor* executor, void* stream) {
+  return Execute("aclnnGeluV2", workspace, workspace_size, executor, stream);
+}
+
+EXPORT Status aclnnSwishGetWorkspaceSize(const aclTensor* self, const aclScalar* beta, aclTensor* out,
+                                         uint64_t* workspace_size, aclOpExecutor** executor) {
+  const char* fn = "aclnnSwishGetWorkspaceSize";
+  const std::string fields = "\"self\":" + Json(self) + ",\"betaOptional\":" + Json(beta) + ",\"out\":" + Json(out);
+  return Logged(fn, fields, workspace_size, [&]() -> Status {
+    if (Status s = Begin(fn, workspace_size, executor)) return s;
+    if (Status s = UnaryArgs(self, "self", out, "out")) return s;
+    if (beta != nullptr) {
+      if (Status s = CheckScalar(beta, "betaOptional")) return s;
+    }
+    if (Status s = ActivationProductRules("aclnnSwish", self->dtype, kElementwiseProducts)) return s;
+    const double b = beta != nullptr ? beta->value : 1.0;  // "when betaOptional is null, 1.0 is used"
+    *workspace_size = 0;
+    *executor = NewExecutor("aclnnSwish", 0, [=] {
+      for (int64_t i = 0, n = Count(self->dims); i < n; ++i) Store(out, i, static_cast<float>(SwishOf(Load(self, i), b)));
+    });
+    return kOk;
+  });
+}
+
+EXPORT Status aclnnSwish(void* workspace, uint64_t workspace_size, aclOpExecutor* executor, void* stream) {
+  return Execute("aclnnSwish", workspace, workspace_size, executor, stream);
+}
+
+EXPORT Status aclnnSiluGetWorkspaceSize(const aclTensor* self, aclTensor* out, uint64_t* workspace_size,
+                                        aclOpExecutor** executor) {
+  const char* fn = "aclnnSiluGetWorkspaceSize";
+  return Logged(fn, "\"self\":" + Json(self) + ",\"out\":" + Json(out), workspace_size, [&]() -> Status {
+    if (Status s = Begin(fn, workspace_size, executor)) return s;
+    if (Status s = UnaryArgs(self, "self", out, "out")) return s;
+    if (Status s = ActivationProductRules("aclnnSilu", self->dtype, kElementwiseProducts)) return s;
+    *workspace_size = 0;
+    *executor = NewExecutor("aclnnSilu", 0, [=] {
+      for (int64_t i = 0, n = Count(self->dims); i < n; ++i) Store(out, i, static_cast<float>(SwishOf(Load(self, i), 1.0)));
+    });
+    return kOk;
+  });
+}
+
+EXPORT Status aclnnSilu(void* workspace, uint64_t workspace_size, aclOpExecutor* executor, void* stream) {
+  return Execute("aclnnSilu", workspace, workspace_size, executor, stream);
+}
+
+// out = Swish(A) * B, A and B the first and second halves of x along dim; x contiguous, not empty.
+EXPORT Status aclnnSwiGluGetWorkspaceSize(const aclTensor* x, int64_t dim, const aclTensor* out,
+                                          uint64_t* workspace_size, aclOpExecutor** executor) {
+  const char* fn = "aclnnSwiGluGetWorkspaceSize";
+  const std::string fields = "\"x\":" + Json(x) + ",\"dim\":" + std::to_string(dim) + ",\"out\":" + Json(out);
+  return Logged(fn, fields, workspace_size, [&]() -> Status {
+    if (Status s = Begin(fn, workspace_size, executor)) return s;
+    if (Status s = CheckTensor(x, "x", true)) return s;
+    if (Status s = CheckTensor(out, "out", true)) return s;
+    if (!Contiguous(x) || !Contiguous(out)) return Fail(kInvalid, "non-contiguous tensors are not supported");
+    if (Count(x->dims) == 0) return Fail(kInvalid, "empty tensors are not supported");
+    size_t axis = 0;
+    if (Status s = HalvedArgs(x, dim, out, "out", &axis)) return s;
+    if (Status s = ActivationProductRules("aclnnSwiGlu", x->dtype, {ActProduct::kA2A3, ActProduct::kInference})) return s;
+    if (ActProductOf() == ActProduct::kInference && (x->dims.back() * (x->dtype == kF32 ? 4 : 2)) % 64 != 0) {
+      return Fail(kInvalid, "aclnnSwiGlu on Atlas inference products: shape not 64-byte aligned");
+    }
+    *workspace_size = 0;
+    *executor = NewExecutor("aclnnSwiGlu", 0, [=] {
+      for (int64_t i = 0, n = Count(out->dims); i < n; ++i) {
+        const auto [a, b] = Halves(x, axis, i);
+        Store(out, i, static_cast<float>(SwishOf(Load(x, a), 1.0) * Load(x, b)));
+      }
+    });
+    return kOk;
+  });
+}
+
+EXPORT Status aclnnSwiGlu(void* workspace, uint64_t workspace_size, aclOpExecutor* executor, void* stream) {
+  return Execute("aclnnSwiGlu", workspace, workspace_size, executor, stream);
+}
+
+// out = A * Gelu(B), outGelu = Gelu(B), A and B the first and second halves of self along dim.
+EXPORT Status aclnnGeGluGetWorkspaceSize(const aclTensor* self, int64_t dim, int64_t approximate, aclTensor* out,
+                                         aclTensor* out_gelu, uint64_t* workspace_size, aclOpExecutor** executor) {
+  const char* fn = "aclnnGeGluGetWorkspaceSize";
+  const std::string fields = "\"self\":" + Json(self) + ",\"dim\":" + std::to_string(dim) + ",\"approximate\":" +
+                             std::to_string(approximate) + ",\"out\":" + Json(out) + ",\"outGelu\":" + Json(out_gelu);
+  return Logged(fn, fields, workspace_size, [&]() -> Status {
+    if (Status s = Begin(fn, workspace_size, executor)) return s;
+    for (auto [t, name] : {std::pair{self, "self"}, {(const aclTensor*)out, "out"}, {(const aclTensor*)out_gelu, "outGelu"}}) {
+      if (Status s = CheckTensor(t, name, true)) return s;
+    }
+    size_t axis = 0;
+    if (Status s = HalvedArgs(self, dim, out, "out", &axis)) return s;
+    if (Status s = HalvedArgs(self, dim, out_gelu, "outGelu", &axis)) return s;
+    if (approximate != 0 && approximate != 1) return Fail(kInvalid, "approximate must be 0 (none) or 1 (tanh)");
+    if (Status s = ActivationProductRules("aclnnGeGlu", self->dtype,
+                                          {ActProduct::kA2A3, ActProduct::k950, ActProduct::kInference})) {
+      return s;
+    }
+    *workspace_size = 0;
+    *executor = NewExecutor("aclnnGeGlu", 0, [=] {
+      for (int64_t i = 0, n = Count(out->dims); i < n; ++i) {
+        const auto [a, b] = Halves(self, axis, i);
+        const double gelu = GeluOf(Load(self, b), approximate);
+        Store(out_gelu, i, static_cast<float>(gelu));
+        Store(out, i, static_cast<float>(Load(self, a) * gelu));
+      }
+    });
+    return kOk;
+  });
+}
+
+EXPORT Status aclnnGeGlu(void* workspace, uint64_t workspace_size, aclOpExecutor* executor, void* stream) {
+  return Execute("aclnnGeGlu", workspace, workspace_size, executor, stream);
+}
+
+// selfRef *= other, other broadcast to selfRef (the fake takes one floating dtype for both).
+EXPORT Status aclnnInplaceMulGetWorkspaceSize(aclTensor* self_ref, const aclTensor* other, uint64_t* workspace_size,
+                                              aclOpExecutor** executor) {
+  const char* fn = "aclnnInplaceMulGetWorkspaceSize";
+  return Logged(fn, "\"selfRef\":" + Json(self_ref) + ",\"other\":" + Json(other), workspace_size, [&]() -> Status {
+    if (Status s = Begin(fn, workspace_size, executor)) return s;
+    if (Status s = CheckTensor(self_ref, "selfRef", true)) return s;
+    if (Status s = CheckTensor(other, "other", true)) return s;
+    if (Status s = SameType(self_ref, "selfRef", other, "other")) return s;
+    if (!Broadcasts(other->dims, self_ref->dims)) {
+      return Fail(kInvalid, "other shape " + Shape(other->dims) + " does not broadcast to selfRef " + Shape(self_ref->dims));
+    }
+    if (Status s = ActivationProductRules("aclnnInplaceMul", self_ref->dtype, kElementwiseProducts)) return s;
+    *workspace_size = 0;
+    *executor = NewExecutor("aclnnInplaceMul", 0, [=] {
+      for (int64_t i = 0, n = Count(self_ref->dims); i < n; ++i) {
+        const double product = static_cast<double>(Load(self_ref, i)) * Load(other, BroadcastIndex(self_ref->dims, other->dims, i));
+        Store(self_ref, i, static_cast<float>(product));
+      }
+    });
+    return kOk;
+  });
+}
+
+EXPORT Status aclnnInplaceMul(void* workspace, uint64_t workspace_size, aclOpExecutor* executor, void* stream) {
+  return Execute("aclnnInplaceMul", workspace, workspace_size, executor, stream);
 }

@@ -17,8 +17,8 @@ OPS_MD = (Path(__file__).resolve().parents[2] / "docs" / "ops.md").read_text()
 
 
 def test_the_registry_order_and_defaults():
-    assert list(FAMILIES) == ["norm", "norm_linear", "rope", "attention"]
-    assert OPT_IN == frozenset() and select_families() == ["norm", "norm_linear", "rope", "attention"]
+    assert list(FAMILIES) == ["norm", "norm_linear", "rope", "attention", "activation"]
+    assert OPT_IN == frozenset() and select_families() == ["norm", "norm_linear", "rope", "attention", "activation"]
     for name, family in FAMILIES.items():
         assert family.name == name and type(family).__module__ == "otfuse.rewriter.family"
 
@@ -33,7 +33,7 @@ def test_every_emitted_op_is_in_the_contract(name):
 def test_a_family_makes_only_the_ops_it_emits(fixture):
     model = onnx.load(fixture_path(fixture))
     made = set()
-    for families in (["norm"], ["norm", "norm_linear"], ["rope"], ["rope", "attention"]):
+    for families in (["norm"], ["norm", "norm_linear"], ["rope"], ["rope", "attention"], ["activation"]):
         fused, _ = fuse_in_memory(model, families)
         ops = {node.op_type for node in fused_nodes(fused)}
         assert ops <= {op for name in families for op in FAMILIES[name].emits}, (families, ops)

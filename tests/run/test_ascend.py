@@ -263,7 +263,7 @@ def test_verify_ops_needs_fused_nodes(monkeypatch):
     monkeypatch.setattr(verify, "torch_npu_runner", lambda device_id: _reference_runner())
     result = CliRunner().invoke(cli, ["verify-ops", "--device", "npu", str(fixture_path("llama"))])
     assert result.exit_code == 2
-    assert "no fused norm, norm + linear, rotary or attention nodes to verify" in result.stderr
+    assert "no fused norm, norm + linear, rotary, attention or activation nodes to verify" in result.stderr
 
 
 def test_verify_ops_npu_runner_refuses_softcap_as_the_kernel_does():

@@ -8,7 +8,7 @@ from otfuse.rewriter.dims import expr as E
 from otfuse.rewriter.dims.engine import NodeContext, Shape, handles
 
 
-@handles("RMSNorm", "LayerNorm", "RotaryEmbedding", domain=OP_DOMAIN)
+@handles("RMSNorm", "LayerNorm", "RotaryEmbedding", "Gelu", "QuickGelu", "SiLU", domain=OP_DOMAIN)
 def _like_x(ctx: NodeContext):
     return [(ctx.elem(0), ctx.shape(0), None)]
 
@@ -100,3 +100,13 @@ def _norm_linear(ctx: NodeContext):
     while len(outs) < len(ctx.node.output):
         outs.append((elem, x, None))  # the sum S (Add forms), then the normalised Yn
     return outs
+
+
+@handles("SwiGLU", "GeGLU", domain=OP_DOMAIN)
+def _gated_activation(ctx: NodeContext):
+    """A and B of one shape, Y the same; or A alone [..., 2H] and Y [..., H]."""
+    if ctx.has(1):
+        return [(ctx.elem(0), _residual(ctx), None)]
+    a = ctx.shape(0)
+    half = None if not a else E.exact_div(a[-1], E.const(2))
+    return [(ctx.elem(0), None if half is None else tuple(a[:-1]) + (half,), None)]

@@ -1,0 +1,255 @@
+// Vectorised float32 math of the activation family (docs/ops.md, "Activation family"), written
+// once with GCC vector extensions and compiled per CPU variant (activation_rows_<isa>.cc): 16
+// lanes with AVX-512, 8 with AVX2 (both with FMA), 4 otherwise (no FMA: a*b+c rounded twice).
+// The variants differ only in those roundings; the error bounds in docs/ops.md hold for each.
+//
+// The pieces (their float32 errors measured against float64 in tests/kernels/activation):
+//   ExpParts(a, b)  e^(a+b) = m * 2^n: Cody-Waite reduction with ln2 in two parts, then a
+//                   degree-6 polynomial on |r| <= ln2/2 fitted for relative error (1.9e-9).
+//   Erfcx(z)        erfc(z) e^(z^2) / 2 = t P(t), t = 1 / (1 + z/2), P of degree 8 fitted for
+//                   relative error on z in [0, 13.5] (4.6e-8).
+//   TwoProduct      a * b = p + e exactly (FMA, or Dekker's splitting without it), so the
+//                   arguments alpha*x and -x^2/2 reach the exponential without rounding.
+// Each op has a fast path, taken when every lane of a vector is in the usual range, and an
+// exact tail path (sigmoid arguments below -87, |x| >= 13 for the erf form) that applies the
+// exponent last, in factors that are each normal: results down to the subnormal range keep
+// their relative accuracy, infinite inputs give the limits, and nothing overflows.
+//
+// Everything here has internal linkage (static): one copy per ISA variant (see float_types.h).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
+
+namespace otfuse::cpu {
+namespace activation_math {
+
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+#elif defined(__AVX2__)
+constexpr int kLanes = 8;
+#else
+constexpr int kLanes = 4;
+#endif
+
+// Inlined everywhere: a call per vector costs as much as the math (GCC would not inline the
+// larger functions by itself).
+#define OTFUSE_MATH_INLINE inline __attribute__((always_inline))
+
+typedef float VF __attribute__((vector_size(kLanes * 4)));
+typedef int32_t VI __attribute__((vector_size(kLanes * 4)));
+
+static OTFUSE_MATH_INLINE VF Load(const float* p) {
+  VF v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+static OTFUSE_MATH_INLINE void Store(float* p, VF v) { std::memcpy(p, &v, sizeof v); }
+
+// value in every lane (by its bits: VF{} + value would turn -0 into +0).
+static OTFUSE_MATH_INLINE VF Splat(float value) {
+  int32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  return (VF)(VI{} + bits);
+}
+
+static OTFUSE_MATH_INLINE VF Abs(VF v) { return (VF)((VI)v & 0x7fffffff); }
+
+static OTFUSE_MATH_INLINE VF CopySign(VF magnitude, VF sign) {
+  return (VF)(((VI)magnitude & 0x7fffffff) | ((VI)sign & (int32_t)0x80000000));
+}
+
+// a * b + c: one rounding with FMA hardware, two without.
+static OTFUSE_MATH_INLINE VF Fma(VF a, VF b, VF c) {
+#if defined(__AVX512F__)
+  return _mm512_fmadd_ps(a, b, c);
+#elif defined(__FMA__)
+  return _mm256_fmadd_ps(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+// a * b = p + e exactly (|a * b| below 2^100 and above 2^-100, else e is approximate).
+static OTFUSE_MATH_INLINE void TwoProduct(VF a, VF b, VF* p, VF* e) {
+  *p = a * b;
+#if defined(__AVX512F__) || defined(__FMA__)
+  *e = Fma(a, b, -*p);
+#else
+  const VF ca = a * 4097.0f, cb = b * 4097.0f;  // Dekker: split into 12-bit halves
+  const VF ah = ca - (ca - a), bh = cb - (cb - b);
+  const VF al = a - ah, bl = b - bh;
+  *e = ((ah * bh - *p) + ah * bl + al * bh) + al * bl;
+#endif
+}
+
+// Whether any lane of a comparison result is set.
+static OTFUSE_MATH_INLINE bool AnyTrue(VI mask) {
+#if defined(__AVX512F__)
+  return _mm512_test_epi32_mask((__m512i)mask, (__m512i)mask) != 0;
+#elif defined(__AVX__)
+  return !_mm256_testz_si256((__m256i)mask, (__m256i)mask);
+#elif defined(__SSE2__)
+  return _mm_movemask_epi8((__m128i)mask) != 0;
+#else
+  int32_t lanes[kLanes];
+  std::memcpy(lanes, &mask, sizeof lanes);
+  int32_t any = 0;
+  for (int i = 0; i < kLanes; ++i) any |= lanes[i];
+  return any != 0;
+#endif
+}
+
+// 2^k for integer lanes k in [-126, 127], built from the exponent bits.
+static OTFUSE_MATH_INLINE VF Pow2(VI k) { return (VF)((k + 127) << 23); }
+
+// v * 2^n for n in [-300, 0] in three normal factors: v is only rounded if the result is subnormal.
+static OTFUSE_MATH_INLINE VF ScaleDown(VF v, VI n) {
+  const VI n1 = n > -126 ? n : -126;
+  const VI rest = n - n1;  // [-174, 0]
+  const VI n2 = rest > -126 ? rest : -126;
+  return v * Pow2(n1) * Pow2(n2) * Pow2(rest - n2);
+}
+
+// Lane-wise maximum; a NaN in `a` gives `b` (as MAXPS does).
+static OTFUSE_MATH_INLINE VF Max(VF a, VF b) {
+#if defined(__AVX512F__)
+  return _mm512_max_ps(a, b);
+#elif defined(__AVX__)
+  return _mm256_max_ps(a, b);
+#else
+  return a > b ? a : b;
+#endif
+}
+
+// Lane-wise minimum; a NaN in `a` gives `b` (as MINPS does).
+static OTFUSE_MATH_INLINE VF Min(VF a, VF b) {
+#if defined(__AVX512F__)
+  return _mm512_min_ps(a, b);
+#elif defined(__AVX__)
+  return _mm256_min_ps(a, b);
+#else
+  return a < b ? a : b;
+#endif
+}
+
+// The smallest exponent argument of the exact paths: e^-190 times the largest float is below
+// 2^-126, so every result that would need a smaller argument is within the contract's absolute
+// bound of 0. The fast paths stop at -87, where 2^n is still normal.
+constexpr float kMinExpArg = -190.0f;
+constexpr float kMinFastExpArg = -87.0f;
+
+// e^(a + b) = m * 2^n, m within [0.7, 1.42]: a <= 88, raised to kMinArg when below it (or NaN;
+// kMinArg = 0: the caller ensures a >= kMinExpArg); b a correction with |b| much smaller than 1
+// (ignored for lanes that were raised).
+template <int kMinArg>
+static OTFUSE_MATH_INLINE void ExpParts(VF a, VF b, VF* m, VI* n) {
+  if constexpr (kMinArg != 0) a = Max(a, Splat(static_cast<float>(kMinArg)));
+  const float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const VF shifted = Fma(a, Splat(1.44269504088896341f), Splat(kRound));
+  const VF k = shifted - kRound;
+  // ln2 = kLn2Hi + kLn2Lo; kLn2Hi has 9 trailing zero bits, so k * kLn2Hi is exact for |k| < 512,
+  // and a - k * kLn2Hi is exact too (the two are within a factor of 2).
+  const VF r = Fma(k, Splat(-1.42860682030941723212e-6f), Fma(k, Splat(-0.693145751953125f), a)) + b;
+  // Estrin's scheme: the dependency chain is 3 steps instead of Horner's 6.
+  const VF r2 = r * r;
+  const VF low = Fma(Fma(Splat(0.1666642129421234f), r, Splat(0.49999991059303284f)), r2, r + 1.0f);
+  const VF high = Fma(Splat(0.0013836438301950693f), r2,
+                      Fma(Splat(0.008374765515327454f), r, Splat(0.041668228805065155f)));
+  *m = Fma(high, r2 * r2, low);
+  *n = (VI)shifted - (VI)Splat(kRound);  // the integer k, from the low mantissa bits
+}
+
+// x * sigmoid(t), t = th + tl, for vectors whose every lane has t >= kMinFastExpArg (or NaN):
+// x / (1 + e^-t), with e^-t <= e^87 and -t raised to -87 (where e^-t no longer counts next to 1).
+static OTFUSE_MATH_INLINE VF TimesSigmoidFast(VF x, VF th, VF tl) {
+  VF m;
+  VI n;
+  ExpParts<static_cast<int>(kMinFastExpArg)>(-th, -tl, &m, &n);
+  return x / Fma(m, Pow2(n), Splat(1.0f));
+}
+
+// The same for any t: lanes with t < 0 compute x * e^t / (1 + e^t) with 2^n applied last, so
+// tiny results stay accurate; an infinite x whose sigmoid goes to 0 gives the limit, a zero.
+static OTFUSE_MATH_INLINE VF TimesSigmoidTail(VF x, VF th, VF tl) {
+  const VI negative = th < 0.0f;
+  VF m;
+  VI n;
+  ExpParts<static_cast<int>(kMinExpArg)>(-Abs(th), negative ? tl : -tl, &m, &n);  // e^-|t|
+  const VF e = ScaleDown(m, n);
+  const VF bounded = x < -__FLT_MAX__ ? Splat(-__FLT_MAX__) : x;  // -inf * e^t -> the limit 0
+  const VF y = negative ? ScaleDown(bounded * m / (e + 1.0f), n) : x / (e + 1.0f);
+  return (Abs(x) == __builtin_inff()) & negative ? CopySign(Splat(0.0f), x) : y;
+}
+
+static OTFUSE_MATH_INLINE VF TimesSigmoid(VF x, VF th, VF tl) {
+  return AnyTrue(th < kMinFastExpArg) ? TimesSigmoidTail(x, th, tl) : TimesSigmoidFast(x, th, tl);
+}
+
+// SiLU: x * sigmoid(x).
+static OTFUSE_MATH_INLINE VF Silu(VF x) { return TimesSigmoid(x, x, Splat(0.0f)); }
+
+// QuickGELU: x * sigmoid(alpha * x), alpha * x = th + tl exactly.
+static OTFUSE_MATH_INLINE VF QuickGelu(VF x, float alpha) {
+  VF th, tl;
+  TwoProduct(x, Splat(alpha), &th, &tl);
+  // Past |t| = 190 (and for an alpha * x that overflows) the sigmoid is 0 or 1, which th alone
+  // says; there tl may be large or NaN, and is dropped.
+  return TimesSigmoid(x, th, Abs(th) < -kMinExpArg ? tl : Splat(0.0f));
+}
+
+// GELU, tanh form: 0.5 x (1 + tanh(u)) = x * sigmoid(t), t = 2u = 2 sqrt(2/pi) (x + 0.044715 x^3),
+// t in float32 (relative error ~2^-22, which docs/ops.md's absolute term covers). Past |x| = 13.5
+// the sigmoid is 0 or 1 to well below the contract's bound, so x is clamped there.
+static OTFUSE_MATH_INLINE VF GeluTanh(VF x) {
+  const VF c = Abs(x) < 13.5f ? x : CopySign(Splat(13.5f), x);
+  const float kC1 = 1.5957691216057307f;    // 2 sqrt(2/pi)
+  const float kC2 = 0.071354816272869261f;  // 2 sqrt(2/pi) * 0.044715
+  return TimesSigmoid(x, c * Fma(c * c, Splat(kC2), Splat(kC1)), Splat(0.0f));
+}
+
+// erfc(z) e^(z^2) / 2 for z >= 0.
+static OTFUSE_MATH_INLINE VF HalfErfcx(VF z) {
+  const VF t = 1.0f / Fma(z, Splat(0.5f), Splat(1.0f));
+  // Estrin's scheme (a 4-step dependency chain instead of 8).
+  const VF t2 = t * t;
+  const VF t4 = t2 * t2;
+  const VF p01 = Fma(Splat(0.14120717346668243f), t, Splat(0.14104211330413818f));
+  const VF p23 = Fma(Splat(0.10192139446735382f), t, Splat(0.12140779197216034f));
+  const VF p45 = Fma(Splat(0.1410674899816513f), t, Splat(-0.014696660451591015f));
+  const VF p67 = Fma(Splat(0.14316657185554504f), t, Splat(-0.24539920687675476f));
+  const VF low = Fma(p23, t2, p01);
+  const VF high = Fma(Fma(Splat(-0.029716698452830315f), t2, p67), t2, p45);
+  const VF p = Fma(high, t4, low);
+  return t * p;
+}
+
+// GELU, erf form: x * Phi(x). With h = erfc(|x|/sqrt2) / 2 = HalfErfcx(z) e^(-x^2/2) = h' 2^n:
+// Phi = 1 - h for x >= 0 and Phi = h for x < 0 (nothing cancels for negative x); -x^2/2 is
+// passed exactly. Past |x| = 19, Phi is 0 or 1 to well below the contract's bound.
+static OTFUSE_MATH_INLINE VF GeluErf(VF x) {
+  const VF ax = Min(Abs(x), Splat(19.0f));  // NaN -> 19 (x carries the NaN)
+  VF a, b;
+  TwoProduct(ax, ax * -0.5f, &a, &b);  // -x^2/2 = a + b
+  VF m;
+  VI n;
+  ExpParts<0>(a, b, &m, &n);
+  const VF h = HalfErfcx(ax * 0.70710678118654752f) * m;  // times 2^n
+  const VI negative = x < 0.0f;
+  if (!AnyTrue(n < -126)) {  // |x| < 13.2 in every lane
+    const VF scale = Pow2(n);
+    return negative ? (x * h) * scale : Fma(-x, h * scale, x);  // x * h first: h * 2^n may be subnormal
+  }
+  // For x >= 0, h matters next to 1 only while 2^n >= 2^-126.
+  const VF positive = x * (1.0f - h * Pow2(n > -126 ? n : -126));  // x * 1 for x = +inf
+  const VF y = negative ? ScaleDown(x * h, n) : positive;
+  return x == -__builtin_inff() ? Splat(-0.0f) : y;  // the limit
+}
+
+}  // namespace activation_math
+}  // namespace otfuse::cpu

@@ -1,0 +1,26 @@
+// CPU kernel of SwiGLU: Y = SiLU(gate) * up, gate and up given as A and B, or as the two halves
+// of A's last axis (docs/ops.md). The element math is in activation_math.h.
+#include "cpu/activation_kernel.h"
+#include "op_registry.h"
+
+namespace otfuse::cpu {
+namespace {
+
+class SwiGluKernel {
+ public:
+  explicit SwiGluKernel(const KernelInfo& info) : runner_(ActivationKind::kSilu), gate_half_(ReadGateHalf(info)) {}
+  void Compute(const KernelContext& ctx) const { runner_.Run(ctx, ReadGatedOperands(ctx, gate_half_)); }
+
+ private:
+  ActivationRunner runner_;
+  int64_t gate_half_;
+};
+
+}  // namespace
+
+void AppendSwiGluOps(CustomOpList& ops) {
+  AppendPerType<SwiGluKernel>(ops,
+                              [](ONNXTensorElementDataType t) { return GatedActivationSpec("SwiGLU", nullptr, t); });
+}
+
+}  // namespace otfuse::cpu
