@@ -109,3 +109,235 @@ def print_table(rows: list[tuple[str, str]], title: str | None = None) -> None:
         print("-" * len(title))
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
+
+
+# ---- Machine references and measurement helpers (bench/norm_linear.py; reusable by any bench) ----
+
+BENCH_DIR = Path(__file__).resolve().parent
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (/proc/cpuinfo), empty when unknown."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_identity() -> str:
+    """'AMD EPYC (family 25, model 1): avx2 fma f16c; no avx512f', from /proc/cpuinfo."""
+    fields = _read_cpuinfo_fields(("cpu family", "model"))
+    flags = cpu_flags()
+    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16", "amx_tile")
+    have = [f for f in wanted if f in flags]
+    missing = [f for f in ("avx2", "fma", "f16c", "avx512f") if f not in flags]
+    ident = ", ".join(f"{k.split()[-1]} {v}" for k, v in fields.items())
+    return f"{cpu_model()} ({ident}): {' '.join(have) or 'no AVX2'}" + (f"; no {' '.join(missing)}" if missing else "")
+
+
+def _read_cpuinfo_fields(keys) -> dict[str, str]:
+    out: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in keys and key not in out:
+                out[key] = value.strip()
+            if not line.strip() and out:
+                break
+    except OSError:
+        pass
+    return out
+
+
+def otfuse_isa_path() -> str:
+    """The micro-kernels otfuse's CPU kernels take in this process: the library's own rule
+    (kernels/common/cpu_features.cc, gemm.cc): AVX2 + FMA + F16C when the CPU has all three and
+    OTFUSE_CPU_ISA is not 'baseline'."""
+    if os.environ.get("OTFUSE_CPU_ISA") == "baseline":
+        return "baseline (forced by OTFUSE_CPU_ISA)"
+    if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma", "f16c"} <= cpu_flags():
+        return "avx2+fma"
+    return "baseline"
+
+
+def build_tool(name: str) -> Path | None:
+    """bench/<name>.c compiled (gcc -O2 -pthread) into a cache folder; None without a compiler."""
+    import shutil
+    import subprocess
+    source = BENCH_DIR / f"{name}.c"
+    cache = Path(os.environ.get("OTFUSE_CACHE_DIR", Path.home() / ".cache" / "otfuse")) / "bench"
+    exe = cache / f"{name}-{int(source.stat().st_mtime)}"
+    if exe.exists():
+        return exe
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        return None
+    cache.mkdir(parents=True, exist_ok=True)
+    flags = ["-mavx2"] if name == "stream_read" else []
+    result = subprocess.run([compiler, "-O2", "-pthread", *flags, str(source), "-o", str(exe)],
+                            capture_output=True, text=True)
+    return exe if result.returncode == 0 else None
+
+
+def read_bandwidth(threads: int, megabytes: int = 461, reps: int = 10) -> dict | None:
+    """Memory read bandwidth (bench/stream_read.c): best and median GB/s of `reps` passes over a
+    `megabytes` buffer with `threads` threads; None when it cannot be built (no AVX2 or compiler)."""
+    import re
+    import subprocess
+    if "avx2" not in cpu_flags():
+        return None
+    exe = build_tool("stream_read")
+    if exe is None:
+        return None
+    out = subprocess.run([str(exe), str(threads), str(megabytes), str(reps)], capture_output=True, text=True).stdout
+    match = re.search(r"best ([\d.]+) GB/s .* median ([\d.]+) GB/s", out)
+    return {"best": float(match.group(1)), "median": float(match.group(2))} if match else None
+
+
+def fma_peak(threads: int) -> dict[int, float]:
+    """GFLOP/s of independent FMA chains per vector width the CPU has (bench/fma_peak.c)."""
+    import re
+    import subprocess
+    exe = build_tool("fma_peak")
+    if exe is None:
+        return {}
+    out = subprocess.run([str(exe), str(threads)], capture_output=True, text=True).stdout
+    return {int(bits): float(g) for bits, g in re.findall(r"(\d+)-bit FMA, \d+ thread\(s\): ([\d.]+) GFLOP/s", out)}
+
+
+def cpu_busy_seconds() -> float:
+    """Busy CPU seconds of the whole machine so far (/proc/stat, all cores)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def timed_run(run) -> tuple[float, float, float]:
+    """(seconds, cores everyone else used meanwhile, CPU seconds this process used) of one call."""
+    import time
+    c0, b0, t0 = os.times(), cpu_busy_seconds(), time.perf_counter()
+    run()
+    wall = time.perf_counter() - t0
+    c1, b1 = os.times(), cpu_busy_seconds()
+    mine = (c1.user - c0.user) + (c1.system - c0.system)
+    return wall, max(0.0, (b1 - b0) - mine) / wall, mine
+
+
+def side_by_side(runs: list, wanted: int, max_turns: int, contended: float = 0.25) -> list[dict]:
+    """Each callable once as a warm-up, then turns of one call each until `wanted` turns were clean
+    (everyone else under `contended` cores during every call of the turn) or `max_turns` ran.
+    Per callable: the median of the clean turns (of all turns when none was clean), the counts,
+    the median load of the others, and per kept turn the seconds and this process's CPU seconds
+    (`walls`, `cpus`: the same turns for every callable, so that ratios can be taken per turn)."""
+    import statistics
+    for run in runs:
+        run()
+    turns = []
+    while len(turns) < max_turns:
+        turns.append([timed_run(run) for run in runs])
+        if sum(all(o < contended for _, o, _ in turn) for turn in turns) >= wanted:
+            break
+    clean = [turn for turn in turns if all(o < contended for _, o, _ in turn)]
+    kept = clean or turns
+    results = []
+    for i in range(len(runs)):
+        walls = [turn[i][0] for turn in kept]
+        results.append({"median": statistics.median(walls), "clean": len(clean), "turns": len(turns),
+                        "others": statistics.median(turn[i][1] for turn in turns), "walls": walls,
+                        "cpus": [turn[i][2] for turn in kept]})
+    return results
+
+
+def paired_ratio(base: dict, other: dict, key: str = "walls") -> float:
+    """The median over turns of base's time / other's time in the same turn (side_by_side): the
+    speed-up, robust to load that changes between turns."""
+    import statistics
+    return statistics.median(b / o for b, o in zip(base[key], other[key]))
+
+
+def ort_session(path, threads: int, library: bool = True):
+    """An ORT CPU session as the benches run them: `threads` intra-op threads that do not spin
+    (sessions taking turns in one process would otherwise spin into each other's runs) and, with
+    `library`, otfuse's custom ops."""
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if library:
+        use_checkout()
+        import otfuse
+        options.register_custom_ops_library(otfuse.library_path())
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def ort_matmul_gflops(m: int, k: int, widths, threads: int, runs: int = 5) -> float:
+    """GFLOP/s of ORT's MatMul (MLAS, weights prepacked as constants) on [m, k] x [k, n] for each
+    n in `widths`, float32, one session, median of `runs` after a warm-up: the machine's GEMM rate
+    on the shapes a bench multiplies."""
+    import statistics
+    import tempfile
+    import time
+
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    nodes, inits, outputs = [], [], []
+    for i, n in enumerate(widths):
+        inits.append(numpy_helper.from_array(rng.standard_normal((k, n), dtype=np.float32), f"w{i}"))
+        nodes.append(helper.make_node("MatMul", ["a", f"w{i}"], [f"y{i}"]))
+        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [m, n]))
+    graph = helper.make_graph(nodes, "matmuls", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k])],
+                              outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "matmuls.onnx"
+        onnx.save(model, path)
+        del model, graph, inits
+        session = ort_session(path, threads, library=False)
+    feeds = {"a": rng.standard_normal((m, k), dtype=np.float32)}
+    session.run(None, feeds)
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        session.run(None, feeds)
+        times.append(time.perf_counter() - t0)
+    return 2.0 * m * k * sum(widths) / statistics.median(times) * 1e-9
+
+
+_MEMORY_PROBE = r"""
+import json, sys
+import numpy as np
+sys.path.insert(0, sys.argv[4])
+import common
+def status():
+    out = {}
+    for line in open("/proc/self/status"):
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = int(value.split()[0]) / 1024
+    return out
+before = status()["VmRSS"]
+session = common.ort_session(sys.argv[1], int(sys.argv[2]))
+after = status()["VmRSS"]
+session.run(None, dict(np.load(sys.argv[3])))
+print(json.dumps({"created_mib": after - before, "peak_rss_mib": status()["VmHWM"]}))
+"""
+
+
+def session_memory(model_path, threads: int, feeds_path, env: dict | None = None) -> dict | None:
+    """In a fresh Python (so nothing else is resident): the RSS growth of creating an ORT session
+    of `model_path` with otfuse's library (its weights as ORT holds them, plus what kernels keep)
+    and the process's peak RSS after one run on the feeds saved in `feeds_path` (np.savez), MiB."""
+    import json
+    import subprocess
+    result = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, str(model_path), str(threads), str(feeds_path),
+                             str(BENCH_DIR)], capture_output=True, text=True, env={**child_env(), **(env or {})})
+    if result.returncode != 0:
+        return None
+    return json.loads(result.stdout.strip().splitlines()[-1])

@@ -1,25 +1,32 @@
 """Norm + Linear: unfused (otfuse norm op + separate ORT MatMuls with constant weights) vs the
 fused RMSNormLinear / AddRMSNormLinear kernels, on a LLaMA-7B-sized block, side by side.
 
-    python bench/norm_linear.py                       # fp32 and fp16, M = 1, 16, 512
+    python bench/norm_linear.py                       # fp32 and fp16, M = 1, 16, 512, 2048
     python bench/norm_linear.py --dtypes fp32 --tokens 1 16
 
 The block: RMSNorm(x) -> q/k/v (4096 -> 4096/1024/1024), and AddRMSNorm(h, r) -> gate/up
 (4096 -> 11008 each). Both models are built decomposed, then fused by otfuse: ``--only norm``
 for the unfused baseline, ``norm`` + ``norm_linear`` for the fused one, so both run the same
 norm kernels and differ only in the projections. Same session options for both (intra-op threads
-= --threads). After a warm-up the two sessions take turns, one run each, and a run is *clean*
-when everyone else used under --contended cores meanwhile (/proc/stat minus this process);
-turns go on until --runs clean pairs exist (at most --max-runs). The table shows the median of
-the clean runs (all runs when none was clean, marked), the clean count and the others' load.
-A profiled run of the unfused session gives the norms' share of its time and MLAS's GFLOP/s in
-the MatMuls. Not a test: prints the machine's figures.
+= --threads, pools not spinning). After a warm-up the two sessions take turns, one run each, and
+a turn is *clean* when everyone else used under --contended cores during all its runs (/proc/stat
+minus this process); turns go on until --runs clean ones exist (at most 3x; --runs + 2 at M >= 256). The table shows the
+medians of the clean turns (of all turns when none was clean, marked), the clean count and the
+others' load; the ratios are the result, not the times: per turn unfused / fused, the median over
+turns, in wall time and in this process's CPU time. With --forced, fp32 also runs one fused session
+per forced GEMM path (OTFUSE_NORM_LINEAR_GEMM=ort: ORT's own Gemm through OrtApi::InvokeOp;
+own: otfuse's GEMM) beside the default one.
+
+Printed in the same run, so that no figure is carried over from another machine: the CPU model
+and flags, the ISA path otfuse's kernels take, the machine's references (memory read bandwidth,
+bench/stream_read.c; FMA peak, bench/fma_peak.c; ORT MatMul's GFLOP/s on the block's shapes at
+each M), and per dtype each session's memory (child processes: RSS growth at session creation,
+the weights as ORT holds them, and peak RSS after a run). Not a test.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -32,12 +39,13 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cpu_model, use_checkout  # noqa: E402
+import common  # noqa: E402
 
-use_checkout()
+common.use_checkout()
 import otfuse  # noqa: E402
 
 HIDDEN, Q, KV, FFN = 4096, 4096, 1024, 11008
+WIDTHS = (Q, KV, KV, FFN, FFN)
 
 
 def rms(nodes, inits, x, name, dtype, rng):
@@ -88,92 +96,88 @@ def block_model(dtype) -> onnx.ModelProto:
     return model
 
 
-def session(path: Path, threads: int, profile: str = "") -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    # The sessions take turns in one process: a pool left spinning after its run would take CPU
-    # from the other session's run (measured: unfused M = 16 took 50 ms in turns, 27 ms alone).
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if profile:
-        options.enable_profiling = True
-        options.profile_file_prefix = profile
-    options.register_custom_ops_library(otfuse.library_path())
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+def forced_session(path: Path, threads: int, gemm: str) -> ort.InferenceSession:
+    """A session whose norm + linear kernels were created with OTFUSE_NORM_LINEAR_GEMM=gemm."""
+    before = os.environ.get("OTFUSE_NORM_LINEAR_GEMM")
+    os.environ["OTFUSE_NORM_LINEAR_GEMM"] = gemm
+    try:
+        return common.ort_session(path, threads)
+    finally:
+        if before is None:
+            del os.environ["OTFUSE_NORM_LINEAR_GEMM"]
+        else:
+            os.environ["OTFUSE_NORM_LINEAR_GEMM"] = before
 
 
-def cpu_busy_seconds() -> float:
-    """Busy CPU seconds of the whole machine so far (/proc/stat, all cores)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+def speed(base: dict, other: dict) -> str:
+    """'1.05x (cpu 1.08x)': base's time over other's, the median of per-turn ratios, in wall time
+    and in this process's CPU time (less moved by others' load: a pool that does not spin uses
+    CPU only while working)."""
+    return f"{common.paired_ratio(base, other):.2f}x (cpu {common.paired_ratio(base, other, 'cpus'):.2f}x)"
 
 
-def timed_run(sess, feeds) -> tuple[float, float]:
-    """(seconds, cores everyone else used meanwhile) of one run."""
-    c0, b0, t0 = os.times(), cpu_busy_seconds(), time.perf_counter()
-    sess.run(None, feeds)
-    wall = time.perf_counter() - t0
-    c1, b1 = os.times(), cpu_busy_seconds()
-    mine = (c1.user - c0.user) + (c1.system - c0.system)
-    return wall, max(0.0, (b1 - b0) - mine) / wall
+def feeds_for(m: int, dtype) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(m)
+    return {k: rng.standard_normal((1, m, HIDDEN)).astype(dtype) for k in ("x", "h", "r")}
 
 
-def side_by_side(sessions, feeds, runs: int, max_runs: int, contended: float) -> list[dict]:
-    """Warm-up, then the sessions take turns until `runs` turns were clean for all of them."""
-    for sess in sessions:
-        sess.run(None, feeds)
-    turns = []
-    while len(turns) < max_runs:
-        turns.append([timed_run(sess, feeds) for sess in sessions])
-        if sum(all(o < contended for _, o in turn) for turn in turns) >= runs:
-            break
-    results = []
-    for i in range(len(sessions)):
-        clean = [turn[i][0] for turn in turns if all(o < contended for _, o in turn)]
-        times = clean or [turn[i][0] for turn in turns]
-        results.append({"median": float(np.median(times)), "clean": len(clean), "turns": len(turns),
-                        "others": float(np.median([turn[i][1] for turn in turns]))})
-    return results
+def wait_quiet(limit: float, most: float) -> None:
+    start = time.perf_counter()
+    while limit and os.getloadavg()[0] >= limit and time.perf_counter() - start < most:
+        time.sleep(5)
 
 
-def profile_split(path: Path, threads: int, feeds, folder: Path, runs: int = 3) -> dict[str, float]:
-    """Microseconds per op type in the fastest of `runs` profiled runs (after a warm-up) of the
-    session at `path`."""
-    sess = session(path, threads, profile=str(folder / "profile"))
-    for _ in range(runs + 1):
-        sess.run(None, feeds)
-    events = json.loads(Path(sess.end_profiling()).read_text())
-    model_runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])[1:]
-    best = min(model_runs, key=lambda e: e["dur"])
-    per_op: dict[str, float] = {"total": float(best["dur"])}
-    for e in events:
-        if (e.get("cat") == "Node" and e["name"].endswith("_kernel_time")
-                and best["ts"] <= e["ts"] <= best["ts"] + best["dur"]):
-            op = e["args"].get("op_name", "?")
-            per_op[op] = per_op.get(op, 0.0) + float(e["dur"])
-    return per_op
+def print_references(args) -> None:
+    bandwidth = common.read_bandwidth(args.threads)
+    peaks = common.fma_peak(args.threads)
+    print(f"memory read bandwidth, {args.threads} threads (bench/stream_read.c, 461 MB, 10 passes): "
+          + (f"best {bandwidth['best']} GB/s, median {bandwidth['median']} GB/s" if bandwidth else "n/a"))
+    print(f"FMA peak, {args.threads} threads (bench/fma_peak.c): "
+          + (", ".join(f"{bits}-bit {g:.0f} GFLOP/s" for bits, g in sorted(peaks.items())) or "n/a"))
+    runs = {m: 1 if m >= 2048 else 3 if m >= 512 else 7 for m in args.tokens}
+    rates = [f"M = {m}: {common.ort_matmul_gflops(m, HIDDEN, WIDTHS, args.threads, runs[m]):.0f}" for m in args.tokens]
+    print(f"ORT MatMul (MLAS, prepacked float32), [M, 4096] x [4096, 28160], GFLOP/s: {'; '.join(rates)}")
+
+
+def print_memory(name: str, base: Path, fused: Path, folder: Path, threads: int, weight_bytes: int) -> None:
+    feeds = folder / f"feeds_{name}.npz"
+    np.savez(feeds, **feeds_for(16, np.float32 if name == "fp32" else np.float16))
+    cells = []
+    for label, path in (("unfused", base), ("fused", fused)):
+        memory = common.session_memory(path, threads, feeds)
+        cells.append(f"{label} {memory['created_mib']:.0f} MiB at creation, peak RSS {memory['peak_rss_mib']:.0f} MiB"
+                     if memory else f"{label} n/a")
+    print(f"  ({name} memory: projection weights in the model {weight_bytes / 2**20:.0f} MiB; " + "; ".join(cells)
+          + "; one run at M = 16)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "fp16"], choices=["fp32", "fp16"])
-    parser.add_argument("--tokens", nargs="+", type=int, default=[1, 16, 512])
+    parser.add_argument("--tokens", nargs="+", type=int, default=[1, 16, 512, 2048])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--runs", type=int, default=0, help="clean turns wanted (default 15; 5 at M >= 256)")
-    parser.add_argument("--max-runs", type=int, default=0, help="turns at most (default 3x --runs)")
+    parser.add_argument("--runs", type=int, default=0, help="clean turns wanted (default 15; 5 at M >= 256, 3 at M >= 2048)")
+    parser.add_argument("--max-runs", type=int, default=0, help="turns at most (default 3x --runs; --runs + 2 at M >= 256)")
     parser.add_argument("--contended", type=float, default=0.25,
                         help="a turn during which others used this many cores or more is not clean")
     parser.add_argument("--wait-quiet", type=float, default=0.0,
                         help="before each case, wait (up to --wait-max s) for the 1-minute loadavg to drop under this")
     parser.add_argument("--wait-max", type=float, default=300.0)
-    parser.add_argument("--no-profile", action="store_true", help="skip the profiled unfused run")
+    parser.add_argument("--forced", nargs="+", default=["ort", "own"], choices=["ort", "own", "none"],
+                        help="float32 GEMM paths also measured, each forced in a session of its own (none: only the default)")
+    parser.add_argument("--no-references", action="store_true", help="skip bandwidth, FMA peak and MatMul rates")
+    parser.add_argument("--no-memory", action="store_true", help="skip the per-session memory probes")
     args = parser.parse_args()
-    print(f"CPU {cpu_model()}, nproc {os.cpu_count()}, intra-op threads {args.threads}, "
-          f"onnxruntime {ort.__version__}, loadavg {open('/proc/loadavg').read().split()[:3]}")
-    flops_per_token = 2 * HIDDEN * (Q + 2 * KV + 2 * FFN)
-    print("| dtype | M | unfused ms | fused ms | speed-up | fused GFLOP/s | clean turns | others (cores) "
-          "| norms' share of unfused | MLAS MatMul GFLOP/s | max abs diff |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; CPU {common.cpu_identity()}; nproc {os.cpu_count()}")
+    print(f"otfuse ISA path: {common.otfuse_isa_path()}; onnxruntime {ort.__version__}; intra-op threads "
+          f"{args.threads}; loadavg {open('/proc/loadavg').read().split()[:3]}")
+    if not args.no_references:
+        print_references(args)
+    forced = [path for path in args.forced if path != "none"]
+    print("| dtype | M | unfused ms | fused ms | fused / unfused speed | "
+          + "".join(f"{path} forced / unfused | " for path in forced)
+          + "clean turns | others (cores) | max abs diff |")
+    print("|---|---|---|---|---|" + "---|" * len(forced) + "---|---|---|")
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
         for name in args.dtypes:
@@ -184,36 +188,31 @@ def main() -> None:
             otfuse.fuse(src, base, only=["norm"])
             report = otfuse.fuse(src, fused, only=["norm", "norm_linear"])
             assert report.fusions == {"AddRMSNormLinear": 1, "RMSNormLinear": 1}, report.fusions
-            t0 = time.perf_counter()
-            s_base = session(base, args.threads)
-            t1 = time.perf_counter()
-            s_fused = session(fused, args.threads)
-            t2 = time.perf_counter()
+            sessions = [common.ort_session(base, args.threads), common.ort_session(fused, args.threads)]
+            # The kernel reads OTFUSE_NORM_LINEAR_GEMM when ORT creates it: one session per forced
+            # float32 path (16-bit weights always take otfuse's GEMM: nothing to force).
+            paths = forced if name == "fp32" else []
+            sessions += [forced_session(fused, args.threads, path) for path in paths]
             for m in args.tokens:
-                rng = np.random.default_rng(m)
-                feeds = {k: rng.standard_normal((1, m, HIDDEN)).astype(dtype) for k in ("x", "h", "r")}
-                if args.wait_quiet:
-                    start = time.perf_counter()
-                    while os.getloadavg()[0] >= args.wait_quiet and time.perf_counter() - start < args.wait_max:
-                        time.sleep(5)
-                runs = args.runs or (5 if m >= 256 else 15)
-                tb, tf = side_by_side([s_base, s_fused], feeds, runs, args.max_runs or 3 * runs, args.contended)
+                feeds = feeds_for(m, dtype)
+                wait_quiet(args.wait_quiet, args.wait_max)
+                runs = args.runs or (3 if m >= 2048 else 5 if m >= 256 else 15)
+                turns = args.max_runs or (3 * runs if m < 256 else runs + 2)
+                times = common.side_by_side([lambda s=s: s.run(None, feeds) for s in sessions],
+                                            runs, turns, args.contended)
+                reference = sessions[0].run(None, feeds)
                 diff = max(float(np.max(np.abs(a.astype(np.float32) - b.astype(np.float32))))
-                           for a, b in zip(s_base.run(None, feeds), s_fused.run(None, feeds)))
-                share = mlas = "-"
-                if not args.no_profile:
-                    split = profile_split(base, args.threads, feeds, folder)
-                    norms = sum(v for k, v in split.items() if "Norm" in k)
-                    share = f"{norms / split['total']:.1%}"
-                    if split.get("MatMul"):
-                        mlas = f"{flops_per_token * m / (split['MatMul'] * 1e-6) * 1e-9:.0f}"
+                           for s in sessions[1:] for a, b in zip(reference, s.run(None, feeds)))
+                tb, tf = times[0], times[1]
                 clean = f"{tf['clean']}/{tf['turns']}" + ("" if tf["clean"] else " (none clean: all runs)")
+                cells = [speed(tb, t) for t in times[1:]] + ["-"] * (len(forced) - len(paths))
                 print(f"| {name} | {m} | {tb['median'] * 1e3:.1f} | {tf['median'] * 1e3:.1f} | "
-                      f"{tb['median'] / tf['median']:.2f}x | {flops_per_token * m / tf['median'] * 1e-9:.0f} | "
-                      f"{clean} | {max(tb['others'], tf['others']):.2f} | {share} | {mlas} | {diff:.2g} |",
-                      flush=True)
-            print(f"  ({name}: session creation {t1 - t0:.2f} s unfused, {t2 - t1:.2f} s fused incl. packing)")
-            del s_base, s_fused
+                      + "".join(f"{c} | " for c in cells)
+                      + f"{clean} | {max(t['others'] for t in times):.2f} | {diff:.2g} |", flush=True)
+                del feeds, reference
+            del sessions
+            if not args.no_memory:
+                print_memory(name, base, fused, folder, args.threads, HIDDEN * sum(WIDTHS) * np.dtype(dtype).itemsize)
     print(f"loadavg after: {open('/proc/loadavg').read().split()[:3]}")
 
 

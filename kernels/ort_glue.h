@@ -66,6 +66,8 @@ class KernelInfo {
 
   const std::string& op_name() const { return op_name_; }
   const std::string& node_name() const { return node_name_; }
+  // The raw info, for C API calls this wrapper does not cover (e.g. OrtApi::CreateOp).
+  const OrtKernelInfo* raw() const { return info_; }
   // "RMSNorm (node 'foo')": the prefix the trampolines put on every error this node reports.
   std::string Where() const;
 

@@ -1,134 +1,101 @@
-// A small float32 GEMM against a weight matrix packed once: C = A · B, A row-major float32 [M, K],
-// B constant (packed when the kernel is created), C handed to the caller panel by panel.
+// A float32 GEMM that reads the weights where the model keeps them: Y = A · W (+ bias), A
+// float32 row-major [m, k], W the initializer itself ([k, n] row-major, or [n, k] when
+// transposed) in float32, float16 or bfloat16, Y [m, n] in W's type. No copy of W is kept: the
+// norm + linear kernels (cpu/norm_linear.cc) use it so that fusing costs no memory.
 //
-// Why our own and not a BLAS: measured on this project's 2-core AVX-512 machine (bench/README.md,
-// "Norm + Linear"), OpenBLAS 0.3.34 (scipy-openblas32, SkylakeX kernels) ran a [M,4096]x[4096,28160]
-// product in 29.8 / 44.0 / 602 ms at M = 1 / 16 / 512, ORT's MLAS in 13.6 / 24.3 / 622 ms, and this
-// code in ~15 / ~30 / ~590 ms; a BLAS also repacks B on every call, cannot keep float16 or
-// bfloat16 weights in their own type (half the bytes to stream at small M, where the product is
-// memory bound), and brings its own thread pool. Here B is packed once, in its own element
-// type, and the work is split over ORT's intra-op thread pool (KernelContext::ParallelFor), so
-// there is exactly one pool and nothing to tune.
+// Why our own besides ORT's (MLAS through cpu/ort_gemm.h): MLAS packs a weight once when the
+// weight is a MatMul's constant input, and the unfused graph gets that; called on the original
+// weight it packs 128 x 128 blocks on every call, reading 512-byte runs a row apart, which on
+// this project's Zen 3 machine streams at half the rate of a sequential read (bench/README.md).
+// The products here read W in the order that streams fastest, measured on that machine: for a
+// [k, n] weight, kDepthPlain rows in lockstep along the task's columns (8 concurrent streams beat
+// one sequential stream, 32 were 2.5x slower); for an [n, k] weight, kTileWidth rows along k.
+// cpu/norm_linear.cc chooses between this and MLAS per product size (bench/README.md says which
+// wins where, per CPU).
 //
-// Layout. B is stored as panels of kPanelWidth (16) columns; panel p holds [K][16] values,
-// columns past the end of a block are zero. Blocks appended with Append() start on a new panel,
-// so every panel belongs to one block (one projection of a fused Norm + Linear node). A is packed
-// per call into blocks of up to kRowBlock (6) rows, [K][rows] each, so the micro-kernel reads
-// it with broadcasts. K is cut into slices of kDepth (256): a B slice (16 KiB in float32) stays
-// in L1 while every row block of A passes over it; float16 / bfloat16 slices are widened into a
-// float32 buffer once per slice, by the first row block as it runs (or read directly when there is
-// a single row block). With few rows a later slice is prefetched meanwhile (float32: two slices
-// ahead, into L2, a share by every row block; gemm_panels.inc).
+// Blocking. The rows of A are packed per call into blocks of kRowBlock (6) rows, [k][6] each,
+// so the micro-kernel broadcasts them. A task is (row chunk) x (column range) of one product;
+// its accumulators (rows x range floats) stay in L2 for the whole k loop, and are biased, rounded
+// to T and stored once at the end. The micro-kernel computes a 6 x 16 block over a depth of kb
+// rows of W read straight from W (float32, [k, n]) or from a [kb][16] float32 stage in L1
+// (16-bit weights widened, [n, k] weights transposed, partial tiles zero-padded).
 //
-// Parallel split: tasks are (row chunk of up to 384 rows) x (group of panels), chunk-major, and
-// inside a large chunk k is the outer loop, so its A slice (<= 384 x 256 floats) stays in L2 while
-// the group's panels pass over it (gemm.cc, GridFor: why and what it measured).
-//
-// Numerics: float32 products summed in a fixed order (k ascending, in slices of kDepth), the
-// same for every thread count. The AVX2 variant uses FMA, the baseline variant multiply + add,
-// so the two agree within float32 rounding, not bit for bit.
+// Numerics: float32 products summed in a fixed order (k ascending), whatever the thread count.
+// The AVX2 variant uses FMA, the baseline variant multiply + add, so the two agree within
+// float32 rounding, not bit for bit.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <vector>
 
 #include "ort_glue.h"
 
 namespace otfuse {
 
-constexpr int64_t kPanelWidth = 16;
-constexpr int64_t kRowBlock = 6;
-constexpr int64_t kDepth = 256;
-// A chunk whose A (rows x K floats) fits in this is run panel by panel, else k slice by k slice.
-// 1 MiB: one core's L2 here; against 256 KiB (bench/README.md, K = 4096, 2 threads) fp16 M = 64
-// took 70.8 vs 80.6 ms and fp32 M = 32 44.4 vs 49.4: the panel order with its prefetch wins.
-constexpr int64_t kAInL2Bytes = 1 << 20;
+enum class WeightType { kFloat32, kFloat16, kBFloat16 };
 
-enum class PackedType { kFloat32, kFloat16, kBFloat16 };
-
-class PackedB {
- public:
-  PackedB() = default;
-  PackedB(int64_t k, PackedType type) : k_(k), type_(type) {}
-
-  // Appends the columns of one weight: `data` is [K, n] row-major, or [n, K] when `transposed`,
-  // of element type `type` (must be the packed type). Returns the block's first panel.
-  int64_t Append(const void* data, int64_t n, bool transposed);
-
-  int64_t k() const { return k_; }
-  PackedType type() const { return type_; }
-  int64_t panels() const { return panels_; }
-  size_t element_size() const { return type_ == PackedType::kFloat32 ? 4 : 2; }
-  // Panel p: K * kPanelWidth elements of type().
-  const void* panel(int64_t p) const {
-    return storage_.get() + static_cast<size_t>(p) * static_cast<size_t>(k_) * kPanelWidth * element_size();
-  }
-
- private:
-  void Grow(int64_t new_panels);
-
-  int64_t k_ = 0;
-  PackedType type_ = PackedType::kFloat32;
-  int64_t panels_ = 0;
-  int64_t capacity_ = 0;  // panels
-  struct Free {
-    void operator()(unsigned char* p) const;
-  };
-  std::unique_ptr<unsigned char[], Free> storage_;
+// One product of a node; all products of a node share A and run in one parallel section.
+struct GemmProduct {
+  const void* w;       // [k, n] row-major, or [n, k] when transposed; of `type`
+  WeightType type;     // of W and of Y
+  bool transposed;
+  int64_t n;
+  const float* bias;   // [n] float32, or null
+  void* y;             // [m, n] row-major, of `type`
 };
 
-// Receives finished output blocks: rows [row0, row0 + rows) of panel `panel`,
-// acc[r * kPanelWidth + j] is C[row0 + r, panel * 16 + j] (in the packed column numbering).
-// Called from worker threads, once per (row chunk, panel); must not throw.
-class GemmSink {
- public:
-  virtual ~GemmSink() = default;
-  virtual void Panel(int64_t panel, int64_t row0, int64_t rows, const float* acc) const = 0;
-};
+// Y_i = A · W_i (+ bias_i) for every product, A float32 [m, k] row-major. Throws Error when out
+// of memory.
+void GemmInPlace(const KernelContext& ctx, int64_t m, int64_t k, const float* a,
+                 const std::vector<GemmProduct>& products);
 
-// C = A · B for A float32 row-major [m, b.k()] with row stride lda; every panel of B once, split
-// over ORT's thread pool. Throws Error when out of memory.
-void GemmPacked(const KernelContext& ctx, int64_t m, const float* a, int64_t lda, const PackedB& b,
-                const GemmSink& sink);
-
-// Convenience for other kernels: C (float32 row-major [m, n], row stride ldc) = A · B where B was
-// packed as a single block of n columns.
-void Sgemm(const KernelContext& ctx, int64_t m, int64_t n, const float* a, int64_t lda, const PackedB& b,
-           float* c, int64_t ldc);
-
+// "avx2+fma" or "baseline": the micro-kernels this process runs (OTFUSE_CPU_ISA=baseline forces
+// the portable ones).
 const char* GemmIsaName();
 
 namespace gemm_detail {
 
-// Everything one worker needs; plain data (crosses between ISA translation units).
-struct PanelsJob {
+constexpr int64_t kRowBlock = 6;
+constexpr int64_t kTileWidth = 16;
+// k rows per step over a [k, n] weight read in place: rows read in lockstep (gemm.cc).
+constexpr int64_t kStreamDepth = 16;
+// k rows per stage of an [n, k] weight: a [256][16] float32 stage is 16 KiB, half of L1.
+constexpr int64_t kDepthTransposed = 256;
+
+// Plain data: crosses between the translation units built for each ISA.
+struct Job {
   int64_t m;
   int64_t k;
-  PackedType type;
-  const float* a_packed;  // row blocks of kRowBlock rows: block r at a_packed + r*kRowBlock*k, [k][rows]
-  const PackedB* b;
-  const GemmSink* sink;
+  const float* a_packed;  // row block b at a_packed + b * kRowBlock * k: [k][rows of the block]
+  const GemmProduct* products;
 };
 
-// One task: rows [row0, row0 + rows) (row0 a multiple of kRowBlock) times panels
-// [panel_begin, panel_end).
-struct PanelsTask {
-  int64_t row0;
+struct Task {
+  int64_t product;
+  bool packed;  // W packed per call (many rows); else read in place
+  int64_t row0;  // a multiple of kRowBlock
   int64_t rows;
-  int64_t panel_begin;
-  int64_t panel_end;
+  int64_t col0;  // a multiple of kTileWidth
+  int64_t cols;
 };
 
-// `b_buffer` holds kDepth * kPanelWidth floats, `acc` rows * 16 per panel of the task.
-using PanelsFn = void (*)(const PanelsJob& job, const PanelsTask& task, float* b_buffer, float* acc);
+// Packed tasks: blocks of kPackDepth k rows x at most kPackCols columns (kPackColsTransposed for
+// an [n, k] weight), two at a time (2 x 1 MiB in float32: they live in L3 and their panels pass
+// through L1).
+constexpr int64_t kPackDepth = 256;
+constexpr int64_t kPackCols = 1024;
+constexpr int64_t kPackColsTransposed = 128;
+
+// `stage`: kStageFloats floats; `acc`: rows * (cols rounded up to 16) floats.
+constexpr int64_t kStageFloats = 2 * kPackDepth * kPackCols;
+using TaskFn = void (*)(const Job& job, const Task& task, float* stage, float* acc);
 
 namespace baseline {
-void Panels(const PanelsJob& job, const PanelsTask& task, float* b_buffer, float* acc);
+void RunTask(const Job& job, const Task& task, float* stage, float* acc);
 }
 namespace avx2 {
-void Panels(const PanelsJob& job, const PanelsTask& task, float* b_buffer, float* acc);
+void RunTask(const Job& job, const Task& task, float* stage, float* acc);
 }
 
 }  // namespace gemm_detail

@@ -1,17 +1,19 @@
 // CPU kernels of the Norm + Linear family: RMSNormLinear, AddRMSNormLinear, LayerNormLinear,
 // AddLayerNormLinear (contract: docs/ops.md). One node = one normalisation feeding n projections.
 //
-// The weights are packed once (common/gemm.h) when the kernel is created, straight from the
-// constant initializers ORT hands to KernelInfo; a node whose weights are not constants (only a
-// hand-built model can have one) packs them on every run. A run normalises the rows with the norm
-// family's row kernels (cpu/norm_rows.h: same math, same rounding to T as the standalone norm
-// ops), widens them to a float32 A panel, and runs one GEMM over the panels of all projections;
-// each finished panel is biased, rounded to T and written into its projection's output.
+// A run normalises the rows with the norm family's row kernels (cpu/norm_rows.h: same math, same
+// rounding to T as the standalone norm ops) into float32 rows A, then multiplies A by each weight
+// exactly as ORT holds it (the initializer: never copied, never packed beyond one block per task
+// in flight, so fusing costs no memory): one float32 row goes through ORT's own Gemm
+// (cpu/ort_gemm.h: MLAS's single-row kernel, which reads a weight in place as fast as the unfused
+// graph's prepacked copy), everything else through common/gemm.h, which reads W in the orders
+// that stream fastest and takes float16 / bfloat16 weights as they are (ORT's CPU Gemm has no
+// 16-bit kernel: the unfused graph multiplies float32 copies). bench/README.md has the figures.
 #include <algorithm>
 #include <atomic>
-#include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
-#include <mutex>
 #include <new>
 #include <optional>
 #include <string>
@@ -24,16 +26,11 @@
 #include "common/norm_params.h"
 #include "common/shape_check.h"
 #include "cpu/norm_rows.h"
+#include "cpu/ort_gemm.h"
 #include "op_registry.h"
 
 namespace otfuse::cpu {
 namespace {
-
-PackedType PackedTypeOf(ONNXTensorElementDataType type) {
-  if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) return PackedType::kFloat16;
-  if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16) return PackedType::kBFloat16;
-  return PackedType::kFloat32;
-}
 
 template <typename T>
 NormRowsFn<T> RowsFor(CpuIsa isa) {
@@ -56,44 +53,31 @@ std::vector<float> AsFloat(const InputTensor& tensor, int64_t count) {
   return values;
 }
 
-// The packed weights of all projections, and where each projection's panels start.
-struct Projections {
-  PackedB packed;
-  std::vector<int64_t> first_panel;  // per projection
-  std::vector<int32_t> owner;        // per panel: its projection
-};
-
 template <typename T>
-class ProjectionSink final : public GemmSink {
- public:
-  ProjectionSink(const Projections& projections, const std::vector<int64_t>& widths,
-                 const std::vector<const float*>& biases, const std::vector<T*>& outputs)
-      : projections_(projections), widths_(widths), biases_(biases), outputs_(outputs) {}
+std::unique_ptr<T[]> Allocate(size_t count, const char* what) {
+  std::unique_ptr<T[]> buffer(new (std::nothrow) T[count]);
+  if (!buffer) throw Error(std::string("out of memory for ") + what);
+  return buffer;
+}
 
-  void Panel(int64_t panel, int64_t row0, int64_t m, const float* acc) const override {
-    const int32_t i = projections_.owner[panel];
-    const int64_t n = widths_[i];
-    const int64_t col0 = (panel - projections_.first_panel[i]) * kPanelWidth;
-    const int64_t width = std::min(kPanelWidth, n - col0);
-    const float* bias = biases_[i] != nullptr ? biases_[i] + col0 : nullptr;
-    T* out = outputs_[i] + row0 * n + col0;
-    for (int64_t r = 0; r < m; ++r) {
-      const float* row = acc + r * kPanelWidth;
-      T* dst = out + r * n;
-      if (bias != nullptr) {
-        for (int64_t j = 0; j < width; ++j) dst[j] = FromFloat<T>(row[j] + bias[j]);
-      } else {
-        for (int64_t j = 0; j < width; ++j) dst[j] = FromFloat<T>(row[j]);
-      }
-    }
-  }
+// Who multiplies float32: ORT's Gemm (MLAS) or ours (common/gemm.h). OTFUSE_NORM_LINEAR_GEMM=ort /
+// own forces one (benchmarks, tests); otherwise the measured choice in ChooseGemm. 16-bit weights
+// always take ours.
+enum class GemmPath { kOrt, kOwn };
 
- private:
-  const Projections& projections_;
-  const std::vector<int64_t>& widths_;
-  const std::vector<const float*>& biases_;
-  const std::vector<T*>& outputs_;
-};
+std::optional<GemmPath> ForcedGemmPath() {
+  const char* value = std::getenv("OTFUSE_NORM_LINEAR_GEMM");
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  if (std::strcmp(value, "ort") == 0) return GemmPath::kOrt;
+  if (std::strcmp(value, "own") == 0) return GemmPath::kOwn;
+  throw Error(std::string("OTFUSE_NORM_LINEAR_GEMM must be ort or own, got '") + value + "'");
+}
+
+WeightType WeightTypeOf(ONNXTensorElementDataType type) {
+  if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) return WeightType::kFloat16;
+  if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16) return WeightType::kBFloat16;
+  return WeightType::kFloat32;
+}
 
 template <NormKind kKind, bool kAdd>
 class NormLinearKernel {
@@ -101,121 +85,112 @@ class NormLinearKernel {
   explicit NormLinearKernel(const KernelInfo& info) {
     params_ = ReadNormLinearParams(info, kKind, kAdd);
     isa_ = SelectCpuIsa();
-
-    // Constant weights (the rewriter only fuses those): pack them now, once per session.
-    std::vector<InputTensor> weights;
+    forced_ = ForcedGemmPath();
+    // ORT's Gemm, one per (layout, bias) the projections use (created for every T: the kernel
+    // does not know its T yet; only float32 runs them).
     for (size_t i = 0; i < params_.count(); ++i) {
-      std::optional<InputTensor> w = info.ConstantInput(params_.first_weight + i);
-      if (!w) return;
-      weights.push_back(*w);
+      const bool t = params_.transposed[i] != 0;
+      const bool b = params_.has_bias[i] != 0;
+      if (!gemm_[t][b]) gemm_[t][b] = std::make_unique<OrtGemm>(info, t, b);
     }
-    packed_ = std::make_shared<const Projections>(Pack(weights, std::nullopt));
   }
 
   void Compute(const KernelContext& ctx) const {
     const NormInput input = ReadNormInput(ctx, kAdd);
     const InputTensor& x = input.x;
     const NormLinearRows dims = ReadNormLinearRows(input);
-    const int64_t rows = dims.rows, d = dims.k;
-    const NormLinearNormParams norm = ReadNormLinearNormParams(ctx, input, d, kKind, kAdd);
-
-    // Weights: checked against X on every run (cheap), packed only when not done at creation.
-    const size_t count = params_.count();
+    const NormLinearNormParams norm = ReadNormLinearNormParams(ctx, input, dims.k, kKind, kAdd);
     const std::vector<InputTensor> weights = ReadProjectionWeights(ctx, params_);
-    std::optional<Projections> packed_now;
-    if (!packed_) packed_now.emplace(Pack(weights, d));
-    const Projections& projections = packed_ ? *packed_ : *packed_now;
-    CheckProjectionWeights(weights, x.type, d, params_);
-
-    const std::vector<std::optional<InputTensor>> bias_inputs = ReadProjectionBiases(ctx, x.type, params_);
-    std::vector<std::vector<float>> bias_storage(count);
-    std::vector<const float*> biases(count, nullptr);
-    for (size_t i = 0; i < count; ++i) {
-      if (!bias_inputs[i]) continue;
-      bias_storage[i] = AsFloat(*bias_inputs[i], params_.widths[i]);
-      biases[i] = bias_storage[i].data();
-    }
-
-    const auto [ys, sum, normalized] = AllocateNormLinearOutputs(ctx, params_, x.shape, kAdd);
-    if (rows == 0) return;
+    CheckProjectionWeights(weights, x.type, dims.k, params_);
+    const std::vector<std::optional<InputTensor>> biases = ReadProjectionBiases(ctx, x.type, params_);
+    const NormLinearOutputs outputs = AllocateNormLinearOutputs(ctx, params_, x.shape, kAdd);
+    if (dims.rows == 0) return;
 
     switch (x.type) {
-      case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT:
-        return Run<float>(ctx, input, norm, projections, biases, ys, sum, normalized, rows, d);
+      case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: return Run<float>(ctx, input, norm, dims, weights, biases, outputs);
       case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16:
-        return Run<Float16>(ctx, input, norm, projections, biases, ys, sum, normalized, rows, d);
-      default:
-        return Run<BFloat16>(ctx, input, norm, projections, biases, ys, sum, normalized, rows, d);
+        return Run<Float16>(ctx, input, norm, dims, weights, biases, outputs);
+      default: return Run<BFloat16>(ctx, input, norm, dims, weights, biases, outputs);
     }
   }
 
  private:
-  Projections Pack(const std::vector<InputTensor>& weights, std::optional<int64_t> k_from_x) const {
-    const InputTensor& first = weights.front();
-    if (!IsNormType(first.type)) {
-      throw Error("W1 has element type " + std::string(ElementTypeName(first.type)) +
-                  "; expected float32, float16 or bfloat16");
-    }
-    if (first.shape.size() != 2) throw Error("W1 must be a matrix, got shape " + ToString(first.shape));
-    const int64_t k = k_from_x ? *k_from_x : first.shape[params_.transposed[0] ? 1 : 0];
-    CheckProjectionWeights(weights, first.type, k, params_);
-    Projections projections;
-    projections.packed = PackedB(k, PackedTypeOf(first.type));
-    for (size_t i = 0; i < weights.size(); ++i) {
-      const int64_t panel = projections.packed.Append(weights[i].data, params_.widths[i], params_.transposed[i] != 0);
-      projections.first_panel.push_back(panel);
-      projections.owner.resize(static_cast<size_t>(projections.packed.panels()), static_cast<int32_t>(i));
-    }
-    return projections;
-  }
-
   template <typename T>
   void Run(const KernelContext& ctx, const NormInput& input, const NormLinearNormParams& norm,
-           const Projections& projections, const std::vector<const float*>& biases,
-           const std::vector<OutputTensor>& ys, const OutputTensor& sum, const OutputTensor& normalized, int64_t rows,
-           int64_t d) const {
-    if (projections.packed.k() != d) {
-      throw Error("the packed weights have K = " + std::to_string(projections.packed.k()) + " but " +
-                  (kAdd ? "A" : "X") + " has rows of " + std::to_string(d));
-    }
-    constexpr bool kFloat = std::is_same_v<T, float>;
+           const NormLinearRows& dims, const std::vector<InputTensor>& weights,
+           const std::vector<std::optional<InputTensor>>& biases, const NormLinearOutputs& outputs) const {
+    const int64_t rows = dims.rows, d = dims.k;
     const size_t elements = static_cast<size_t>(rows) * static_cast<size_t>(d);
-    // The normalised rows in T: into the Ynorm output when the node has one, else a buffer (for
-    // float32 that buffer is the GEMM's A panel itself).
+    // The normalised rows in T: into the Yn output when the node has one, else a buffer (for
+    // float32 that buffer is the projections' A itself).
     std::unique_ptr<T[]> y_storage;
-    T* y = normalized ? normalized.As<T>() : nullptr;
+    T* y = outputs.normalized ? outputs.normalized.As<T>() : nullptr;
     if (y == nullptr) {
-      y_storage.reset(new (std::nothrow) T[elements]);
-      if (!y_storage) throw Error("out of memory for the normalised rows");
+      y_storage = Allocate<T>(elements, "the normalised rows");
       y = y_storage.get();
     }
-    const InputTensor& x = input.x;
-    const std::optional<InputTensor>& b = input.b;
-    const std::optional<InputTensor>& norm_bias = norm.norm_bias;
+    std::unique_ptr<float[]> a_storage;
+    float* a = reinterpret_cast<float*>(y);
+    if constexpr (!std::is_same_v<T, float>) {
+      a_storage = Allocate<float>(elements, "the float32 normalised rows");
+      a = a_storage.get();
+    }
+    Normalize<T>(ctx, input, norm, rows, d, y, a, outputs.sum ? outputs.sum.As<T>() : nullptr);
+
+    constexpr bool kFloat = std::is_same_v<T, float>;
+    std::vector<std::vector<float>> bias_storage(params_.count());
+    std::vector<const float*> bias_f(params_.count(), nullptr);
+    for (size_t i = 0; i < params_.count(); ++i) {
+      if (!biases[i]) continue;
+      if (biases[i]->type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
+        bias_f[i] = biases[i]->As<float>();
+      } else {
+        bias_storage[i] = AsFloat(*biases[i], params_.widths[i]);
+        bias_f[i] = bias_storage[i].data();
+      }
+    }
+    if constexpr (kFloat) {
+      if (ChooseGemm(rows) == GemmPath::kOrt) {
+        for (size_t i = 0; i < params_.count(); ++i) {
+          gemm_[params_.transposed[i] != 0][bias_f[i] != nullptr]->Run(
+              ctx, rows, d, params_.widths[i], a, weights[i].As<float>(), bias_f[i], outputs.ys[i].As<float>());
+        }
+        return;
+      }
+    }
+    std::vector<GemmProduct> products;
+    for (size_t i = 0; i < params_.count(); ++i) {
+      products.push_back({weights[i].data, WeightTypeOf(input.x.type), params_.transposed[i] != 0, params_.widths[i],
+                          bias_f[i], outputs.ys[i].data});
+    }
+    GemmInPlace(ctx, rows, d, a, products);
+  }
+
+  // float32: one row through MLAS (M = 1: 1.12-1.20x the unfused time, ours 0.98-1.16x; from two
+  // rows on ours, MLAS then packing W on every call: 0.44x at M = 16, 0.96x at 512, 0.75x at 2048).
+  GemmPath ChooseGemm(int64_t rows) const {
+    if (forced_) return *forced_;
+    return rows == 1 ? GemmPath::kOrt : GemmPath::kOwn;
+  }
+
+  // Rows of the norm into y (T; and S), then widened to float32 into a unless T is float32 (a == y).
+  template <typename T>
+  void Normalize(const KernelContext& ctx, const NormInput& input, const NormLinearNormParams& norm, int64_t rows,
+                 int64_t d, T* y, float* a, T* sum) const {
     const std::vector<float> scale_f = AsFloat(norm.scale, d);
-    const std::vector<float> bias_f = norm_bias ? AsFloat(*norm_bias, d) : std::vector<float>{};
+    const std::vector<float> bias_f = norm.norm_bias ? AsFloat(*norm.norm_bias, d) : std::vector<float>{};
     NormJob<T> job{};
     job.kind = kKind;
     job.d = d;
     job.epsilon = params_.epsilon;
-    job.x = x.As<T>();
-    job.b = b ? b->As<T>() : nullptr;
+    job.x = input.x.As<T>();
+    job.b = input.b ? input.b->As<T>() : nullptr;
     job.scale = scale_f.data();
-    job.bias = norm_bias ? bias_f.data() : nullptr;
+    job.bias = norm.norm_bias ? bias_f.data() : nullptr;
     job.y = y;
-    job.sum = sum ? sum.As<T>() : nullptr;
+    job.sum = sum;
 
-    // float32 for the GEMM: the normalised values rounded to T, widened back exactly.
-    std::unique_ptr<float[]> a_storage;
-    float* a = nullptr;
-    if constexpr (kFloat) {
-      a = y;
-    } else {
-      a_storage.reset(new (std::nothrow) float[elements]);
-      if (!a_storage) throw Error("out of memory for the float32 GEMM panel");
-      a = a_storage.get();
-    }
-
+    constexpr bool kFloat = std::is_same_v<T, float>;
     const NormRowsFn<T> rows_fn = RowsFor<T>(isa_);
     const bool needs_scratch = !kFloat || job.b != nullptr;
     const RowTasks tasks(rows, d);
@@ -233,19 +208,17 @@ class NormLinearKernel {
       }
       rows_fn(job, begin, end, scratch.get());
       if constexpr (!kFloat) {
+        // The rounded values, widened back exactly: what the unfused MatMul reads.
         for (int64_t i = begin * d; i < end * d; ++i) a[i] = ToFloat(y[i]);
       }
     });
     if (out_of_memory) throw Error("out of memory for a " + std::to_string(d) + "-element row buffer");
-
-    std::vector<T*> outs;
-    for (const OutputTensor& out : ys) outs.push_back(out.As<T>());
-    GemmPacked(ctx, rows, a, d, projections.packed, ProjectionSink<T>(projections, params_.widths, biases, outs));
   }
 
   NormLinearParams params_;
   CpuIsa isa_ = CpuIsa::kBaseline;
-  std::shared_ptr<const Projections> packed_;  // null: weights are not constants, packed per run
+  std::optional<GemmPath> forced_;
+  std::unique_ptr<OrtGemm> gemm_[2][2];  // [transposed][with bias]
 };
 
 template <NormKind kKind, bool kAdd>

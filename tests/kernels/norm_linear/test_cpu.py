@@ -1,8 +1,12 @@
 """CPU kernels of the Norm + Linear family against otfuse.verify.reference, in real ORT sessions.
 
-Weights are constant initializers (packed once, at kernel creation) or graph inputs (packed on
-every run); both paths must agree with the reference. bfloat16 crosses the graph boundary as
-float32 with a Cast on each side (ORT's Python API cannot feed bfloat16).
+Weights are constant initializers or graph inputs; the kernel reads both in place, so they must
+give the same bits. The products take one of three paths (kernels/cpu/norm_linear.cc): ORT's own
+Gemm (float32, one row), our GEMM reading W in place (up to 64 rows) or packing it per task (more
+rows); OTFUSE_NORM_LINEAR_GEMM=ort / own forces ORT's or ours for float32, OTFUSE_CPU_ISA=baseline
+the portable micro-kernels. The shapes below reach every path, layout and edge (partial tiles,
+k blocks, row chunks, column ranges) on every path the machine has. bfloat16 crosses the graph
+boundary as float32 with a Cast on each side (ORT's Python API cannot feed bfloat16).
 """
 
 from __future__ import annotations
@@ -147,26 +151,49 @@ def test_matches_reference(op, dtype):
 def test_constant_and_runtime_weights_agree(op):
     case = Case(op, shape=(3, 7, 40), widths=(17, 5), transposed=[1, 0], keep=True, seed=3)
     runtime = Case(op, shape=(3, 7, 40), widths=(17, 5), transposed=[1, 0], keep=True, const=False, seed=3)
-    packed_once, packed_per_run = case.run(), runtime.run()
-    _check(case, packed_once)
-    for a, b in zip(packed_once, packed_per_run):
+    constant, per_run = case.run(), runtime.run()
+    _check(case, constant)
+    for a, b in zip(constant, per_run):
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("shape,widths", [
-    ((1, 64), (1,)),  # a single row and a single column
-    ((13, 70), (5, 33, 16)),  # odd K, widths around the 16-wide panels, 13 rows = 2 blocks of 6 + 1
-    ((2, 3, 300), (100, 7)),  # K past one 256-deep slice
-    ((6, 16), (48,)),  # exactly one row block, exact panels
-    ((1, 1, 4096), (40,)),  # decode step: one row read straight from the packed panels
-    ((4, 203, 70), (300, 9)),  # 812 rows: three row chunks (the last shorter), many panel groups
-    ((4, 203, 1100), (100, 9)),  # the same with A past 1 MiB per chunk: k-outer order, five k slices
-])
+# (shape, widths, transposed): every path and edge of the products.
+SHAPES = {
+    "one-row-one-col": ((1, 64), (1,), [0]),  # float32: ORT's Gemm; else one row streamed
+    "decode": ((1, 1, 4096), (40, 24), [0, 1]),  # one row, deep K, both layouts
+    "stream-blocks": ((13, 70), (5, 33, 16), [0, 1, 0]),  # 13 rows = 6 + 6 + 1, odd K, partial tiles
+    "stream-deep": ((2, 3, 300), (100, 7), [1, 0]),  # K past one 256-deep transposed stage, K % 16 != 0
+    "stream-ranges": ((64, 100), (1100,), [0]),  # 64 rows: the most streamed, four column ranges
+    "packed-one-chunk": ((65, 40), (48, 17), [0, 1]),  # the first packed size, one k block
+    "packed-deep": ((2, 70, 601), (130, 13), [0, 1]),  # three k blocks (256, 256, 89), K % 8 != 0
+    "packed-chunks": ((4, 203, 70), (1100, 9), [0, 1]),  # 812 rows: two row chunks, two column ranges
+}
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
 @pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
-def test_odd_sizes(shape, widths, dtype):
-    case = Case("AddRMSNormLinear", dtype, shape=shape, widths=widths, bias=[i % 2 for i in range(len(widths))],
-                keep=True, seed=7)
+def test_odd_sizes(name, dtype):
+    shape, widths, transposed = SHAPES[name]
+    case = Case("AddRMSNormLinear", dtype, shape=shape, widths=widths, transposed=transposed,
+                bias=[i % 2 for i in range(len(widths))], keep=True, seed=7)
     _check(case, case.run())
+
+
+@pytest.mark.parametrize("path", ["ort", "own"])
+@pytest.mark.parametrize("name", ["one-row-one-col", "decode", "stream-blocks", "packed-deep"])
+def test_forced_float32_paths(monkeypatch, path, name):
+    """ORT's Gemm and ours on every row count, both layouts and biases."""
+    monkeypatch.setenv("OTFUSE_NORM_LINEAR_GEMM", path)
+    shape, widths, transposed = SHAPES[name]
+    case = Case("LayerNormLinear", F32, shape=shape, widths=widths, transposed=transposed, keep=True, seed=13)
+    _check(case, case.run())
+
+
+def test_bad_gemm_knob_is_refused(monkeypatch):
+    monkeypatch.setenv("OTFUSE_NORM_LINEAR_GEMM", "mkl")
+    with pytest.raises(Exception) as info:
+        Case("RMSNormLinear").run()
+    assert "OTFUSE_NORM_LINEAR_GEMM must be ort or own, got 'mkl'" in str(info.value)
 
 
 def test_layernorm_without_norm_bias_and_projection_bias():
@@ -180,39 +207,52 @@ def test_empty_rows():
     assert got[0].shape == (0, 5, 8)
 
 
-@pytest.mark.parametrize("shape", [(37, 96), (801, 40), (801, 1100)],
-                         ids=["one-chunk", "three-chunks", "three-chunks-k-outer"])
-def test_thread_count_does_not_change_results(shape):
-    case = Case("AddLayerNormLinear", shape=shape, widths=(130, 64, 3), transposed=[0, 1, 0], seed=11)
+@pytest.mark.parametrize("name", ["stream-blocks", "stream-ranges", "packed-deep", "packed-chunks"])
+def test_thread_count_does_not_change_results(name):
+    shape, widths, transposed = SHAPES[name]
+    case = Case("AddLayerNormLinear", shape=shape, widths=widths, transposed=transposed, seed=11)
     one, two = case.run(threads=1), case.run(threads=2)
     for a, b in zip(one, two):
         np.testing.assert_array_equal(a, b)
 
 
-def test_baseline_and_avx2_variants_agree(monkeypatch, tmp_path):
-    """The portable micro-kernel (multiply + add) and the AVX2 one (FMA) agree within float32."""
-    case = Case("RMSNormLinear", shape=(9, 200), widths=(40, 20), seed=5)
-    model, feeds = case.model()
-    path = tmp_path / "m.onnx"
-    path.write_bytes(model.SerializeToString())
+_RUN_IN_CHILD = (
+    "import numpy as np, onnxruntime as ort, otfuse, sys\n"
+    "o = ort.SessionOptions(); o.register_custom_ops_library(otfuse.library_path())\n"
+    "for i in range(int(sys.argv[1])):\n"
+    "    s = ort.InferenceSession(f'{sys.argv[2]}/m{i}.onnx', o, providers=['CPUExecutionProvider'])\n"
+    "    feeds = dict(np.load(f'{sys.argv[2]}/f{i}.npz'))\n"
+    "    np.savez(f'{sys.argv[2]}/{sys.argv[3]}{i}.npz', *s.run(None, feeds))\n")
+
+
+def test_baseline_and_avx2_variants_agree(tmp_path):
+    """The portable micro-kernels (multiply + add) and the AVX2 ones (FMA), chosen once per process,
+    each against the reference and against each other within float32 rounding, on every path of
+    otfuse's GEMM (forced for float32, whose one-row products would otherwise take ORT's Gemm).
+    There is no AVX-512 variant to test."""
+    import os
     import subprocess
     import sys
-    script = (
-        "import numpy as np, onnxruntime as ort, otfuse, sys\n"
-        "o = ort.SessionOptions(); o.register_custom_ops_library(otfuse.library_path())\n"
-        "s = ort.InferenceSession(sys.argv[1], o, providers=['CPUExecutionProvider'])\n"
-        "feeds = dict(np.load(sys.argv[2]))\n"
-        "np.save(sys.argv[3], s.run(None, feeds)[0])\n")
-    np.savez(tmp_path / "feeds.npz", **feeds)
-    results = []
+    cases = []
+    for name in ("decode", "stream-blocks", "stream-deep", "packed-deep", "packed-chunks"):
+        shape, widths, transposed = SHAPES[name]
+        for dtype in (F32, F16):
+            cases.append(Case("RMSNormLinear", dtype, shape=shape, widths=widths, transposed=transposed, seed=5))
+    for i, case in enumerate(cases):
+        model, feeds = case.model()
+        (tmp_path / f"m{i}.onnx").write_bytes(model.SerializeToString())
+        np.savez(tmp_path / f"f{i}.npz", **feeds)
     for isa in ("baseline", "auto"):
-        env = dict(__import__("os").environ, OTFUSE_CPU_ISA=isa)
-        out = tmp_path / f"{isa}.npy"
-        subprocess.run([sys.executable, "-c", script, str(path), str(tmp_path / "feeds.npz"), str(out)], env=env,
-                       check=True)
-        results.append(np.load(out))
-    np.testing.assert_allclose(results[0], results[1], rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(results[0], case.expected()[0], rtol=TOLERANCE[F32], atol=TOLERANCE[F32])
+        env = dict(os.environ, OTFUSE_CPU_ISA=isa, OTFUSE_NORM_LINEAR_GEMM="own")
+        subprocess.run([sys.executable, "-c", _RUN_IN_CHILD, str(len(cases)), str(tmp_path), isa], env=env, check=True)
+    for i, case in enumerate(cases):
+        baseline, auto = ([a for _, a in sorted(np.load(tmp_path / f"{isa}{i}.npz").items(), key=lambda kv: int(kv[0][4:]))]
+                          for isa in ("baseline", "auto"))
+        _check(case, baseline)
+        _check(case, auto)
+        tol = TOLERANCE[case.dtype]
+        for b, a in zip(baseline, auto):
+            np.testing.assert_allclose(b.astype(np.float32), a.astype(np.float32), rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("overrides,message", [
