@@ -23,7 +23,7 @@ FAMILIES: dict[str, Family] = {family.name: family for family in (
     activation.FAMILY,
 )}
 
-# Families that run only when named with ``only`` (none today; Family.opt_in).
+# Families that run only when named with ``only`` (norm_linear: see its package's docstring).
 OPT_IN = frozenset(name for name, family in FAMILIES.items() if family.opt_in)
 
 

@@ -25,7 +25,7 @@ ENTRIES = fixture_entries()
 def test_torchscript_decoders_fuse_like_the_dynamo_ones(tmp_path, name):
     out = tmp_path / f"{name}_fused.onnx"
     report = otfuse.fuse(fixture_path(name), out)
-    assert report.fusions == {"AddRMSNormLinear": 4, "RMSNormLinear": 1, "RopeAttention": 2, "SwiGLU": 2}, report.fusions
+    assert report.fusions == {"AddRMSNorm": 4, "RMSNorm": 1, "RopeAttention": 2, "SwiGLU": 2}, report.fusions
     assert report.fusions["RopeAttention"] == ENTRIES[name]["expected"]["attention"]
     model = onnx.load(out)
     attention = [n for n in model.graph.node if n.op_type == "RopeAttention"]
@@ -67,9 +67,9 @@ def test_residual_sum_cast_read_elsewhere(tmp_path, name, cast, fused):
 # What today's rewriter fuses in the TorchScript fixtures: with onnxruntime's symbolic shape
 # inference (and so sympy) gone, otfuse's own dimension engine alone must give it.
 TORCHSCRIPT_FUSIONS = {
-    "llama_torchscript": {"AddRMSNormLinear": 4, "RMSNormLinear": 1, "RopeAttention": 2, "SwiGLU": 2},
-    "mistral_torchscript": {"AddRMSNormLinear": 4, "RMSNormLinear": 1, "RopeAttention": 2, "SwiGLU": 2},
-    "llama_fp16_eager_torchscript": {"AddRMSNormLinear": 4, "RMSNormLinear": 1, "RopeAttention": 2, "SwiGLU": 2},
+    "llama_torchscript": {"AddRMSNorm": 4, "RMSNorm": 1, "RopeAttention": 2, "SwiGLU": 2},
+    "mistral_torchscript": {"AddRMSNorm": 4, "RMSNorm": 1, "RopeAttention": 2, "SwiGLU": 2},
+    "llama_fp16_eager_torchscript": {"AddRMSNorm": 4, "RMSNorm": 1, "RopeAttention": 2, "SwiGLU": 2},
     "rope3d_torchscript": {"RopeAttention": 1},
 }
 
