@@ -48,13 +48,14 @@ def exposed_mean_without_shape() -> onnx.ModelProto:
 
 def ort_simplified_layer_norm_in_default_domain() -> onnx.ModelProto:
     """A decomposed RMSNorm followed by ORT's own SimplifiedLayerNormalization, written in the
-    default domain as ORT's offline optimiser saves it."""
+    default domain as ORT's offline optimiser saves it; stash_type 0, which otfuse does not
+    re-target (fusions/norm/contrib.py), so the non-standard op stays in the fused model."""
     b = GraphBuilder()
     x = b.input("x", F32, ["batch", "seq", HIDDEN])
     normed = rms_norm(b, x, HIDDEN)
     scale = b.const((1 + 0.05 * np.arange(HIDDEN)).astype(np.float32), "ort_scale")
     b.nodes.append(helper.make_node("SimplifiedLayerNormalization", [normed, scale], ["y"], name="sln",
-                                    axis=-1, epsilon=1e-6))
+                                    axis=-1, epsilon=1e-6, stash_type=0))
     b.output("y", F32, ["batch", "seq", HIDDEN])
     return _as_written(b)
 

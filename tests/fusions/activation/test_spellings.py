@@ -196,7 +196,7 @@ def test_ort_contrib_ops(tmp_path, name):
 
 CONTRIB_REFUSED = {  # name -> (contrib_model args, kwargs, the near miss names)
     "unknown_attribute": (("FastGelu",), dict(surprise=1), "'surprise'"),
-    "domain_opset_2": (("BiasGelu", [16]), dict(ms_opset=2), "domain opset 2"),
+    "domain_opset_2": (("BiasGelu", [16]), dict(ms_opset=2), "opset 2): only versions [1] of com.microsoft"),
     "bias_not_1d": (("FastGelu", [1, 16]), {}, "not one value per element of x's last axis"),
     "bias_one_value": (("BiasGelu", [1]), {}, "not one value per element of x's last axis"),
     "bias_float16": (("BiasGelu", [16]), dict(bias_type=np.float16), "has type float16"),
