@@ -9,6 +9,7 @@ the constants that only the fused nodes used are dropped.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections import Counter
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ from otfuse.domain import OP_DOMAIN, OP_DOMAIN_VERSION
 from otfuse.rewriter.graph import GraphIndex, index_for
 from otfuse.rewriter.pattern import Failure, Match, Matcher
 from otfuse.rewriter.rule import Fusion, NotCandidate, Refuse, Replacement, RewriteContext, Rule
+from otfuse.rewriter.interior_shapes import rebase_shape_reads
 
 # A failed candidate is reported as a near miss when it failed a semantic check, or when its
 # partial match reached one of the rule's anchor ops and got this deep.
@@ -109,11 +111,12 @@ def _only_feeds(graph: GraphIndex, node: onnx.NodeProto, inside: set[int], depth
 
 
 def _reads_interior(graph: GraphIndex, covers: tuple[onnx.NodeProto, ...], replacement: Replacement,
-                    positions: dict[int, int]) -> None:
+                    positions: dict[int, int], rebuilt: frozenset[str] = frozenset()) -> None:
     """Refuse a replacement that cannot take the match's place: an input of one of its nodes is
     computed inside the match, or from a value the match computes through nodes outside it
     (``Shape(interior) -> ... -> mask``, ``CastLike(w, residual_sum)`` as a norm's scale). The fused
-    node would read a value that disappears, or its own output: a cycle."""
+    node would read a value that disappears, or its own output: a cycle. The shape reads the
+    replacement ``rebuilt`` from outside values (interior_shapes.py) end the walk."""
     covered = {id(node) for node in covers}
     first = min(positions.get(id(node), 0) for node in covers)
     made_by = {out: index for index, node in enumerate(replacement.nodes) for out in node.output if out}
@@ -121,7 +124,7 @@ def _reads_interior(graph: GraphIndex, covers: tuple[onnx.NodeProto, ...], repla
         for name in node.input:
             if not name or made_by.get(name, index) != index:
                 continue  # wired from another node of the replacement
-            source = _match_value_upstream(graph, name, covered, first, positions)
+            source = _match_value_upstream(graph, name, covered, first, positions, rebuilt)
             if source == name:
                 raise Refuse(f"the fused node would read {name!r}, which is computed inside the match")
             if source is not None:
@@ -146,13 +149,14 @@ def _materialise_static_inputs(ctx: RewriteContext, covers: tuple[onnx.NodeProto
 
 
 def _match_value_upstream(graph: GraphIndex, name: str, covered: set[int], first: int,
-                          positions: dict[int, int]) -> str | None:
+                          positions: dict[int, int], provided: set[str] = frozenset()) -> str | None:
     """The first value produced by a covered node that ``name`` depends on, or None. Nodes placed
-    before the match's first node (in topological order) cannot depend on it: the walk stops there."""
+    before the match's first node (in topological order) cannot depend on it: the walk stops there,
+    and at the values the replacement itself ``provided`` (a rebuilt shape read)."""
     pending, seen = [name], {name}
     while pending:
         value = pending.pop()
-        producer = graph.producer.get(value)
+        producer = None if value in provided and value != name else graph.producer.get(value)
         if producer is None:
             continue
         if id(producer) in covered:
@@ -164,6 +168,36 @@ def _match_value_upstream(graph: GraphIndex, name: str, covered: set[int], first
                 seen.add(parent)
                 pending.append(parent)
     return None
+
+
+def _values_upstream(graph: GraphIndex, name: str, covered: set[int], first: int,
+                     positions: dict[int, int]) -> set[str]:
+    """Every value ``name`` depends on that is computed after the match's first node, the walk not
+    entering covered nodes (their outputs are included)."""
+    pending, seen = [name], {name}
+    while pending:
+        producer = graph.producer.get(pending.pop())
+        if producer is None or id(producer) in covered or positions.get(id(producer), first) < first:
+            continue
+        for parent in _node_reads(producer):
+            if parent not in seen:
+                seen.add(parent)
+                pending.append(parent)
+    return seen
+
+
+def _with_rebased_shape_reads(ctx: RewriteContext, fusion: Fusion, replacement: Replacement,
+                              positions: dict[int, int]) -> Fusion:
+    """The fusion grown by the Shape reads of its interior that interior_shapes.py rebuilt."""
+    graph = ctx.graph
+    first = min(positions.get(id(node), 0) for node in fusion.covers)
+    taken = rebase_shape_reads(graph, fusion.covers, fusion.produces, replacement,
+                               lambda name, covered: _values_upstream(graph, name, covered, first, positions),
+                               ctx.unique_name)
+    if not taken:
+        return fusion
+    made = {out for node in taken for out in node.output if out}
+    return dataclasses.replace(fusion, covers=fusion.covers + taken, produces=fusion.produces | made)
 
 
 def topological_positions(nodes: Sequence[onnx.NodeProto]) -> dict[int, int]:
@@ -266,8 +300,12 @@ def _try_match(graph: GraphIndex, ctx: RewriteContext, rule: Rule, match: Match,
         return None
     replacement = rule.emit(ctx, fusion)
     _materialise_static_inputs(ctx, fusion.covers, replacement, positions)
+    grown = _with_rebased_shape_reads(ctx, fusion, replacement, positions)
+    if grown is not fusion and overlaps(match._with(covered=grown.covers)):
+        return None
+    rebuilt, fusion = grown.produces - fusion.produces, grown
     try:
-        _reads_interior(graph, fusion.covers, replacement, positions)
+        _reads_interior(graph, fusion.covers, replacement, positions, rebuilt)
     except Refuse as refusal:
         _keep_refusal(matcher, fusion.covers, refusal)
         return None

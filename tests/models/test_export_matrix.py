@@ -40,11 +40,7 @@ KINDS = COVERAGE.KINDS
 
 # variant -> why it does not fuse every site today: the first site kind short and otfuse's near miss for it
 # (or "no near miss reported", itself a bug: issue 10 wants every site left unfused in the report).
-XFAIL: dict[str, str] = {
-    'bloom/dynamo_nopos_static': 'attention 0/2 fused: RopeAttention(BSND): expected MatMul, found a graph input or constant',
-    'bloom/optimum_nopast': "attention 0/2 fused: Attention(flat heads, ALiBi): the fused node would read 'Slice_output_0' (the mask sliced to Shape(interior keys))",
-    'bloom/optimum_past': "attention 0/2 fused: Attention(flat heads, ALiBi): the fused node would read 'Slice_output_0' (the mask sliced to Shape(interior keys))",
-}
+XFAIL: dict[str, str] = {}
 
 
 def dims_for(entry: dict) -> dict[str, int]:

@@ -12,17 +12,49 @@ from graphs import F32, GraphBuilder
 import otfuse
 
 
-def test_a_fusion_is_refused_when_its_node_would_read_a_value_derived_from_its_interior(tmp_path):
-    """meta_rope_causal: the causal mask is built from Shape(transpose(q_rot)). The BSND
-    RopeAttention match covers that transpose, and the fused node reads the mask, so the Shape
-    chain cannot die with the match; fusing it anyway left the graph reading a removed value (the
-    fused model failed onnx.checker). The fold is refused; the rotation and the attention fuse
-    separately and the outputs match."""
+def _shape_read_through_identity(model: onnx.ModelProto) -> onnx.ModelProto:
+    """meta_rope_causal with each Shape of an interior value reading it through an Identity: the
+    same numbers, but a value (not a shape) now leaves the match."""
+    producers = {out: node for node in model.graph.node for out in node.output}
+    for index, node in enumerate(list(model.graph.node)):
+        source = producers.get(node.input[0]) if node.op_type == "Shape" else None
+        if source is not None and source.op_type == "Transpose":
+            copy = onnx.helper.make_node("Identity", [node.input[0]], [node.input[0] + "_copy"])
+            node.input[0] = copy.output[0]
+            model.graph.node.insert(list(model.graph.node).index(node), copy)
+    return model
+
+
+def test_a_shape_read_of_the_interior_is_rebuilt_from_the_fused_node_inputs(tmp_path):
+    """meta_rope_causal: the causal mask is sized by Shape(transpose(q_rot)), a value inside the
+    BSND RopeAttention match. Only its shape crosses the boundary, and the dimension engine proves
+    the dims read equal q's: the Shape is rebuilt from q (rewriter/interior_shapes.py) and the whole
+    site is one RopeAttention; the fused model is valid and matches."""
     out = tmp_path / "fused.onnx"
     report = otfuse.fuse(fixture_path("meta_rope_causal"), out)
-    assert report.fusions == {"RotaryEmbeddingQK": 1, "Attention": 1}
+    assert report.fusions == {"RopeAttention": 1}
+    assert not report.near_misses
     onnx.checker.check_model(onnx.load(out), full_check=True)
     assert otfuse.diff(fixture_path("meta_rope_causal"), out, dims={"batch": 2}).ok
+
+
+def test_a_fusion_is_refused_when_its_node_would_read_a_value_derived_from_its_interior(tmp_path):
+    """The same with an Identity between the interior value and its Shape: a value leaves the
+    match and the fused node would read what it computes. Fusing it anyway left the graph reading a
+    removed value (the fused model failed onnx.checker). The fold is refused; the rotation and the
+    attention fuse separately, reported once as a downgrade, and the outputs match."""
+    source = tmp_path / "identity.onnx"
+    onnx.save(_shape_read_through_identity(onnx.load(fixture_path("meta_rope_causal"))), source)
+    out = tmp_path / "fused.onnx"
+    report = otfuse.fuse(source, out)
+    assert report.fusions == {"RotaryEmbeddingQK": 1, "Attention": 1}
+    downgrades = [m for m in report.near_misses if m.get("fused_as")]
+    assert len(downgrades) == 1, report.near_misses
+    (miss,) = downgrades
+    assert miss["pattern"].startswith("RopeAttention") and miss["fused_as"] == "RotaryEmbeddingQK + Attention"
+    assert "computed from" in miss["reason"], miss
+    onnx.checker.check_model(onnx.load(out), full_check=True)
+    assert otfuse.diff(source, out, dims={"batch": 2}).ok
 
 
 def _norm_whose_scale_reads_the_residual_sum(norm: str, scale: str) -> onnx.ModelProto:

@@ -40,13 +40,18 @@ def _flat_attention():
     # TorchScript writes softmax(dtype=float32).to(T) as Softmax -> Cast(float) -> Cast(T).
     probs = Either(op.Cast(op.Cast(probs, _bind="softmax_widen"), _bind="softmax_narrow"), probs)
     probs3 = op.Reshape(probs, Var("probs_shape"), _bind="probs_flat")
-    out = op.Reshape(op.MatMul(probs3, _merged_heads("v"), _bind="pv"), Var("out_shape"), _bind="out_unflat")
+    flat_pv = op.Reshape(op.MatMul(probs3, _merged_heads("v"), _bind="pv"), Var("out_shape"), _bind="out_unflat")
+    # With static shapes the exporter's optimiser drops the Reshape pair around P·V: one 4-D MatMul.
+    out = Either(flat_pv, op.MatMul(probs, Var("v"), _bind="pv"))
     return Either(op.Transpose(out, perm=[0, 2, 1, 3], _bind="out_transpose"), out)
 
 
 def _check_reshapes(graph, match: Match, dims) -> None:
-    """[B, N, S, D] -> [B*N, S, D] (only the two leading dims merge) for q, k and v, and back."""
+    """[B, N, S, D] -> [B*N, S, D] (only the two leading dims merge) for q, k and v, and back
+    (v and the way back only where P·V is a 3-D MatMul)."""
     for tag in ("q", "k", "v"):
+        if not match.has(f"{tag}_flat"):
+            continue
         source = graph.shape(match.value(tag))
         flat = checks.reshaped_dims(graph, match.node(f"{tag}_flat"))
         if flat is None or len(flat) != 3 or not checks.shapes_equal(flat[1:], source[2:]):
@@ -55,10 +60,14 @@ def _check_reshapes(graph, match: Match, dims) -> None:
     expected = {"scores_unflat": (4, [dims["B"], dims["N"], dims["Sq"], None]),
                 "out_unflat": (4, [dims["B"], dims["N"], dims["Sq"], dims["Dv"]])}
     for bind, (rank, want) in expected.items():
+        if not match.has(bind):
+            continue
         got = checks.reshaped_dims(graph, match.node(bind))
         if got is None or len(got) != rank or not all(
                 w is None or checks.dims_equal(have, w) for have, w in zip(got, want)):
             raise Refuse(f"{bind} reshapes to {got}, not {want}")
+    if not match.has("probs_flat"):
+        return
     probs_flat = checks.reshaped_dims(graph, match.node("probs_flat"))
     if probs_flat is None or len(probs_flat) != 3 or not checks.dims_equal(probs_flat[1], dims["Sq"]):
         raise Refuse(f"the probabilities are reshaped to {probs_flat}, not [B*N, Sq, Skv]")
@@ -109,6 +118,8 @@ def _output_shape_reads(graph, match: Match, y: str, helpers: Helpers) -> tuple:
     fusion): those plain ``Shape`` nodes are taken in and their value is rebuilt after the fused
     node from ``Shape(Y)`` ([B, N, Sq, Dv], or [B, Sq, N, Dv] for a BSND output) as
     [B*N, Sq, Dv]: the same numbers. Anything else reading P·V is left to the leak check."""
+    if not match.has("out_unflat"):
+        return ()
     pv = match.node("pv").output[0]
     readers = [n for n in graph.uses(pv) if n is not match.node("out_unflat")]
     if not readers or graph.is_graph_output(pv) or not all(

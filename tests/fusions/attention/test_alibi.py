@@ -228,3 +228,46 @@ def test_a_bias_of_key_indices_becomes_index_positions(tmp_path):
     assert _slopes(node, inits) == BLOOM_SLOPES and a.get("alibi_positions", b"index") == b"index"
     assert not node.input[3]
     _diff_with_padding(src, out)
+
+
+def _static_bloom(tmp_path):
+    """The matrix's static-shape dynamo BLOOM (batch 2, seq 7): the exporter's optimiser proved the
+    Reshape pair around P·V an identity and dropped it, so P·V is one 4-D MatMul of the
+    [B, N, Sq, Skv] probabilities with the [B, N, Skv, D] values, while QKᵀ stays on [B*N, S, D]."""
+    import gzip
+    import shutil
+
+    from fixtures import FIXTURES
+
+    packed = FIXTURES / "matrix" / "bloom"
+    model = onnx.load_from_string(gzip.decompress((packed / "dynamo_nopos_static.onnx.gz").read_bytes()))
+    shutil.copyfile(packed / "weights.bin", tmp_path / "weights.bin")
+    return model
+
+
+def test_static_bloom_with_a_4d_pv_matmul_fuses_with_slopes(tmp_path):
+    src, out, report = _fuse(tmp_path, _static_bloom(tmp_path), "static")
+    assert report.fusions["Attention"] == 2 and not report.near_misses, report.near_misses
+    for node in [n for n in fused_nodes(onnx.load(out)) if n.op_type == "Attention"]:
+        assert attrs(node)["causal"] == 1 and attrs(node)["alibi_positions"] == b"mask_cumsum"
+    assert otfuse.diff(src, out).ok
+
+
+def test_a_4d_pv_matmul_broadcasting_one_value_batch_is_refused(tmp_path):
+    """Mutation: the values sliced to batch 1, which the 4-D MatMul broadcasts over the batch; the
+    fused op does not broadcast V, so nothing is fused (and the reason says why)."""
+    model = _static_bloom(tmp_path)
+    graph = model.graph
+    softmaxes = {n.output[0] for n in graph.node if n.op_type == "Softmax"}
+    for index, node in enumerate(list(graph.node)):
+        if node.op_type == "MatMul" and node.input[0] in softmaxes:
+            names = [f"{node.name}_{part}" for part in ("starts", "ends", "axes")]
+            graph.initializer.extend(numpy_helper.from_array(np.array([v], np.int64), n)
+                                     for v, n in zip((0, 1, 0), names))
+            sliced = helper.make_node("Slice", [node.input[1], *names], [f"{node.name}_v1"])
+            node.input[1] = sliced.output[0]
+            graph.node.insert(list(graph.node).index(node), sliced)
+    src, out, report = _fuse(tmp_path, model, "broadcast_v")
+    assert "Attention" not in report.fusions
+    assert report.near_misses
+    assert otfuse.diff(src, out).ok

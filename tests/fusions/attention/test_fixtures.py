@@ -171,16 +171,3 @@ def test_where_filled_scores_become_a_bias_that_the_diff_checks(tmp_path):
     where.input[1], where.input[2] = where.input[2], where.input[1]
     onnx.save(fused, tmp_path / "swapped.onnx")
     assert not otfuse.diff(fixture_path("legacy_where_causal"), tmp_path / "swapped.onnx", dims={"batch": 2}).ok
-
-
-def test_a_rotation_left_out_of_the_attention_is_reported_once(tmp_path):
-    """meta_rope_causal: the causal mask reads Shape(q_rot), so the rotation cannot fold into the
-    attention; the site is RotaryEmbeddingQK + Attention, listed once (the attention pass's
-    refusal; the fold pass retries the same rotation) with the reason."""
-    report = otfuse.fuse(fixture_path("meta_rope_causal"), tmp_path / "out.onnx")
-    assert report.fusions == {"Attention": 1, "RotaryEmbeddingQK": 1}
-    downgrades = [m for m in report.near_misses if m.get("fused_as")]
-    assert len(downgrades) == 1, report.near_misses
-    (miss,) = downgrades
-    assert miss["pattern"].startswith("RopeAttention") and miss["fused_as"] == "RotaryEmbeddingQK + Attention"
-    assert "computed from" in miss["reason"], miss
