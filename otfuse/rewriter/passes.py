@@ -55,16 +55,17 @@ def unique_sites(misses: list[tuple[str, NearMiss]], final_nodes: set[str]) -> l
     retries the RopeAttention an attention pass downgraded, on the same rotation node), nor a
     downgrade a later pass undid (the fold absorbed the rotation after all: it is not in
     ``final_nodes``, the names of the final model's nodes)."""
-    seen: dict[str, set[str]] = {}
+    seen: dict[tuple[str, str], set[str]] = {}
     kept = []
     for family, miss in misses:
         if miss.fused_as and any(name not in final_nodes for name in miss.fused_nodes):
             continue
         names = {name for name in miss.nodes if name}
-        if miss.fused_as and names & seen.get(family, set()):
+        key = (family, miss.pattern)  # a part fused less than fully is not that site's downgrade
+        if miss.fused_as and names & seen.get(key, set()):
             continue
         if miss.fused_as:
-            seen.setdefault(family, set()).update(names)
+            seen.setdefault(key, set()).update(names)
         kept.append((family, miss))
     return kept
 
@@ -278,9 +279,11 @@ def _try_match(graph: GraphIndex, ctx: RewriteContext, rule: Rule, match: Match,
         return _CANNOT_BEAT
     if overlaps(match):
         return None
-    ctx.match = match
+    ctx.match, ctx.partials = match, []
     try:
         fusion = rule.analyse(ctx, match)
+        if ctx.partials:
+            fusion = dataclasses.replace(fusion, partial=fusion.partial + tuple(ctx.partials))
     except NotCandidate:
         return None
     except Refuse as refusal:

@@ -51,6 +51,13 @@ class RewriteContext:
         self._taken |= graph.graph_inputs
         self.memo: dict = {}  # per-pass results rules share (e.g. one mask analysis for all layers)
         self.match: Match | None = None  # set by the pass before each analyse
+        # Parts of the match being analysed fused less than fully, (what, reason), noted by shared
+        # checks (a mask kept as a bias): the pass adds them to the accepted Fusion's ``partial``.
+        self.partials: list[tuple[str, str]] = []
+
+    def fused_less_than_fully(self, what: str, reason: str) -> None:
+        """Report a part of the current match that the fused node takes in a weaker form."""
+        self.partials.append((what, reason))
 
     def unique_name(self, base: str) -> str:
         name, counter = base, 1

@@ -13,10 +13,14 @@ import otfuse
 
 
 def _shape_read_through_identity(model: onnx.ModelProto) -> onnx.ModelProto:
-    """meta_rope_causal with each Shape of an interior value reading it through an Identity: the
-    same numbers, but a value (not a shape) now leaves the match."""
+    """meta_rope_causal with each Shape of an interior value reading it through an Identity, and
+    the mask made anti-causal (``Trilu(upper=1)``: no claim, so the fused node must read it): a
+    value (not a shape) now leaves the match."""
     producers = {out: node for node in model.graph.node for out in node.output}
-    for index, node in enumerate(list(model.graph.node)):
+    for node in model.graph.node:
+        if node.op_type == "Trilu":
+            node.attribute[0].i = 1
+    for node in list(model.graph.node):
         source = producers.get(node.input[0]) if node.op_type == "Shape" else None
         if source is not None and source.op_type == "Transpose":
             copy = onnx.helper.make_node("Identity", [node.input[0]], [node.input[0] + "_copy"])
@@ -48,8 +52,9 @@ def test_a_fusion_is_refused_when_its_node_would_read_a_value_derived_from_its_i
     out = tmp_path / "fused.onnx"
     report = otfuse.fuse(source, out)
     assert report.fusions == {"RotaryEmbeddingQK": 1, "Attention": 1}
-    downgrades = [m for m in report.near_misses if m.get("fused_as")]
+    downgrades = [m for m in report.near_misses if m.get("fused_as") and "mask kept" not in m["pattern"]]
     assert len(downgrades) == 1, report.near_misses
+    assert any("mask kept" in m["pattern"] for m in report.near_misses)  # the anti-causal mask, as a bias
     (miss,) = downgrades
     assert miss["pattern"].startswith("RopeAttention") and miss["fused_as"] == "RotaryEmbeddingQK + Attention"
     assert "computed from" in miss["reason"], miss

@@ -232,10 +232,20 @@ def mask_inputs(ctx: RewriteContext, match: Match, attributes: dict, helpers: He
         return "", ""
     try:
         claim = classify_mask(ctx.graph, match.value("mask"), ctx.memo)
-    except Refuse:
+    except Refuse as refusal:
+        _report_unclaimed(ctx, match.value("mask"), refusal)
         return match.value("mask"), ""
     attributes.update(causal=int(claim.causal), window=claim.window, empty_rows=claim.empty_rows)
     return "", claim.key_padding or ""
+
+
+def _report_unclaimed(ctx: RewriteContext, mask: str, refusal: Refuse) -> None:
+    """A mask the graph computes but masks.py could not prove causal / window / padding becomes a
+    materialised bias: the kernel then reads it and computes every tile. A mask that is a graph
+    input or a constant is what the model states, not a lost claim."""
+    if mask in ctx.graph.graph_inputs or ctx.graph.is_constant(mask):
+        return
+    ctx.fused_less_than_fully("mask kept as a materialised attn_bias", str(refusal))
 
 
 def _filled_mask_inputs(ctx: RewriteContext, match: Match, attributes: dict,
@@ -253,7 +263,8 @@ def _filled_mask_inputs(ctx: RewriteContext, match: Match, attributes: dict,
     if not swapped and not match.has("mask"):
         try:
             claim = classify_bool_mask(graph, cond, ctx.memo)
-        except Refuse:
+        except Refuse as refusal:
+            _report_unclaimed(ctx, cond, refusal)
             claim = None
         if claim is not None:
             empty_rows = "uniform" if math.isfinite(fill(graph, match)) else "zero"

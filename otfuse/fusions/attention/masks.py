@@ -133,9 +133,22 @@ def _conjuncts(graph: GraphIndex, value: str, negated: bool) -> list[tuple[str, 
         return _conjuncts(graph, node.input[0], negated) + _conjuncts(graph, node.input[1], negated)
     if node.op_type == "Not":
         return _conjuncts(graph, node.input[0], not negated)
+    compared = _compared_with_zero(graph, node)
+    if compared is not None:  # Equal(v, 0) is Not(v): torch's `tril(ones) == 0` before masked_fill
+        return _conjuncts(graph, compared, not negated)
     if node.op_type in _RESHAPING or (node.op_type == "Cast" and attr(node, "to") == BOOL):
         return _conjuncts(graph, node.input[0], negated)
     return [(value, negated)]
+
+
+def _compared_with_zero(graph: GraphIndex, node: onnx.NodeProto) -> str | None:
+    """v of ``Equal(v, 0)`` / ``Equal(0, v)``: true exactly where v is false (as a condition)."""
+    if node.op_type != "Equal" or node.domain not in ("", "ai.onnx"):
+        return None
+    for this, other in ((0, 1), (1, 0)):
+        if graph.scalar_value(node.input[other]) == 0.0 and not graph.is_constant(node.input[this]):
+            return node.input[this]
+    return None
 
 
 def input_values_read(graph: GraphIndex, value: str, memo: dict) -> frozenset[str]:
@@ -217,7 +230,7 @@ def _index_offset(graph: GraphIndex, value: str) -> float | None:
 def _filled_with_nonzero(graph: GraphIndex, value: str) -> bool:
     """A tensor of one non-zero value: a constant, or ConstantOfShape (through casts)."""
     node = graph.producer.get(value)
-    while node is not None and node.op_type == "Cast":
+    while node is not None and node.op_type in ("Cast", "Expand"):  # a broadcast keeps the one value
         value, node = node.input[0], graph.producer.get(node.input[0])
     if graph.is_constant(value):
         const = np.asarray(graph.constant_value(value))
@@ -404,6 +417,24 @@ def static_sizes(model: onnx.ModelProto) -> tuple[int, int] | None:
     return next(iter(pairs))
 
 
+def _fixed_length(model: onnx.ModelProto) -> tuple[int, int] | None:
+    """(Sq, Skv) of the mask when no input dim of its subgraph varies with the sequence (only the
+    batch is free: a static-length export sized by [B, N, S, D] values), read from one run; None
+    when the inputs follow the sequence length."""
+    from otfuse.run.feeds import make_feeds
+
+    shapes = [{name: value.shape for name, value in make_feeds(model, {"batch": 2, "seq": seq, "past": 0}).items()}
+              for seq in (5, 12)]
+    if shapes[0] != shapes[1]:
+        return None
+    session, _ = probe_session(model, "mask")
+    try:
+        (got,) = session.run(None, make_feeds(model, {"batch": 2, "seq": 5, "past": 0}))
+    except Exception:  # noqa: BLE001 - the configurations' own runs then say why
+        return None
+    return (int(got.shape[-2]), int(got.shape[-1])) if got.ndim >= 2 else None
+
+
 def _configurations(claim: MaskClaim, has_past: bool, offsets: set[int], static: tuple[int, int] | None):
     if static is not None:  # the sequences past the offsets cannot be run: the export fixed its size
         yield static[0], static[1], 0
@@ -452,8 +483,11 @@ def _verify_by_running(graph: GraphIndex, output: str, claim: MaskClaim, visible
     model = subgraph_model(graph, output)
     session, has_past = probe_session(model, "mask")
     rng = np.random.default_rng(0)
+    fixed_length = _fixed_length(model)
     for batch, seq, past in _configurations(claim, has_past, offsets, static_sizes(model)):
         feeds = make_feeds(model, {"batch": batch, "seq": seq, "past": past})
+        if fixed_length is not None:  # the export fixed the length, the batch stays free
+            seq, past = fixed_length[0], fixed_length[1] - fixed_length[0]
         total = past + seq
         for padding in _padding_patterns(batch, total, rng):
             if claim.key_padding:
@@ -463,6 +497,8 @@ def _verify_by_running(graph: GraphIndex, output: str, claim: MaskClaim, visible
             except Exception as exc:  # noqa: BLE001
                 raise Refuse(f"the mask subgraph failed at seq {seq}, past {past} ({type(exc).__name__})") from None
             expected = _expected(claim, batch, seq, past, padding)
+            if 2 <= got.ndim < 4:  # added to the [B, N, Sq, Skv] scores right-aligned (SDPA's 2-D attn_mask)
+                got = got.reshape((1,) * (4 - got.ndim) + got.shape)
             visible = visible_of(got) if got.ndim == 4 and got.shape[-2:] == (seq, total) else None
             if visible is None or not _broadcasts_to_equal(visible, expected):
                 raise Refuse(f"running the mask (seq {seq}, past {past}) contradicts "

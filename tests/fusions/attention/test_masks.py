@@ -199,6 +199,18 @@ def _trilu_mask(upper: int):
     return build
 
 
+def _tril_equal_mask(upper: int, compared: float, rank: int = 2):
+    """torch's SDPA ``is_causal`` as the dynamo exporter writes it: ``Where(Trilu(Expand(1, [S, S]))
+    == 0, min, 0)``, a [S, S] mask the scores broadcast (``rank`` 4: unsqueezed to [1, 1, S, S])."""
+    def build(node, const, seq):
+        square = node("Concat", [seq, seq], axis=0)
+        ones = node("Expand", [const(1.0, np.float32), square])
+        masked = node("Equal", [node("Trilu", [ones], upper=upper), const(compared, np.float32)])
+        mask = node("Where", [masked, const(MIN, np.float32), const(0.0, np.float32)])
+        return node("Unsqueeze", [mask, const([0, 1])]) if rank == 4 else mask
+    return build
+
+
 def _cumsum_mask(shift: int):
     """Positions by CumSum(ones) - 1; the keys' shifted by ``shift`` (a diagonal off by that)."""
     def build(node, const, seq):
@@ -256,6 +268,8 @@ def _claimed(tmp_path, build, name):
     ("cumsum", _cumsum_mask(shift=0)),
     ("tril_buffer", _buffer_mask(np.tril(np.ones((64, 64), dtype=bool)))),
     ("masked_where_chain", _masked_where_mask(_future_keys)),
+    ("tril_equal_zero_2d", _tril_equal_mask(upper=0, compared=0.0)),
+    ("tril_equal_zero_4d", _tril_equal_mask(upper=0, compared=0.0, rank=4)),
 ])
 def test_other_causal_spellings_are_claimed(tmp_path, name, build):
     assert _claimed(tmp_path, build, name) == (1, 0, False, "")
@@ -269,6 +283,8 @@ def test_other_causal_spellings_are_claimed(tmp_path, name, build):
     # Seen only past 20 keys: the check runs at 20 + 3 and 2 * 20 + 1 keys too, so this is no "causal".
     ("band_as_difference", _masked_where_mask(_band_as_difference)),
     ("clamped_query", _masked_where_mask(_keys_up_to_a_clamp)),  # likewise: checked at 23 and 41 keys
+    ("tril_equal_one", _tril_equal_mask(upper=0, compared=1.0)),  # masks the visible keys instead
+    ("triu_equal_zero", _tril_equal_mask(upper=1, compared=0.0)),  # anti-causal
 ])
 def test_masks_that_are_not_what_they_seem_stay_a_bias(tmp_path, name, build):
     causal, window, bias, padding = _claimed(tmp_path, build, name)
@@ -301,3 +317,24 @@ def test_a_window_too_long_to_check_is_not_claimed():
                  and graph.scalar_value(n.input[2]) < -1e4)
     with pytest.raises(Refuse, match="10000.*8192"):
         classify_mask(graph, where.output[0], {})
+
+
+def test_a_computed_mask_kept_as_a_bias_is_reported(tmp_path):
+    """A mask the graph computes but otfuse cannot prove is still fused exactly, as an additive
+    bias the kernel reads in every tile: the report lists it as fused less than fully, with why."""
+    src, out = tmp_path / "m.onnx", tmp_path / "f.onnx"
+    onnx.save(_model_with_mask(_trilu_mask(upper=1)), src)
+    report = otfuse.fuse(src, out)
+    (miss,) = [m for m in report.near_misses if "mask kept" in m["pattern"]]
+    assert miss["fused_as"] in ("Attention", "RopeAttention") and "contradicts" in miss["reason"]
+
+
+def test_a_mask_given_as_an_input_is_not_reported(tmp_path):
+    """A [B, 1, S, S] mask that is a graph input is what the model states: nothing was lost."""
+    model = attention_model()
+    assert any(i.name == "mask" for i in model.graph.input)
+    src, out = tmp_path / "m.onnx", tmp_path / "f.onnx"
+    onnx.save(model, src)
+    report = otfuse.fuse(src, out)
+    assert report.fusions.get("Attention") == 1
+    assert not [m for m in report.near_misses if "mask kept" in m["pattern"]], report.near_misses
