@@ -83,7 +83,7 @@ def _analyse(form: _ContribForm, ctx: RewriteContext, match: Match) -> Fusion:
     helpers = Helpers(node)
     epsilon = _epsilon(node, form.default_epsilon)
     if not form.skip:
-        axis = checks.trailing_axis([attr(node, "axis", -1)], graph.rank(x))
+        axis = checks.first_axis(attr(node, "axis", -1), graph.rank(x))
         checks.require_row_parameter(graph, match.value("scale"), x, axis, "scale")
         named = {"X": x}
         if match.has("residual"):  # Add(a, b) -> SimplifiedLayerNormalization: AddRMSNorm, the sum as S

@@ -19,11 +19,12 @@ import numpy as np
 import onnx
 
 from otfuse import ops
+from otfuse.fusions.norm import residual
 from otfuse.rewriter import checks
 from otfuse.rewriter.allow_list import OpAllowList, only, require_allowed
 from otfuse.rewriter.builder import Helpers, NewTensor
 from otfuse.rewriter.graph import GraphIndex
-from otfuse.rewriter.pattern import ANY, Const, Either, Match, Op, Var, attr, op, scalar_equal
+from otfuse.rewriter.pattern import ANY, Const, Either, Match, Op, Pattern, Var, attr, op, scalar_equal
 from otfuse.rewriter.rule import Fusion, Refuse, RewriteContext, Rule
 
 FLOAT = onnx.TensorProto.FLOAT
@@ -77,8 +78,10 @@ def _scaled(normalized, with_bias: bool) -> Either:
     )
 
 
-def _residual_add() -> Op:
-    return op.Add(Var("a"), Var("b"), _bind="residual")
+def _residual_add() -> Either:
+    """The residual sum, or the sum through a Reshape (residual.require_rows_kept)."""
+    return Either(op.Add(Var("a"), Var("b"), _bind="residual"),
+                  op.Reshape(op.Add(Var("a"), Var("b"), _bind="residual"), Var("merge_shape"), _bind="merge"))
 
 
 @dataclass(frozen=True)
@@ -89,10 +92,15 @@ class _Form:
     op: ops.Op
     residual: bool = False
     allow: OpAllowList | None = None
+    # A plain form: the residual form's pattern and rule name, to report a residual Add it missed.
+    downgrade_of: tuple[Pattern, str] | None = None
 
 
 def _x_value(form: _Form, match: Match) -> str:
-    return match.node("residual").output[0] if form.residual else match.value("x")
+    """The normalised value: the residual sum (or its reshaped view), or x."""
+    if not form.residual:
+        return match.value("x")
+    return match.node("merge" if match.has("merge") else "residual").output[0]
 
 
 def _cast_sum_readers(form: _Form, graph: GraphIndex, match: Match) -> list:
@@ -107,7 +115,7 @@ def _cast_sum_readers(form: _Form, graph: GraphIndex, match: Match) -> list:
 def _normalised_axis(form: _Form, graph: GraphIndex, match: Match) -> int:
     x = _x_value(form, match)
     if form.allow is not None:
-        return checks.trailing_axis([attr(match.node("norm"), "axis", -1)], graph.rank(x))
+        return checks.first_axis(attr(match.node("norm"), "axis", -1), graph.rank(x))
     axes = [checks.reduce_axes(graph, match, "reduce", "axes")]
     if match.has("reduce_var"):
         axes.append(checks.reduce_axes(graph, match, "reduce_var", "axes_var"))
@@ -149,6 +157,8 @@ def _analyse(form: _Form, ctx: RewriteContext, match: Match) -> Fusion:
     if form.residual:
         checks.require_same_shape(graph, match.value("a"), match.value("b"))
     axis = _normalised_axis(form, graph, match)
+    if match.has("merge"):
+        residual.require_rows_kept(graph, match.node("merge"), axis)
     epsilon = _epsilon(form, graph, match)
     for name in ("scale", "bias"):
         if match.has(name):
@@ -162,11 +172,19 @@ def _analyse(form: _Form, ctx: RewriteContext, match: Match) -> Fusion:
     if cast_readers:  # the identity Cast's readers now read the sum
         cast = match.node("cast_in")
         helpers.node("Identity", [x], cast.output[0], name=f"{cast.name or cast.output[0]}/sum", after=True)
-    named = dict(A=match.value("a"), B=match.value("b"), S=x) if form.residual else dict(X=x)
+    covers, y = match.covered, root.output[0]
+    if match.has("merge"):  # normalise the sum in its own shape, reshape the result
+        merge = match.node("merge")
+        if residual.merge_stays(graph, match, cast_readers):
+            covers = tuple(node for node in covers if node is not merge)
+        y = residual.reshaped_output(helpers, merge, y)
+    named = dict(A=match.value("a"), B=match.value("b"), S=match.node("residual").output[0]) \
+        if form.residual else dict(X=x)
     if match.has("bias"):
         named["bias"] = checks.row_parameter(graph, match.value("bias"), x, axis)
-    call = form.op(**named, scale=_scale_input(graph, match, x, axis), Y=root.output[0], epsilon=epsilon, axis=axis)
-    return Fusion(call, match.covered, helpers)
+    call = form.op(**named, scale=_scale_input(graph, match, x, axis), Y=y, epsilon=epsilon, axis=axis)
+    partial = residual.unabsorbed_residual(graph, x, root, *form.downgrade_of) if form.downgrade_of else ()
+    return Fusion(call, covers, helpers, partial=partial)
 
 
 def _rule(name: str, form: _Form, pattern) -> Rule:
@@ -174,14 +192,26 @@ def _rule(name: str, form: _Form, pattern) -> Rule:
                 frozenset({"ReduceMean", "LayerNormalization", "RMSNormalization"}), fused_op=form.op.name)
 
 
-RMS_NORM = _rule("RMSNorm", _Form(ops.RMSNorm), _scaled(_rms_normalized(Var("x")), with_bias=False))
-ADD_RMS_NORM = _rule("AddRMSNorm", _Form(ops.AddRMSNorm, residual=True),
-                     _scaled(_rms_normalized(_residual_add()), with_bias=False))
-LAYER_NORM = _rule("LayerNorm", _Form(ops.LayerNorm), Either(_scaled(_layer_normalized(Var("x")), with_bias=True),
-                                                            _scaled(_layer_normalized(Var("x")), with_bias=False)))
-ADD_LAYER_NORM = _rule("AddLayerNorm", _Form(ops.AddLayerNorm, residual=True),
-                       Either(_scaled(_layer_normalized(_residual_add()), with_bias=True),
-                              _scaled(_layer_normalized(_residual_add()), with_bias=False)))
+def _rule_pair(name: str, plain: _Form, residual_form: _Form, spelled) -> tuple[Rule, Rule]:
+    """The residual rule (``spelled`` of the residual Add) and the plain one (``spelled`` of x),
+    which reports a residual Add in front of it that the residual rule did not match."""
+    residual_pattern = spelled(_residual_add())
+    plain = _Form(plain.op, allow=plain.allow, downgrade_of=(residual_pattern, f"Add{name}"))
+    return _rule(f"Add{name}", residual_form, residual_pattern), _rule(name, plain, spelled(Var("x")))
+
+
+def _rms_spelled(x) -> Either:
+    return _scaled(_rms_normalized(x), with_bias=False)
+
+
+def _layer_spelled(x) -> Either:
+    return Either(_scaled(_layer_normalized(x), with_bias=True), _scaled(_layer_normalized(x), with_bias=False))
+
+
+ADD_RMS_NORM, RMS_NORM = _rule_pair("RMSNorm", _Form(ops.RMSNorm), _Form(ops.AddRMSNorm, residual=True),
+                                    _rms_spelled)
+ADD_LAYER_NORM, LAYER_NORM = _rule_pair("LayerNorm", _Form(ops.LayerNorm), _Form(ops.AddLayerNorm, residual=True),
+                                        _layer_spelled)
 
 
 # Everything of the standard norm ops these rules translate; anything else is refused.
@@ -208,15 +238,14 @@ def _standard_op_either_bias(onnx_op: str, x) -> Either:
     return Either(_standard_op(onnx_op, x, True), _standard_op(onnx_op, x, False))
 
 
-LAYER_NORMALIZATION = _rule("LayerNormalization", _Form(ops.LayerNorm, allow=LAYER_NORMALIZATION_OP),
-                            _standard_op_either_bias("LayerNormalization", Var("x")))
-ADD_LAYER_NORMALIZATION = _rule("AddLayerNormalization",
-                                _Form(ops.AddLayerNorm, residual=True, allow=LAYER_NORMALIZATION_OP),
-                                _standard_op_either_bias("LayerNormalization", _residual_add()))
-RMS_NORMALIZATION = _rule("RMSNormalization", _Form(ops.RMSNorm, allow=RMS_NORMALIZATION_OP),
-                          _standard_op("RMSNormalization", Var("x"), False))
-ADD_RMS_NORMALIZATION = _rule("AddRMSNormalization", _Form(ops.AddRMSNorm, residual=True, allow=RMS_NORMALIZATION_OP),
-                              _standard_op("RMSNormalization", _residual_add(), False))
+ADD_LAYER_NORMALIZATION, LAYER_NORMALIZATION = _rule_pair(
+    "LayerNormalization", _Form(ops.LayerNorm, allow=LAYER_NORMALIZATION_OP),
+    _Form(ops.AddLayerNorm, residual=True, allow=LAYER_NORMALIZATION_OP),
+    partial(_standard_op_either_bias, "LayerNormalization"))
+ADD_RMS_NORMALIZATION, RMS_NORMALIZATION = _rule_pair(
+    "RMSNormalization", _Form(ops.RMSNorm, allow=RMS_NORMALIZATION_OP),
+    _Form(ops.AddRMSNorm, residual=True, allow=RMS_NORMALIZATION_OP),
+    lambda x: _standard_op("RMSNormalization", x, False))
 
 
 # At one root the residual forms are tried first: they absorb the Add as well.
