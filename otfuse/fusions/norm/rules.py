@@ -24,8 +24,8 @@ from otfuse.rewriter import checks
 from otfuse.rewriter.allow_list import OpAllowList, only, require_allowed
 from otfuse.rewriter.builder import Helpers, NewTensor
 from otfuse.rewriter.graph import GraphIndex
-from otfuse.rewriter.pattern import ANY, Const, Either, Match, Op, Pattern, Var, attr, op, scalar_equal
-from otfuse.rewriter.rule import Fusion, Refuse, RewriteContext, Rule
+from otfuse.rewriter.pattern import ANY, Const, Either, Match, Op, Pattern, Var, attr, attr_is, op, scalar_equal
+from otfuse.rewriter.rule import Fusion, NotCandidate, Refuse, RewriteContext, Rule
 
 FLOAT = onnx.TensorProto.FLOAT
 FAMILY = "norm"
@@ -51,11 +51,19 @@ def _rms_normalized(x) -> Either:
     )
 
 
+def _squared(value) -> Either:
+    return Either(op.Pow(value, Const("two", where=scalar_equal(2.0))), op.Mul(value, value))
+
+
 def _layer_normalized(x) -> Either:
     xf = _as_float32(x)
-    centered = op.Sub(xf, _reduce_mean(xf, "reduce", "axes"))
-    square = Either(op.Pow(centered, Const("two", where=scalar_equal(2.0))), op.Mul(centered, centered))
-    std = op.Sqrt(op.Add(_reduce_mean(square, "reduce_var", "axes_var"), Const("eps")))
+    mean = _reduce_mean(xf, "reduce", "axes")
+    centered = op.Sub(xf, mean)
+    variance = Either(
+        _reduce_mean(_squared(centered), "reduce_var", "axes_var"),
+        # ONNX's function body of LayerNormalization: mean(x²) - mean(x)², the same biased variance
+        op.Sub(_reduce_mean(_squared(xf), "reduce_var", "axes_var"), _squared(mean)))
+    std = op.Sqrt(op.Add(variance, Const("eps")), _bind="std")
     return Either(op.Div(centered, std), op.Mul(centered, op.Reciprocal(std)))
 
 
@@ -113,7 +121,7 @@ def _cast_sum_readers(form: _Form, graph: GraphIndex, match: Match) -> list:
 
 
 def _normalised_axis(form: _Form, graph: GraphIndex, match: Match) -> int:
-    x = _x_value(form, match)
+    x = match.node("flatten").output[0] if match.has("flatten") else _x_value(form, match)
     if form.allow is not None:
         return checks.first_axis(attr(match.node("norm"), "axis", -1), graph.rank(x))
     axes = [checks.reduce_axes(graph, match, "reduce", "axes")]
@@ -122,6 +130,36 @@ def _normalised_axis(form: _Form, graph: GraphIndex, match: Match) -> int:
     if len(axes) == 2 and axes[0] != axes[1]:
         raise Refuse(f"the two ReduceMean nodes use different axes ({axes[0]} vs {axes[1]})")
     return checks.trailing_axis(axes[0], graph.rank(x))
+
+
+def _require_not_function_body_inside(graph: GraphIndex, match: Match) -> None:
+    """The 2-D norm inside ONNX's function body (x and scale flattened) is that rule's site, not
+    this one's: reported once, by LayerNorm(function body)."""
+    if match.has("flatten") or not match.has("scale"):
+        return
+    def producer(value: str):
+        node = graph.producer.get(value)
+        while node is not None and node.op_type == "Cast":  # x, or x taken as its float32 Cast
+            node = graph.producer.get(node.input[0])
+        return node
+
+    flattened = [producer(match.value(name)) for name in ("x", "scale") if match.has(name)]
+    if len(flattened) == 2 and all(node is not None and node.op_type == "Flatten" for node in flattened):
+        raise NotCandidate()
+
+
+def _unflattened_axis(graph: GraphIndex, match: Match, axis: int) -> int:
+    """ONNX's function body normalises the last axis of Flatten(X, axis) and reshapes back: the
+    norm of X over [axis, rank). Its Mean / InvStdDev outputs are not something our ops output."""
+    if axis != -1:
+        raise Refuse(f"the flattened input is normalised over axis {axis}, not its last axis")
+    inside = {id(node) for node in match.covered}
+    for bind, what in (("reduce", "Mean"), ("std", "InvStdDev")):
+        value = match.node(bind).output[0]
+        if graph.is_graph_output(value) or any(id(user) not in inside for user in graph.uses(value)):
+            raise Refuse(f"LayerNormalization's {what} output ({value!r}) is read: otfuse's norm ops do not "
+                         f"output training statistics")
+    return checks.first_axis(attr(match.node("flatten"), "axis", 1), graph.rank(match.value("x")))
 
 
 def _epsilon(form: _Form, graph: GraphIndex, match: Match) -> float:
@@ -156,7 +194,10 @@ def _analyse(form: _Form, ctx: RewriteContext, match: Match) -> Fusion:
     checks.require_float_io(graph, x, root.output[0])
     if form.residual:
         checks.require_same_shape(graph, match.value("a"), match.value("b"))
+    _require_not_function_body_inside(graph, match)
     axis = _normalised_axis(form, graph, match)
+    if match.has("flatten"):
+        axis = _unflattened_axis(graph, match, axis)
     if match.has("merge"):
         residual.require_rows_kept(graph, match.node("merge"), axis)
     epsilon = _epsilon(form, graph, match)
@@ -208,6 +249,18 @@ def _layer_spelled(x) -> Either:
     return Either(_scaled(_layer_normalized(x), with_bias=True), _scaled(_layer_normalized(x), with_bias=False))
 
 
+def _function_body(x) -> Either:
+    """ONNX's function body of LayerNormalization (what inlining tools and onnx's ``*_expanded``
+    test models write): X flattened to 2-D at ``axis``, normalised over its last axis, scaled by
+    ``Flatten(W, 0)`` (``+ Flatten(B, 0)``), reshaped back to ``Shape(X)``."""
+    normalized = _layer_normalized(op.Flatten(x, axis=ANY, _bind="flatten"))
+    back = Either(op.Cast(normalized, to=ANY, _bind="cast_out"), normalized)
+    scaled = op.Mul(back, op.Flatten(Var("scale"), axis=0))
+    x_shape = op.Shape(x, start=attr_is(0, 0), end=attr_is(None))
+    return Either(op.Reshape(op.Add(scaled, op.Flatten(Var("bias"), axis=0)), x_shape), op.Reshape(scaled, x_shape))
+
+
+LAYER_NORM_FUNCTION_BODY = _rule("LayerNorm(function body)", _Form(ops.LayerNorm), _function_body(Var("x")))
 ADD_RMS_NORM, RMS_NORM = _rule_pair("RMSNorm", _Form(ops.RMSNorm), _Form(ops.AddRMSNorm, residual=True),
                                     _rms_spelled)
 ADD_LAYER_NORM, LAYER_NORM = _rule_pair("LayerNorm", _Form(ops.LayerNorm), _Form(ops.AddLayerNorm, residual=True),
@@ -254,6 +307,7 @@ RULES: list[Rule] = [
     RMS_NORM,
     ADD_LAYER_NORM,
     LAYER_NORM,
+    LAYER_NORM_FUNCTION_BODY,
     ADD_LAYER_NORMALIZATION,
     LAYER_NORMALIZATION,
     ADD_RMS_NORMALIZATION,
