@@ -42,12 +42,12 @@ def _dims(shape) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
-def merge_stays(graph: GraphIndex, match: Match, cast_readers: list) -> bool:
+def merge_stays(graph: GraphIndex, match: Match, cast_readers: bool) -> bool:
     """Whether the Reshape's output is needed outside the match (OPT's next residual Add reads
     it): the Reshape then stays, reading the fused node's sum."""
     reshaped = match.node("merge").output[0]
     inside = {id(node) for node in match.covered}
-    return bool(cast_readers) or graph.is_graph_output(reshaped) or any(
+    return cast_readers or graph.is_graph_output(reshaped) or any(
         id(user) not in inside for user in graph.uses(reshaped))
 
 

@@ -111,13 +111,14 @@ def _x_value(form: _Form, match: Match) -> str:
     return match.node("merge" if match.has("merge") else "residual").output[0]
 
 
-def _cast_sum_readers(form: _Form, graph: GraphIndex, match: Match) -> list:
-    """Readers outside the match of the residual sum's Cast to float32 (TorchScript: the next
-    residual Add reads it); when the sum is already float32 that Cast is the sum itself."""
+def _cast_sum_read_elsewhere(form: _Form, graph: GraphIndex, match: Match) -> bool:
+    """Whether the residual sum's Cast to float32 is read outside the match (TorchScript: the next
+    residual Add reads it; a graph output); when the sum is already float32 that Cast is the sum."""
     if not form.residual or not match.has("cast_in"):
-        return []
+        return False
     inside = {id(node) for node in match.covered}
-    return [user for user in graph.uses(match.node("cast_in").output[0]) if id(user) not in inside]
+    copy = match.node("cast_in").output[0]
+    return graph.is_graph_output(copy) or any(id(user) not in inside for user in graph.uses(copy))
 
 
 def _normalised_axis(form: _Form, graph: GraphIndex, match: Match) -> int:
@@ -206,7 +207,7 @@ def _analyse(form: _Form, ctx: RewriteContext, match: Match) -> Fusion:
             checks.require_row_parameter(graph, match.value(name), x, axis, name)
     if match.has("gamma_offset"):
         checks.require_row_parameter(graph, match.value("gamma_offset"), x, axis, "scale")
-    cast_readers = _cast_sum_readers(form, graph, match)
+    cast_readers = _cast_sum_read_elsewhere(form, graph, match)
     if cast_readers and graph.elem_type(x) != FLOAT:
         raise Refuse("the float32 copy of the residual sum is also used elsewhere")
     helpers = Helpers(root)
@@ -233,10 +234,10 @@ def _rule(name: str, form: _Form, pattern) -> Rule:
                 frozenset({"ReduceMean", "LayerNormalization", "RMSNormalization"}), fused_op=form.op.name)
 
 
-def _rule_pair(name: str, plain: _Form, residual_form: _Form, spelled) -> tuple[Rule, Rule]:
+def _rule_pair(name: str, plain: _Form, residual_form: _Form, spelled, residual_input=_residual_add) -> tuple[Rule, Rule]:
     """The residual rule (``spelled`` of the residual Add) and the plain one (``spelled`` of x),
     which reports a residual Add in front of it that the residual rule did not match."""
-    residual_pattern = spelled(_residual_add())
+    residual_pattern = spelled(residual_input())
     plain = _Form(plain.op, allow=plain.allow, downgrade_of=(residual_pattern, f"Add{name}"))
     return _rule(f"Add{name}", residual_form, residual_pattern), _rule(name, plain, spelled(Var("x")))
 
@@ -282,6 +283,12 @@ RMS_NORMALIZATION_OP = OpAllowList(
 ONNX_DEFAULT_EPSILON = 1e-5
 
 
+def _float32_sum() -> Either:
+    """The residual sum, or its Cast to float32 (TorchScript's OLMo: ``F.layer_norm(h.to(float32))``
+    exported as Add -> Cast -> LayerNormalization, the next residual Add reading the Cast)."""
+    return _as_float32(_residual_add())
+
+
 def _standard_op(onnx_op: str, x, with_bias: bool) -> Op:
     inputs = (x, Var("scale"), Var("bias")) if with_bias else (x, Var("scale"))
     return Op(onnx_op, inputs, {}, "norm")
@@ -294,11 +301,11 @@ def _standard_op_either_bias(onnx_op: str, x) -> Either:
 ADD_LAYER_NORMALIZATION, LAYER_NORMALIZATION = _rule_pair(
     "LayerNormalization", _Form(ops.LayerNorm, allow=LAYER_NORMALIZATION_OP),
     _Form(ops.AddLayerNorm, residual=True, allow=LAYER_NORMALIZATION_OP),
-    partial(_standard_op_either_bias, "LayerNormalization"))
+    partial(_standard_op_either_bias, "LayerNormalization"), _float32_sum)
 ADD_RMS_NORMALIZATION, RMS_NORMALIZATION = _rule_pair(
     "RMSNormalization", _Form(ops.RMSNorm, allow=RMS_NORMALIZATION_OP),
     _Form(ops.AddRMSNorm, residual=True, allow=RMS_NORMALIZATION_OP),
-    lambda x: _standard_op("RMSNormalization", x, False))
+    lambda x: _standard_op("RMSNormalization", x, False), _float32_sum)
 
 
 # At one root the residual forms are tried first: they absorb the Add as well.

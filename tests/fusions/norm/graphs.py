@@ -129,3 +129,25 @@ def reshaped_residual_model(norm: str = "op", *, hidden: int = 16, form: str = "
             b.nodes.append(helper.make_node("Neg", [value], [name]))
             b.output(name, F32, None)
     return b.model()
+
+
+def olmo_torchscript_model(dtype=np.float32, hidden: int = 16) -> onnx.ModelProto:
+    """OLMo's weightless LayerNorm as TorchScript exports it at opsets 17 / 20:
+    ``F.layer_norm(h.to(float32), (H,), None, None)`` -> Add -> Cast -> LayerNormalization(ones,
+    zeros) -> Cast back; the next residual Add reads the float32 Cast of the sum, not the sum."""
+    b = GraphBuilder(opset=17)
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    x, r = b.input("x", elem, ["batch", "seq", hidden]), b.input("r", elem, ["batch", "seq", hidden])
+    weight = (0.2 * np.random.default_rng(3).standard_normal((hidden, hidden))).astype(dtype)
+    h = b.node("Add", [x, r])
+    outputs = []
+    for layer in range(2):
+        h32 = b.node("Cast", [h], to=F32)
+        normed = b.node("LayerNormalization", [h32, b.const(np.ones(hidden, np.float32)),
+                                               b.const(np.zeros(hidden, np.float32))], epsilon=1e-5, axis=-1)
+        y = b.node("Cast", [normed], to=elem, base=f"y{layer}")
+        outputs.append(y)
+        h = b.node("Add", [h32 if dtype == np.float32 else h, b.node("MatMul", [y, b.const(weight)])])
+    for name in outputs + [h]:
+        b.output(name, elem, None)
+    return b.model()
