@@ -127,6 +127,18 @@ def trailing_axis(axes: list[int], rank: int | None) -> int:
     return -len(negative)
 
 
+def first_axis(axis: int, rank: int | None) -> int:
+    """The first normalised axis (negative) of an op that normalises ``[axis, rank)``
+    (LayerNormalization's and RMSNormalization's ``axis``, otfuse's norm ops)."""
+    if rank is None:
+        if axis < 0:
+            return axis
+        raise Refuse(f"axis {axis} counts from the first axis, but the input's rank is unknown")
+    if not -rank <= axis < rank:
+        raise Refuse(f"axis {axis} is out of range for a rank-{rank} input")
+    return axis - rank if axis >= 0 else axis
+
+
 def row_shape(graph: GraphIndex, x: str, axis: int) -> list[int] | None:
     shape = graph.shape(x)
     if shape is None or -axis > len(shape):

@@ -22,6 +22,7 @@ from functools import partial
 import onnx
 
 from otfuse import ops
+from otfuse.fusions.norm import residual
 from otfuse.rewriter import checks
 from otfuse.rewriter.allow_list import CONTRIB_DOMAIN, OpAllowList, only, require_allowed
 from otfuse.rewriter.builder import Helpers
@@ -83,7 +84,7 @@ def _analyse(form: _ContribForm, ctx: RewriteContext, match: Match) -> Fusion:
     helpers = Helpers(node)
     epsilon = _epsilon(node, form.default_epsilon)
     if not form.skip:
-        axis = checks.trailing_axis([attr(node, "axis", -1)], graph.rank(x))
+        axis = checks.first_axis(attr(node, "axis", -1), graph.rank(x))
         checks.require_row_parameter(graph, match.value("scale"), x, axis, "scale")
         named = {"X": x}
         if match.has("residual"):  # Add(a, b) -> SimplifiedLayerNormalization: AddRMSNorm, the sum as S
@@ -91,7 +92,9 @@ def _analyse(form: _ContribForm, ctx: RewriteContext, match: Match) -> Fusion:
             named = {"A": match.value("a"), "B": match.value("b"), "S": x}
         call = form.op(**named, scale=checks.row_parameter(graph, match.value("scale"), x, axis), Y=y,
                        epsilon=epsilon, axis=axis)
-        return Fusion(call, match.covered, helpers)
+        partial = () if match.has("residual") else residual.unabsorbed_residual(
+            graph, x, node, _ADD_SIMPLIFIED, "AddRMSNorm(SimplifiedLayerNormalization)")
+        return Fusion(call, match.covered, helpers, partial=partial)
     for position in _STATISTICS:
         if position < len(node.output) and _used(graph, node.output[position]):
             raise Refuse(f"{node.op_type} output {form.allow.formals[1][position]} ({node.output[position]!r}) "

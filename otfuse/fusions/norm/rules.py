@@ -19,12 +19,13 @@ import numpy as np
 import onnx
 
 from otfuse import ops
+from otfuse.fusions.norm import residual
 from otfuse.rewriter import checks
 from otfuse.rewriter.allow_list import OpAllowList, only, require_allowed
 from otfuse.rewriter.builder import Helpers, NewTensor
 from otfuse.rewriter.graph import GraphIndex
-from otfuse.rewriter.pattern import ANY, Const, Either, Match, Op, Var, attr, op, scalar_equal
-from otfuse.rewriter.rule import Fusion, Refuse, RewriteContext, Rule
+from otfuse.rewriter.pattern import ANY, Const, Either, Match, Op, Pattern, Var, attr, attr_is, op, scalar_equal
+from otfuse.rewriter.rule import Fusion, NotCandidate, Refuse, RewriteContext, Rule
 
 FLOAT = onnx.TensorProto.FLOAT
 FAMILY = "norm"
@@ -50,11 +51,19 @@ def _rms_normalized(x) -> Either:
     )
 
 
+def _squared(value) -> Either:
+    return Either(op.Pow(value, Const("two", where=scalar_equal(2.0))), op.Mul(value, value))
+
+
 def _layer_normalized(x) -> Either:
     xf = _as_float32(x)
-    centered = op.Sub(xf, _reduce_mean(xf, "reduce", "axes"))
-    square = Either(op.Pow(centered, Const("two", where=scalar_equal(2.0))), op.Mul(centered, centered))
-    std = op.Sqrt(op.Add(_reduce_mean(square, "reduce_var", "axes_var"), Const("eps")))
+    mean = _reduce_mean(xf, "reduce", "axes")
+    centered = op.Sub(xf, mean)
+    variance = Either(
+        _reduce_mean(_squared(centered), "reduce_var", "axes_var"),
+        # ONNX's function body of LayerNormalization: mean(x²) - mean(x)², the same biased variance
+        op.Sub(_reduce_mean(_squared(xf), "reduce_var", "axes_var"), _squared(mean)))
+    std = op.Sqrt(op.Add(variance, Const("eps")), _bind="std")
     return Either(op.Div(centered, std), op.Mul(centered, op.Reciprocal(std)))
 
 
@@ -77,8 +86,10 @@ def _scaled(normalized, with_bias: bool) -> Either:
     )
 
 
-def _residual_add() -> Op:
-    return op.Add(Var("a"), Var("b"), _bind="residual")
+def _residual_add() -> Either:
+    """The residual sum, or the sum through a Reshape (residual.require_rows_kept)."""
+    return Either(op.Add(Var("a"), Var("b"), _bind="residual"),
+                  op.Reshape(op.Add(Var("a"), Var("b"), _bind="residual"), Var("merge_shape"), _bind="merge"))
 
 
 @dataclass(frozen=True)
@@ -89,31 +100,67 @@ class _Form:
     op: ops.Op
     residual: bool = False
     allow: OpAllowList | None = None
+    # A plain form: the residual form's pattern and rule name, to report a residual Add it missed.
+    downgrade_of: tuple[Pattern, str] | None = None
 
 
 def _x_value(form: _Form, match: Match) -> str:
-    return match.node("residual").output[0] if form.residual else match.value("x")
+    """The normalised value: the residual sum (or its reshaped view), or x."""
+    if not form.residual:
+        return match.value("x")
+    return match.node("merge" if match.has("merge") else "residual").output[0]
 
 
-def _cast_sum_readers(form: _Form, graph: GraphIndex, match: Match) -> list:
-    """Readers outside the match of the residual sum's Cast to float32 (TorchScript: the next
-    residual Add reads it); when the sum is already float32 that Cast is the sum itself."""
+def _cast_sum_read_elsewhere(form: _Form, graph: GraphIndex, match: Match) -> bool:
+    """Whether the residual sum's Cast to float32 is read outside the match (TorchScript: the next
+    residual Add reads it; a graph output); when the sum is already float32 that Cast is the sum."""
     if not form.residual or not match.has("cast_in"):
-        return []
+        return False
     inside = {id(node) for node in match.covered}
-    return [user for user in graph.uses(match.node("cast_in").output[0]) if id(user) not in inside]
+    copy = match.node("cast_in").output[0]
+    return graph.is_graph_output(copy) or any(id(user) not in inside for user in graph.uses(copy))
 
 
 def _normalised_axis(form: _Form, graph: GraphIndex, match: Match) -> int:
-    x = _x_value(form, match)
+    x = match.node("flatten").output[0] if match.has("flatten") else _x_value(form, match)
     if form.allow is not None:
-        return checks.trailing_axis([attr(match.node("norm"), "axis", -1)], graph.rank(x))
+        return checks.first_axis(attr(match.node("norm"), "axis", -1), graph.rank(x))
     axes = [checks.reduce_axes(graph, match, "reduce", "axes")]
     if match.has("reduce_var"):
         axes.append(checks.reduce_axes(graph, match, "reduce_var", "axes_var"))
     if len(axes) == 2 and axes[0] != axes[1]:
         raise Refuse(f"the two ReduceMean nodes use different axes ({axes[0]} vs {axes[1]})")
     return checks.trailing_axis(axes[0], graph.rank(x))
+
+
+def _require_not_function_body_inside(graph: GraphIndex, match: Match) -> None:
+    """The 2-D norm inside ONNX's function body (x and scale flattened) is that rule's site, not
+    this one's: reported once, by LayerNorm(function body)."""
+    if match.has("flatten") or not match.has("scale"):
+        return
+    def producer(value: str):
+        node = graph.producer.get(value)
+        while node is not None and node.op_type == "Cast":  # x, or x taken as its float32 Cast
+            node = graph.producer.get(node.input[0])
+        return node
+
+    flattened = [producer(match.value(name)) for name in ("x", "scale") if match.has(name)]
+    if len(flattened) == 2 and all(node is not None and node.op_type == "Flatten" for node in flattened):
+        raise NotCandidate()
+
+
+def _unflattened_axis(graph: GraphIndex, match: Match, axis: int) -> int:
+    """ONNX's function body normalises the last axis of Flatten(X, axis) and reshapes back: the
+    norm of X over [axis, rank). Its Mean / InvStdDev outputs are not something our ops output."""
+    if axis != -1:
+        raise Refuse(f"the flattened input is normalised over axis {axis}, not its last axis")
+    inside = {id(node) for node in match.covered}
+    for bind, what in (("reduce", "Mean"), ("std", "InvStdDev")):
+        value = match.node(bind).output[0]
+        if graph.is_graph_output(value) or any(id(user) not in inside for user in graph.uses(value)):
+            raise Refuse(f"LayerNormalization's {what} output ({value!r}) is read: otfuse's norm ops do not "
+                         f"output training statistics")
+    return checks.first_axis(attr(match.node("flatten"), "axis", 1), graph.rank(match.value("x")))
 
 
 def _epsilon(form: _Form, graph: GraphIndex, match: Match) -> float:
@@ -148,25 +195,38 @@ def _analyse(form: _Form, ctx: RewriteContext, match: Match) -> Fusion:
     checks.require_float_io(graph, x, root.output[0])
     if form.residual:
         checks.require_same_shape(graph, match.value("a"), match.value("b"))
+    _require_not_function_body_inside(graph, match)
     axis = _normalised_axis(form, graph, match)
+    if match.has("flatten"):
+        axis = _unflattened_axis(graph, match, axis)
+    if match.has("merge"):
+        residual.require_rows_kept(graph, match.node("merge"), axis)
     epsilon = _epsilon(form, graph, match)
     for name in ("scale", "bias"):
         if match.has(name):
             checks.require_row_parameter(graph, match.value(name), x, axis, name)
     if match.has("gamma_offset"):
         checks.require_row_parameter(graph, match.value("gamma_offset"), x, axis, "scale")
-    cast_readers = _cast_sum_readers(form, graph, match)
+    cast_readers = _cast_sum_read_elsewhere(form, graph, match)
     if cast_readers and graph.elem_type(x) != FLOAT:
         raise Refuse("the float32 copy of the residual sum is also used elsewhere")
     helpers = Helpers(root)
     if cast_readers:  # the identity Cast's readers now read the sum
         cast = match.node("cast_in")
         helpers.node("Identity", [x], cast.output[0], name=f"{cast.name or cast.output[0]}/sum", after=True)
-    named = dict(A=match.value("a"), B=match.value("b"), S=x) if form.residual else dict(X=x)
+    covers, y = match.covered, root.output[0]
+    if match.has("merge"):  # normalise the sum in its own shape, reshape the result
+        merge = match.node("merge")
+        if residual.merge_stays(graph, match, cast_readers):
+            covers = tuple(node for node in covers if node is not merge)
+        y = residual.reshaped_output(helpers, merge, y)
+    named = dict(A=match.value("a"), B=match.value("b"), S=match.node("residual").output[0]) \
+        if form.residual else dict(X=x)
     if match.has("bias"):
         named["bias"] = checks.row_parameter(graph, match.value("bias"), x, axis)
-    call = form.op(**named, scale=_scale_input(graph, match, x, axis), Y=root.output[0], epsilon=epsilon, axis=axis)
-    return Fusion(call, match.covered, helpers)
+    call = form.op(**named, scale=_scale_input(graph, match, x, axis), Y=y, epsilon=epsilon, axis=axis)
+    partial = residual.unabsorbed_residual(graph, x, root, *form.downgrade_of) if form.downgrade_of else ()
+    return Fusion(call, covers, helpers, partial=partial)
 
 
 def _rule(name: str, form: _Form, pattern) -> Rule:
@@ -174,14 +234,38 @@ def _rule(name: str, form: _Form, pattern) -> Rule:
                 frozenset({"ReduceMean", "LayerNormalization", "RMSNormalization"}), fused_op=form.op.name)
 
 
-RMS_NORM = _rule("RMSNorm", _Form(ops.RMSNorm), _scaled(_rms_normalized(Var("x")), with_bias=False))
-ADD_RMS_NORM = _rule("AddRMSNorm", _Form(ops.AddRMSNorm, residual=True),
-                     _scaled(_rms_normalized(_residual_add()), with_bias=False))
-LAYER_NORM = _rule("LayerNorm", _Form(ops.LayerNorm), Either(_scaled(_layer_normalized(Var("x")), with_bias=True),
-                                                            _scaled(_layer_normalized(Var("x")), with_bias=False)))
-ADD_LAYER_NORM = _rule("AddLayerNorm", _Form(ops.AddLayerNorm, residual=True),
-                       Either(_scaled(_layer_normalized(_residual_add()), with_bias=True),
-                              _scaled(_layer_normalized(_residual_add()), with_bias=False)))
+def _rule_pair(name: str, plain: _Form, residual_form: _Form, spelled, residual_input=_residual_add) -> tuple[Rule, Rule]:
+    """The residual rule (``spelled`` of the residual Add) and the plain one (``spelled`` of x),
+    which reports a residual Add in front of it that the residual rule did not match."""
+    residual_pattern = spelled(residual_input())
+    plain = _Form(plain.op, allow=plain.allow, downgrade_of=(residual_pattern, f"Add{name}"))
+    return _rule(f"Add{name}", residual_form, residual_pattern), _rule(name, plain, spelled(Var("x")))
+
+
+def _rms_spelled(x) -> Either:
+    return _scaled(_rms_normalized(x), with_bias=False)
+
+
+def _layer_spelled(x) -> Either:
+    return Either(_scaled(_layer_normalized(x), with_bias=True), _scaled(_layer_normalized(x), with_bias=False))
+
+
+def _function_body(x) -> Either:
+    """ONNX's function body of LayerNormalization (what inlining tools and onnx's ``*_expanded``
+    test models write): X flattened to 2-D at ``axis``, normalised over its last axis, scaled by
+    ``Flatten(W, 0)`` (``+ Flatten(B, 0)``), reshaped back to ``Shape(X)``."""
+    normalized = _layer_normalized(op.Flatten(x, axis=ANY, _bind="flatten"))
+    back = Either(op.Cast(normalized, to=ANY, _bind="cast_out"), normalized)
+    scaled = op.Mul(back, op.Flatten(Var("scale"), axis=0))
+    x_shape = op.Shape(x, start=attr_is(0, 0), end=attr_is(None))
+    return Either(op.Reshape(op.Add(scaled, op.Flatten(Var("bias"), axis=0)), x_shape), op.Reshape(scaled, x_shape))
+
+
+LAYER_NORM_FUNCTION_BODY = _rule("LayerNorm(function body)", _Form(ops.LayerNorm), _function_body(Var("x")))
+ADD_RMS_NORM, RMS_NORM = _rule_pair("RMSNorm", _Form(ops.RMSNorm), _Form(ops.AddRMSNorm, residual=True),
+                                    _rms_spelled)
+ADD_LAYER_NORM, LAYER_NORM = _rule_pair("LayerNorm", _Form(ops.LayerNorm), _Form(ops.AddLayerNorm, residual=True),
+                                        _layer_spelled)
 
 
 # Everything of the standard norm ops these rules translate; anything else is refused.
@@ -199,6 +283,12 @@ RMS_NORMALIZATION_OP = OpAllowList(
 ONNX_DEFAULT_EPSILON = 1e-5
 
 
+def _float32_sum() -> Either:
+    """The residual sum, or its Cast to float32 (TorchScript's OLMo: ``F.layer_norm(h.to(float32))``
+    exported as Add -> Cast -> LayerNormalization, the next residual Add reading the Cast)."""
+    return _as_float32(_residual_add())
+
+
 def _standard_op(onnx_op: str, x, with_bias: bool) -> Op:
     inputs = (x, Var("scale"), Var("bias")) if with_bias else (x, Var("scale"))
     return Op(onnx_op, inputs, {}, "norm")
@@ -208,15 +298,14 @@ def _standard_op_either_bias(onnx_op: str, x) -> Either:
     return Either(_standard_op(onnx_op, x, True), _standard_op(onnx_op, x, False))
 
 
-LAYER_NORMALIZATION = _rule("LayerNormalization", _Form(ops.LayerNorm, allow=LAYER_NORMALIZATION_OP),
-                            _standard_op_either_bias("LayerNormalization", Var("x")))
-ADD_LAYER_NORMALIZATION = _rule("AddLayerNormalization",
-                                _Form(ops.AddLayerNorm, residual=True, allow=LAYER_NORMALIZATION_OP),
-                                _standard_op_either_bias("LayerNormalization", _residual_add()))
-RMS_NORMALIZATION = _rule("RMSNormalization", _Form(ops.RMSNorm, allow=RMS_NORMALIZATION_OP),
-                          _standard_op("RMSNormalization", Var("x"), False))
-ADD_RMS_NORMALIZATION = _rule("AddRMSNormalization", _Form(ops.AddRMSNorm, residual=True, allow=RMS_NORMALIZATION_OP),
-                              _standard_op("RMSNormalization", _residual_add(), False))
+ADD_LAYER_NORMALIZATION, LAYER_NORMALIZATION = _rule_pair(
+    "LayerNormalization", _Form(ops.LayerNorm, allow=LAYER_NORMALIZATION_OP),
+    _Form(ops.AddLayerNorm, residual=True, allow=LAYER_NORMALIZATION_OP),
+    partial(_standard_op_either_bias, "LayerNormalization"), _float32_sum)
+ADD_RMS_NORMALIZATION, RMS_NORMALIZATION = _rule_pair(
+    "RMSNormalization", _Form(ops.RMSNorm, allow=RMS_NORMALIZATION_OP),
+    _Form(ops.AddRMSNorm, residual=True, allow=RMS_NORMALIZATION_OP),
+    lambda x: _standard_op("RMSNormalization", x, False), _float32_sum)
 
 
 # At one root the residual forms are tried first: they absorb the Add as well.
@@ -225,6 +314,7 @@ RULES: list[Rule] = [
     RMS_NORM,
     ADD_LAYER_NORM,
     LAYER_NORM,
+    LAYER_NORM_FUNCTION_BODY,
     ADD_LAYER_NORMALIZATION,
     LAYER_NORMALIZATION,
     ADD_RMS_NORMALIZATION,

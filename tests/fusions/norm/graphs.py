@@ -77,3 +77,77 @@ def single_norm_model(kind: str = "rms", hidden: int = 16, dtype=np.float32, res
         b.nodes[-1].output[0] = "sum_out"
         b.output("sum_out", elem, ["batch", "seq", hidden])
     return b.model()
+
+
+def layer_norm_op(b: GraphBuilder, x: str, hidden: int, *, eps=1e-5, axis=-1, row=None) -> str:
+    """The ONNX LayerNormalization op with scale and bias of shape ``row`` (default ``(hidden,)``)."""
+    rng = np.random.default_rng(2)
+    row = (hidden,) if row is None else row
+    scale = b.const((1 + 0.1 * rng.standard_normal(row)).astype(np.float32), "scale")
+    bias = b.const((0.1 * rng.standard_normal(row)).astype(np.float32), "bias")
+    return b.node("LayerNormalization", [x, scale, bias], epsilon=eps, axis=axis)
+
+
+def _norm(b: GraphBuilder, kind: str, x: str, hidden: int) -> str:
+    if kind == "op":
+        return layer_norm_op(b, x, hidden)
+    if kind == "rms":
+        return rms_norm(b, x, hidden)
+    return layer_norm_decomposed(b, x, hidden)
+
+
+def reshaped_residual_model(norm: str = "op", *, hidden: int = 16, form: str = "merge", shape_from_sum=False,
+                            reshaped_read=True, sum_read=False, view: str = "Reshape",
+                            r_shape=None) -> onnx.ModelProto:
+    """OPT's residual: ``s = x + r`` -> ``Reshape`` -> norm -> y, the reshaped sum also read by
+    the next residual Add (``reshaped_read``: an output ``reshaped``), the sum itself by others
+    (``sum_read``: an output ``sum``).
+
+    ``form``: "merge" ``[batch, seq, H]`` -> ``(-1, H)``; "split" ``[rows, H]`` -> ``(2, -1, H)``;
+    "narrow" (a mutation) ``(-1, H / 2)``, which changes the normalised dim. ``shape_from_sum``:
+    the target's H read from ``Shape(s)`` (as OPT's ``reshape(-1, hidden_states.size(-1))``).
+    ``view``: "Transpose" puts a Transpose there instead (no rule models it). ``r_shape``: r's
+    declared shape (a broadcasting residual when it differs from x's)."""
+    b = GraphBuilder()
+    x_shape = ["rows", hidden] if form == "split" else ["batch", "seq", hidden]
+    x = b.input("x", F32, x_shape)
+    r = b.input("r", F32, r_shape or x_shape)
+    s = b.node("Add", [x, r], base="sum")
+    width = hidden // 2 if form == "narrow" else hidden
+    if view == "Transpose":
+        reshaped, width = b.node("Transpose", [s], perm=[1, 0, 2]), hidden
+    else:
+        last = b.node("Shape", [s], start=-1) if shape_from_sum else b.const(np.array([width], dtype=np.int64))
+        lead = [2, -1] if form == "split" else [-1]
+        target = b.node("Concat", [b.const(np.array(lead, dtype=np.int64)), last], axis=0)
+        reshaped = b.node("Reshape", [s, target])
+    _norm(b, norm, reshaped, width)
+    b.nodes[-1].output[0] = "y"
+    b.output("y", F32, None)
+    for wanted, value, name in ((reshaped_read, reshaped, "reshaped"), (sum_read, s, "sum_out")):
+        if wanted:
+            b.nodes.append(helper.make_node("Neg", [value], [name]))
+            b.output(name, F32, None)
+    return b.model()
+
+
+def olmo_torchscript_model(dtype=np.float32, hidden: int = 16) -> onnx.ModelProto:
+    """OLMo's weightless LayerNorm as TorchScript exports it at opsets 17 / 20:
+    ``F.layer_norm(h.to(float32), (H,), None, None)`` -> Add -> Cast -> LayerNormalization(ones,
+    zeros) -> Cast back; the next residual Add reads the float32 Cast of the sum, not the sum."""
+    b = GraphBuilder(opset=17)
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    x, r = b.input("x", elem, ["batch", "seq", hidden]), b.input("r", elem, ["batch", "seq", hidden])
+    weight = (0.2 * np.random.default_rng(3).standard_normal((hidden, hidden))).astype(dtype)
+    h = b.node("Add", [x, r])
+    outputs = []
+    for layer in range(2):
+        h32 = b.node("Cast", [h], to=F32)
+        normed = b.node("LayerNormalization", [h32, b.const(np.ones(hidden, np.float32)),
+                                               b.const(np.zeros(hidden, np.float32))], epsilon=1e-5, axis=-1)
+        y = b.node("Cast", [normed], to=elem, base=f"y{layer}")
+        outputs.append(y)
+        h = b.node("Add", [h32 if dtype == np.float32 else h, b.node("MatMul", [y, b.const(weight)])])
+    for name in outputs + [h]:
+        b.output(name, elem, None)
+    return b.model()
