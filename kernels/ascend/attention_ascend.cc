@@ -23,6 +23,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ascend/aclnn_call.h"
 #include "ascend/rotary_plan.h"
@@ -135,6 +136,72 @@ const void* CompressedMask(const CannRuntime& rt) {
   return device_mask;
 }
 
+// key_padding_mask's prefix counts, from its `es`-byte elements on the host: kept[b * (Skv + 1) + j]
+// = the keys before position j that batch row b attends to.
+std::vector<int64_t> KeptPrefix(const std::vector<uint8_t>& host, size_t es, int64_t batch, int64_t skv) {
+  std::vector<int64_t> kept(static_cast<size_t>(batch * (skv + 1)), 0);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t j = 0; j < skv; ++j) {
+      const uint8_t* e = host.data() + static_cast<size_t>(b * skv + j) * es;
+      bool nonzero = false;
+      for (size_t k = 0; k < es; ++k) nonzero = nonzero || e[k] != 0;
+      kept[b * (skv + 1) + j + 1] = kept[b * (skv + 1) + j] + (nonzero ? 1 : 0);
+    }
+  }
+  return kept;
+}
+
+// Device scratch for `elements` (at least one) of `bytes_per` bytes each.
+void* ElementScratch(AclnnCall& call, int64_t elements, size_t bytes_per, const char* what) {
+  return call.Scratch(static_cast<size_t>(std::max<int64_t>(elements, 1)) * bytes_per, what);
+}
+
+// What the checks of one run refuse with, besides their reason.
+constexpr const char* kRunOnCpu = " (run this node on CPU)";
+
+// One run's checked inputs and dims.
+struct RunInputs {
+  CheckedAttentionInputs in;
+  ONNXTensorElementDataType t = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;   // the node's type
+  ONNXTensorElementDataType ft = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;  // FIA's compute type
+  size_t es = 0, fes = 0;                                                  // their element bytes
+  Heads qh{}, kh{}, vh{};
+  int64_t batch = 0, sq = 0, s_new = 0, d = 0, dv = 0, nq = 0, nkv = 0, past = 0, skv = 0, window = 0;
+  std::optional<InputTensor> bias, slopes, pad, cos, sin;
+  std::optional<RotaryPlan> q_rot, k_rot;  // RopeAttention
+  Product product = Product::kUnknown;
+};
+
+// Q and the new K as FIA's staging reads them (rotated for RopeAttention), and the KV cache:
+// present_* = past ++ new (BNSD) when cached.
+struct KeysValues {
+  const void* q;
+  const void* k;
+  bool cached;
+  Heads present;  // [B, Nkv, Skv, D], BNSD
+  const void* k_all;
+  const void* v_all;
+};
+
+// FIA's operands in its type and input layout, and where it writes.
+struct FiaOperands {
+  Layout in = Layout::kBnsd;
+  std::string layout_name;  // inputLayout
+  Layout out_layout = Layout::kBnsd;
+  Heads q_heads{}, kv_heads{}, val_heads{}, out_heads{}, y_heads{};
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  bool direct = true;  // FIA writes Y itself
+};
+
+// attenMask with its sparseMode, preTokens and nextTokens.
+struct FiaMask {
+  aclTensor* mask = nullptr;
+  int64_t sparse_mode = 0, pre_tokens = kAllTokens, next_tokens = kAllTokens;
+};
+
 template <bool kRope, Placement kPlacement, Fp32 kFp32>
 class AscendAttentionKernel {
  public:
@@ -182,6 +249,34 @@ class AscendAttentionKernel {
  private:
   static constexpr AttentionInputIndex kIn = AttentionInputs<kRope>();
 
+  // Compute's steps, in order. Q, K, V, the past and the optional inputs, checked; RopeAttention's
+  // rotation planned.
+  RunInputs ReadInputs(const KernelContext& ctx) const;
+  // What aclnnFusedInferAttentionScoreV3 cannot take, known once the shapes are.
+  static void CheckFiaLimits(const RunInputs& r);
+  // RopeAttention: rotated Q and new K (contiguous, in `layout`), exactly RotaryEmbedding's values.
+  KeysValues Rotate(AclnnCall& call, const RunInputs& r) const;
+  // present_* = past ++ new (BNSD), when asked for or when there is a past to attend to.
+  void WritePresent(AclnnCall& call, const RunInputs& r, const OutputTensor& present_k, const OutputTensor& present_v,
+                    KeysValues& kv) const;
+  // No key: Y = 0.
+  void ZeroY(AclnnCall& call, const RunInputs& r, const OutputTensor& y) const;
+  // Q, K and V in FIA's type and layout, and its output (Y itself when it can be).
+  FiaOperands Stage(AclnnCall& call, const RunInputs& r, const KeysValues& kv, const OutputTensor& y) const;
+  // pseShift: the bias in FIA's type, (B or 1, N, Sq, Skv); null without one.
+  aclTensor* PseShift(AclnnCall& call, const RunInputs& r, const std::optional<InputTensor>& bias) const;
+  // Sparse modes 3 (causal) and 4 (window) with the compressed mask while Sq > 1; a full mask with
+  // key_padding_mask, or for a window while decoding (Q_S = 1 ignores sparseMode).
+  FiaMask Masks(AclnnCall& call, const RunInputs& r) const;
+  // The aclnnFusedInferAttentionScoreV3 call, then Y = its output when it did not write Y.
+  void RunFia(AclnnCall& call, const RunInputs& r, const FiaOperands& fia, const std::optional<InputTensor>& bias,
+              const OutputTensor& y) const;
+  // empty_rows = "uniform": the mean of V per (batch, kv head) in FIA's type and layout, and the
+  // flagged rows of Y set to it.
+  void* MeanOfV(AclnnCall& call, const RunInputs& r, const FiaOperands& fia) const;
+  void FillEmptyRows(AclnnCall& call, const RunInputs& r, const void* mean, const std::vector<uint8_t>& empty,
+                     const OutputTensor& y) const;
+
   // FIA's compute type for node type t.
   static ONNXTensorElementDataType ComputeType(ONNXTensorElementDataType t) {
     if (t != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) return t;
@@ -208,6 +303,8 @@ class AscendAttentionKernel {
   // key_padding_mask and attn_bias back after synchronising the stream.
   std::vector<uint8_t> EmptyRows(AclnnCall& call, int64_t batch, int64_t sq, int64_t skv, int64_t window,
                                  const std::optional<InputTensor>& pad, const std::optional<InputTensor>& bias) const;
+  // A device tensor's bytes on the host (the stream already synchronised).
+  std::vector<uint8_t> ReadBack(const InputTensor& tensor, const char* what) const;
 
   // alibi_slopes: FIA V3 has no generated ALiBi, only pseShift, so the bias is built on the host
   // as a float32 [B or 1, N, Sq, Skv] device tensor (docs/ops.md, "Ascend mapping").
@@ -348,6 +445,17 @@ InputTensor AscendAttentionKernel<kRope, kPlacement, kFp32>::AlibiBias(AclnnCall
 }
 
 template <bool kRope, Placement kPlacement, Fp32 kFp32>
+std::vector<uint8_t> AscendAttentionKernel<kRope, kPlacement, kFp32>::ReadBack(const InputTensor& tensor,
+                                                                             const char* what) const {
+  std::vector<uint8_t> host(static_cast<size_t>(Numel(tensor.shape)) * ElementBytes(tensor.type));
+  if (!host.empty() &&
+      rt_->rt_memcpy(host.data(), host.size(), tensor.data, host.size(), ACL_MEMCPY_DEVICE_TO_HOST) != 0) {
+    throw Error(std::string("aclrtMemcpy of ") + what + " to the host failed: " + rt_->RecentErrorMessage());
+  }
+  return host;
+}
+
+template <bool kRope, Placement kPlacement, Fp32 kFp32>
 std::vector<uint8_t> AscendAttentionKernel<kRope, kPlacement, kFp32>::EmptyRows(
     AclnnCall& call, int64_t batch, int64_t sq, int64_t skv, int64_t window, const std::optional<InputTensor>& pad,
     const std::optional<InputTensor>& bias) const {
@@ -361,37 +469,17 @@ std::vector<uint8_t> AscendAttentionKernel<kRope, kPlacement, kFp32>::EmptyRows(
       throw Error("aclrtSynchronizeStream failed: " + rt_->RecentErrorMessage());
     }
   }
-  auto read_back = [&](const InputTensor& tensor, const char* what) {
-    std::vector<uint8_t> host(static_cast<size_t>(Numel(tensor.shape)) * ElementBytes(tensor.type));
-    if (!host.empty() &&
-        rt_->rt_memcpy(host.data(), host.size(), tensor.data, host.size(), ACL_MEMCPY_DEVICE_TO_HOST) != 0) {
-      throw Error(std::string("aclrtMemcpy of ") + what + " to the host failed: " + rt_->RecentErrorMessage());
-    }
-    return host;
-  };
   const int64_t nq = num_heads_, c = skv - sq;  // query row i sits at position i + c
-  // Keys visible per batch row by key_padding_mask: a prefix count over the positions.
-  std::vector<int64_t> kept;
-  if (pad) {
-    const std::vector<uint8_t> host = read_back(*pad, "key_padding_mask");
-    const size_t es = ElementBytes(pad->type);
-    kept.assign(static_cast<size_t>(batch * (skv + 1)), 0);
-    for (int64_t b = 0; b < batch; ++b) {
-      for (int64_t j = 0; j < skv; ++j) {
-        const uint8_t* e = host.data() + static_cast<size_t>(b * skv + j) * es;
-        bool nonzero = false;
-        for (size_t k = 0; k < es; ++k) nonzero = nonzero || e[k] != 0;
-        kept[b * (skv + 1) + j + 1] = kept[b * (skv + 1) + j] + (nonzero ? 1 : 0);
-      }
-    }
-  }
+  // Keys visible per batch row by key_padding_mask.
+  const std::vector<int64_t> kept =
+      pad ? KeptPrefix(ReadBack(*pad, "key_padding_mask"), ElementBytes(pad->type), batch, skv) : std::vector<int64_t>{};
   // attn_bias broadcast to [B, N, Sq, Skv]: its element strides (0 along broadcast dims), and
   // whether an element is -inf.
   std::vector<uint8_t> bias_host;
   Shape bs(4, 0);
   size_t bes = 0;
   if (bias) {
-    bias_host = read_back(*bias, "attn_bias");
+    bias_host = ReadBack(*bias, "attn_bias");
     bes = ElementBytes(bias->type);
     Shape b4(4 - bias->shape.size(), 1);
     b4.insert(b4.end(), bias->shape.begin(), bias->shape.end());
@@ -438,286 +526,313 @@ std::vector<uint8_t> AscendAttentionKernel<kRope, kPlacement, kFp32>::EmptyRows(
 
 template <bool kRope, Placement kPlacement, Fp32 kFp32>
 void AscendAttentionKernel<kRope, kPlacement, kFp32>::Compute(const KernelContext& ctx) const {
-  const char* cpu = " (run this node on CPU)";
-  const CheckedAttentionInputs inputs = ReadAttentionInputs(ctx, params_, kIn.past_key);
-  const InputTensor& q = inputs.q;
-  const InputTensor& k = inputs.k;
-  const InputTensor& v = inputs.v;
-  const std::optional<InputTensor>& past_k = inputs.past_key;
-  const std::optional<InputTensor>& past_v = inputs.past_value;
-  const ONNXTensorElementDataType t = q.type;
-  const Heads qh = ViewHeads(inputs.qh, layout_);
-  const Heads kh = ViewHeads(inputs.kh, layout_);
-  const Heads vh = ViewHeads(inputs.vh, layout_);
-  const int64_t batch = qh.b, sq = qh.s, s_new = kh.s, d = qh.d, dv = vh.d, nq = num_heads_, nkv = kv_num_heads_;
-  const int64_t past = inputs.past, skv = inputs.skv, window = inputs.window;
-  const Shape scores{batch, nq, sq, skv};
-  std::optional<InputTensor> bias = ctx.Input(kIn.bias);
-  if (bias) {
-    if (bias->type != t && bias->type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
-      throw Error(std::string("attn_bias has element type ") + ElementTypeName(bias->type) +
-                  "; expected float32 or Q's type " + ElementTypeName(t));
-    }
-    CheckBroadcast("attn_bias", bias->shape, scores, "[B, N, Sq, Skv]");
-  }
-  const std::optional<InputTensor> slopes = ctx.Input(kIn.alibi_slopes);
-  if (slopes) {
-    if (slopes->type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
-      throw Error(std::string("alibi_slopes has element type ") + ElementTypeName(slopes->type) + "; expected float32");
-    }
-    ExpectShape("alibi_slopes", slopes->shape, "[num_heads]", Shape{nq});
-    if (bias) {
-      // FIA V3 takes one pseShift; adding the two would need an elementwise add on the device.
-      throw Error("aclnnFusedInferAttentionScoreV3 takes one pseShift: alibi_slopes together with attn_bias is not "
-                  "mapped (run this node on CPU: leave it out of the CANN session, or fuse without the attention "
-                  "family)");
-    }
-  }
-  const std::optional<InputTensor> pad = ctx.Input(kIn.key_mask);
-  if (pad) {
-    if (pad->type != ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL && pad->type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 &&
-        pad->type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64) {
-      throw Error(std::string("key_padding_mask has element type ") + ElementTypeName(pad->type) +
-                  "; expected bool, int32 or int64");
-    }
-    ExpectShape("key_padding_mask", pad->shape, "[B, Skv]", Shape{batch, skv});
-  }
-  const Product product = ClassifySoc(rt_->SocName());
-  std::optional<RotaryPlan> q_rot, k_rot;
-  std::optional<InputTensor> cos, sin;
-  if constexpr (kRope) {
-    cos = RequiredInput(ctx, kIn.cos, "cos");
-    sin = RequiredInput(ctx, kIn.sin, "sin");
-    if (cos->type != t && cos->type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
-      throw Error(std::string("cos has element type ") + ElementTypeName(cos->type) + "; expected float32 or Q's type " +
-                  ElementTypeName(t));
-    }
-    if (sin->type != cos->type) {
-      throw Error(std::string("sin has element type ") + ElementTypeName(sin->type) + " but cos has " +
-                  ElementTypeName(cos->type));
-    }
-    ExpectShape("sin", sin->shape, "cos.shape", cos->shape);
-    q_rot = RotaryPlan::Make("Q", qh.Dims(layout_), t, cos->shape, cos->type, rotary_, product);
-    k_rot = RotaryPlan::Make("K", kh.Dims(layout_), t, cos->shape, cos->type, rotary_, product);
-  }
-
-  // aclnnFusedInferAttentionScoreV3's limits.
-  const ONNXTensorElementDataType ft = ComputeType(t);
-  if (product == Product::kAtlasInference || product == Product::kAtlasTraining ||
-      product == Product::kAtlas200I500A2) {
-    throw Error(std::string("aclnnFusedInferAttentionScoreV3 is not available on ") + ProductName(product) + cpu);
-  }
-  if (dv != d) {
-    throw Error("aclnnFusedInferAttentionScoreV3 needs key and value of one shape, but V's head size Dv = " +
-                std::to_string(dv) + " differs from D = " + std::to_string(d) + cpu);
-  }
-  if (d > kMaxHeadDim) {
-    throw Error("aclnnFusedInferAttentionScoreV3 takes head sizes up to 512, D = " + std::to_string(d) + cpu);
-  }
-  if (sq > 1 && (d * 2) % 16 != 0) {
-    throw Error("aclnnFusedInferAttentionScoreV3 needs D 16-byte aligned (a multiple of 8 in float16/bfloat16) when "
-                "Sq > 1, D = " + std::to_string(d) + cpu);
-  }
-  if (batch > kMaxBatch) {
-    throw Error("aclnnFusedInferAttentionScoreV3 takes B <= 65536, B = " + std::to_string(batch) + cpu);
-  }
-
+  const RunInputs r = ReadInputs(ctx);
+  CheckFiaLimits(r);
   // Outputs.
-  const Shape& y_shape = inputs.y;
-  const OutputTensor y = ctx.Output(0, y_shape);
+  const OutputTensor y = ctx.Output(0, r.in.y);
   if (!y) throw Error("output 'Y' is required");
-  const OutputTensor present_k = ctx.Output(1, inputs.present_key);
-  const OutputTensor present_v = ctx.Output(2, inputs.present_value);
-  if (Numel(inputs.present_key) == 0 && Numel(y_shape) == 0) return;
+  const OutputTensor present_k = ctx.Output(1, r.in.present_key);
+  const OutputTensor present_v = ctx.Output(2, r.in.present_value);
+  if (Numel(r.in.present_key) == 0 && Numel(r.in.y) == 0) return;
 
   AclnnCall call(*rt_, ctx, 0);
-  const size_t es = ElementBytes(t), fes = ElementBytes(ft);
-  auto scratch = [&](int64_t elements, size_t bytes_per, const char* what) {
-    return call.Scratch(static_cast<size_t>(std::max<int64_t>(elements, 1)) * bytes_per, what);
-  };
-
-  // RopeAttention: rotated Q and new K (contiguous, in `layout`), exactly RotaryEmbedding's values.
-  const void* q_src = q.data;
-  const void* k_src = k.data;
-  if constexpr (kRope) {
-    void* q_rotated = scratch(Numel(q.shape), es, "rotated Q");
-    void* k_rotated = scratch(Numel(k.shape), es, "rotated K");
-    q_rot->Run(call, rotary_ops_, q.data, cos->data, sin->data, q_rotated);
-    k_rot->Run(call, rotary_ops_, k.data, cos->data, sin->data, k_rotated);
-    q_src = q_rotated;
-    k_src = k_rotated;
-  }
-
-  // present_* = past ++ new (BNSD), when asked for or when there is a past to attend to.
-  const bool cached = past_k.has_value() || present_k || present_v;
-  const Heads present_heads{batch, nkv, skv, d, Layout::kBnsd};
-  const void* k_all = nullptr;
-  const void* v_all = nullptr;
-  if (cached) {
-    void* pk = present_k ? present_k.data : scratch(Numel(present_heads.Dims(Layout::kBnsd)), es, "keys");
-    void* pv = present_v ? present_v.data : scratch(Numel(present_heads.Dims(Layout::kBnsd)), es, "values");
-    if (past > 0 && batch * nkv * d > 0) {
-      const Heads past_heads{batch, nkv, past, d, Layout::kBnsd};
-      Copy(call, pk, t, present_heads, past_k->data, t, past_heads, 0, "present_key[:, :, :P]");
-      Copy(call, pv, t, present_heads, past_v->data, t, past_heads, 0, "present_value[:, :, :P]");
-    }
-    if (s_new > 0 && batch * nkv * d > 0) {
-      Copy(call, pk, t, present_heads, k_src, t, kh, past, "present_key[:, :, P:]");
-      Copy(call, pv, t, present_heads, v.data, t, vh, past, "present_value[:, :, P:]");
-    }
-    k_all = pk;
-    v_all = pv;
-  }
-  if (batch == 0 || nq == 0 || sq == 0 || dv == 0) return;
-  if (skv == 0) {  // no key: every row is 0 (contract)
-    if (rt_->rt_memset_async == nullptr) throw Error("the CANN runtime exports no aclrtMemsetAsync, needed to zero Y");
-    const size_t bytes = static_cast<size_t>(Numel(y_shape)) * es;
-    if (rt_->rt_memset_async(y.data, bytes, 0, bytes, call.stream()) != 0) {
-      throw Error("aclrtMemsetAsync of Y failed: " + rt_->RecentErrorMessage());
-    }
-    return;
-  }
-
-  // FIA's layout: the node's own when K/V are the inputs, BNSD when they are present_*.
-  const Layout in = cached ? Layout::kBnsd : layout_;
-  const Heads kv_heads = cached ? present_heads : kh;
-  const Heads val_heads = cached ? Heads{batch, nkv, skv, dv, Layout::kBnsd} : vh;
-  auto staged = [&](const void* src, const Heads& h, const char* what) -> const void* {
-    if (t == ft && h.SameMemory(in)) return src;  // already FIA's type and layout
-    void* out = scratch(Numel(h.Dims(in)), fes, what);
-    const Heads dst{h.b, h.n, h.s, h.d, in};
-    Copy(call, out, ft, dst, src, t, h, 0, what);
-    return out;
-  };
-  const Heads q_heads{batch, nq, sq, d, layout_};
-  const void* q_fia = staged(q_src, q_heads, "query");
-  const void* k_fia = staged(cached ? k_all : k_src, kv_heads, "key");
-  const void* v_fia = staged(cached ? v_all : v.data, val_heads, "value");
-
-  // Output: FIA writes Y directly when its layout can be expressed (BNSD_BSND needs Sq > 1).
-  const Heads y_heads{batch, nq, sq, dv, output_layout_};
-  std::string layout_name = Name(in);
-  bool direct = t == ft;
-  Layout out_layout = in;
-  if (output_layout_ != in) {
-    if (y_heads.SameMemory(in)) {
-      // Sq = 1 (or N = 1): the two layouts are the same memory.
-    } else if (in == Layout::kBnsd) {
-      layout_name = "BNSD_BSND";
-      out_layout = Layout::kBsnd;
-    } else {
-      direct = false;  // BSND in, BNSD out: FIA has no BSND_BNSD; transposed after
-    }
-  }
-  const Heads fia_out_heads{batch, nq, sq, dv, out_layout};
-  void* out = direct ? y.data : scratch(Numel(y_shape), fes, "attention output");
-
-  // pseShift: attn_bias (or the host-built ALiBi bias) in FIA's type, (B or 1, N, Sq, Skv).
-  if (slopes) bias = AlibiBias(call, *slopes, pad, batch, sq, skv);
-  aclTensor* pse = nullptr;
-  if (bias) {
-    Shape b4(4 - bias->shape.size(), 1);
-    b4.insert(b4.end(), bias->shape.begin(), bias->shape.end());
-    const Shape pse_shape{b4[0] == batch ? batch : 1, nq, sq, skv};
-    if (bias->type == ft && b4 == pse_shape) {
-      pse = call.Tensor(bias->data, ft, pse_shape, "pseShift");
-    } else {
-      pse = call.Tensor(scratch(Numel(pse_shape), fes, "pseShift"), ft, pse_shape, "pseShift");
-      call.Run(copy_, pse, call.Tensor(bias->data, bias->type, b4, "attn_bias"));
-    }
-  }
-
-  // Masks: sparse modes 3 (causal) and 4 (window) with the compressed mask while Sq > 1; a full
-  // mask with key_padding_mask, or for a window while decoding (Q_S = 1 ignores sparseMode).
-  int64_t sparse_mode = 0, pre_tokens = kAllTokens, next_tokens = kAllTokens;
-  aclTensor* mask = nullptr;
-  if (pad || (window > 0 && sq == 1 && skv > window)) {
-    mask = FullMask(call, batch, sq, skv, window, pad);
-  } else if (causal_ && sq > 1) {
-    const void* m = CompressedMask(*rt_);
-    mask = call.Tensor(m, ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL, Shape{kMaskSize, kMaskSize}, "attenMask");
-    if (window > 0) {
-      sparse_mode = 4;
-      pre_tokens = window - 1;
-      next_tokens = 0;
-    } else {
-      sparse_mode = 3;
-    }
-  }
-  const bool rows_may_be_empty = pad.has_value() || bias.has_value() || window > 0 || (causal_ && sq > skv);
-  const int64_t inner_precise = rows_may_be_empty ? 2 : 0;
-
-  aclTensor* query = call.Tensor(q_fia, ft, q_heads.Dims(in), "query");
-  aclTensorList* key = call.TensorList({call.Tensor(k_fia, ft, kv_heads.Dims(in), "key")}, "key");
-  aclTensorList* value = call.TensorList({call.Tensor(v_fia, ft, val_heads.Dims(in), "value")}, "value");
-  aclTensor* attention_out = call.Tensor(out, ft, fia_out_heads.Dims(out_layout), "attentionOut");
-  const double scale = scale_ != 0.0f ? static_cast<double>(scale_) : 1.0 / std::sqrt(static_cast<double>(d));
-  const aclTensor* none = nullptr;
-  const aclIntArray* no_array = nullptr;
-  call.Run(fia_, static_cast<const aclTensor*>(query), static_cast<const aclTensorList*>(key),
-           static_cast<const aclTensorList*>(value), static_cast<const aclTensor*>(pse),
-           static_cast<const aclTensor*>(mask), no_array, no_array, none, none, none, none, none, none, none, none, none,
-           none, none, none, none, none, none, none, no_array, none, none, none, nq, scale, pre_tokens, next_tokens,
-           layout_name.data(), nkv == nq ? int64_t{0} : nkv, sparse_mode, inner_precise, int64_t{0}, int64_t{0}, false,
-           int64_t{0}, int64_t{0}, static_cast<const aclTensor*>(attention_out), none);
-  if (!direct) {
-    // Y = out: cast back to float32 and/or transpose BSND -> BNSD.
-    Copy(call, y.data, t, y_heads, out, ft, fia_out_heads, 0, "Y");
-  }
+  KeysValues kv = Rotate(call, r);
+  WritePresent(call, r, present_k, present_v, kv);
+  if (r.batch == 0 || r.nq == 0 || r.sq == 0 || r.dv == 0) return;
+  if (r.skv == 0) return ZeroY(call, r, y);  // no key: every row is 0 (contract)
+  const FiaOperands fia = Stage(call, r, kv, y);
+  // pseShift: attn_bias, or the ALiBi bias built on the host.
+  const std::optional<InputTensor> bias =
+      r.slopes ? std::optional<InputTensor>(AlibiBias(call, *r.slopes, r.pad, r.batch, r.sq, r.skv)) : r.bias;
+  RunFia(call, r, fia, bias, y);
 
   // empty_rows = "uniform": FIA's invalid-row correction left 0 in the rows that see no key; they
   // get the mean of V over all keys. Which rows those are is worked out on the host (the
   // key_padding_mask and attn_bias are read back after a stream synchronisation); nothing more
   // happens when there are none.
-  if (uniform_empty_rows_ && (pad || bias || (causal_ && sq > skv))) {
-    const std::vector<uint8_t> empty = EmptyRows(call, batch, sq, skv, window, pad, bias);
+  if (uniform_empty_rows_ && (r.pad || bias || (causal_ && r.sq > r.skv))) {
+    const std::vector<uint8_t> empty = EmptyRows(call, r.batch, r.sq, r.skv, r.window, r.pad, bias);
     if (empty.empty()) return;
-    // The mean of V per (batch, kv head): FIA over the same key/value lists with a zero query
-    // row per kv head (every score 0, so every key weighs 1/Skv), no mask, no bias.
-    const Heads zero_heads{batch, nkv, 1, d, in}, mean_heads{batch, nkv, 1, dv, in};
-    void* zero_q = call.ZeroedScratch(static_cast<size_t>(Numel(zero_heads.Dims(in))) * fes, "zero query");
-    void* mean = scratch(Numel(mean_heads.Dims(in)), fes, "mean of V");
-    aclTensorList* mean_key = call.TensorList({call.Tensor(k_fia, ft, kv_heads.Dims(in), "key")}, "key");
-    aclTensorList* mean_value = call.TensorList({call.Tensor(v_fia, ft, val_heads.Dims(in), "value")}, "value");
-    std::string mean_layout = Name(in);
-    call.Run(fia_, static_cast<const aclTensor*>(call.Tensor(zero_q, ft, zero_heads.Dims(in), "zero query")),
-             static_cast<const aclTensorList*>(mean_key), static_cast<const aclTensorList*>(mean_value), none, none,
-             no_array, no_array, none, none, none, none, none, none, none, none, none, none, none, none, none, none,
-             none, none, no_array, none, none, none, nkv, 1.0, kAllTokens, kAllTokens, mean_layout.data(),
-             int64_t{0}, int64_t{0}, int64_t{0}, int64_t{0}, int64_t{0}, false, int64_t{0}, int64_t{0},
-             static_cast<const aclTensor*>(call.Tensor(mean, ft, mean_heads.Dims(in), "mean of V")), none);
-    // Y's rows (b, h, i): one broadcast copy per run of positions whose every head is empty (the
-    // usual case: key_padding_mask, causal), else one per head and position (a -inf bias).
-    const Shape ys = output_layout_ == Layout::kBnsd ? Shape{nq * sq * dv, sq * dv, dv}   // Y's b, h, i strides
-                                                     : Shape{sq * nq * dv, dv, nq * dv};
-    const int64_t group = nq / nkv;
-    auto fill = [&](int64_t b, int64_t h, int64_t heads, int64_t i, int64_t run) {
-      const int64_t kv = heads == nq ? nkv : 1, per_kv = heads == nq ? group : 1;
-      call.Run(copy_, call.View(y.data, t, Shape{kv, per_kv, run, dv}, Shape{group * ys[1], ys[1], ys[2], 1},
-                                b * ys[0] + h * ys[1] + i * ys[2], "Y (rows that see no key)"),
-               call.View(mean, ft, Shape{kv, 1, 1, dv}, Shape{dv, dv, dv, 1}, (b * nkv + h / group) * dv,
-                         "mean of V"));
+    FillEmptyRows(call, r, MeanOfV(call, r, fia), empty, y);
+  }
+}
+
+template <bool kRope, Placement kPlacement, Fp32 kFp32>
+RunInputs AscendAttentionKernel<kRope, kPlacement, kFp32>::ReadInputs(const KernelContext& ctx) const {
+  RunInputs r;
+  r.in = ReadAttentionInputs(ctx, params_, kIn.past_key);
+  r.t = r.in.q.type;
+  r.qh = ViewHeads(r.in.qh, layout_);
+  r.kh = ViewHeads(r.in.kh, layout_);
+  r.vh = ViewHeads(r.in.vh, layout_);
+  r.batch = r.qh.b, r.sq = r.qh.s, r.s_new = r.kh.s, r.d = r.qh.d, r.dv = r.vh.d;
+  r.nq = num_heads_, r.nkv = kv_num_heads_;
+  r.past = r.in.past, r.skv = r.in.skv, r.window = r.in.window;
+  r.bias = ReadAttnBias(ctx, kIn.bias, r.t);
+  if (r.bias) CheckBroadcast("attn_bias", r.bias->shape, Shape{r.batch, r.nq, r.sq, r.skv}, "[B, N, Sq, Skv]");
+  r.slopes = ReadAlibiSlopes(ctx, kIn.alibi_slopes, r.nq);
+  if (r.slopes && r.bias) {
+    // FIA V3 takes one pseShift; adding the two would need an elementwise add on the device.
+    throw Error("aclnnFusedInferAttentionScoreV3 takes one pseShift: alibi_slopes together with attn_bias is not "
+                "mapped (run this node on CPU: leave it out of the CANN session, or fuse without the attention "
+                "family)");
+  }
+  r.pad = ReadKeyPaddingMask(ctx, kIn.key_mask, r.batch, r.skv);
+  r.product = ClassifySoc(rt_->SocName());
+  if constexpr (kRope) {
+    const AttentionRotaryTables tables = ReadAttentionRotaryTables(ctx, kIn.cos, kIn.sin, r.t);
+    r.cos = tables.cos;
+    r.sin = tables.sin;
+    r.q_rot = RotaryPlan::Make("Q", r.qh.Dims(layout_), r.t, r.cos->shape, r.cos->type, rotary_, r.product);
+    r.k_rot = RotaryPlan::Make("K", r.kh.Dims(layout_), r.t, r.cos->shape, r.cos->type, rotary_, r.product);
+  }
+  r.ft = ComputeType(r.t);
+  r.es = ElementBytes(r.t);
+  r.fes = ElementBytes(r.ft);
+  return r;
+}
+
+template <bool kRope, Placement kPlacement, Fp32 kFp32>
+void AscendAttentionKernel<kRope, kPlacement, kFp32>::CheckFiaLimits(const RunInputs& r) {
+  const char* cpu = kRunOnCpu;
+  const Product product = r.product;
+  if (product == Product::kAtlasInference || product == Product::kAtlasTraining ||
+      product == Product::kAtlas200I500A2) {
+    throw Error(std::string("aclnnFusedInferAttentionScoreV3 is not available on ") + ProductName(product) + cpu);
+  }
+  if (r.dv != r.d) {
+    throw Error("aclnnFusedInferAttentionScoreV3 needs key and value of one shape, but V's head size Dv = " +
+                std::to_string(r.dv) + " differs from D = " + std::to_string(r.d) + cpu);
+  }
+  if (r.d > kMaxHeadDim) {
+    throw Error("aclnnFusedInferAttentionScoreV3 takes head sizes up to 512, D = " + std::to_string(r.d) + cpu);
+  }
+  if (r.sq > 1 && (r.d * 2) % 16 != 0) {
+    throw Error("aclnnFusedInferAttentionScoreV3 needs D 16-byte aligned (a multiple of 8 in float16/bfloat16) when "
+                "Sq > 1, D = " + std::to_string(r.d) + cpu);
+  }
+  if (r.batch > kMaxBatch) {
+    throw Error("aclnnFusedInferAttentionScoreV3 takes B <= 65536, B = " + std::to_string(r.batch) + cpu);
+  }
+}
+
+template <bool kRope, Placement kPlacement, Fp32 kFp32>
+KeysValues AscendAttentionKernel<kRope, kPlacement, kFp32>::Rotate(AclnnCall& call, const RunInputs& r) const {
+  KeysValues kv{};
+  kv.q = r.in.q.data;
+  kv.k = r.in.k.data;
+  if constexpr (kRope) {
+    void* q_rotated = ElementScratch(call, Numel(r.in.q.shape), r.es, "rotated Q");
+    void* k_rotated = ElementScratch(call, Numel(r.in.k.shape), r.es, "rotated K");
+    r.q_rot->Run(call, rotary_ops_, r.in.q.data, r.cos->data, r.sin->data, q_rotated);
+    r.k_rot->Run(call, rotary_ops_, r.in.k.data, r.cos->data, r.sin->data, k_rotated);
+    kv.q = q_rotated;
+    kv.k = k_rotated;
+  }
+  return kv;
+}
+
+template <bool kRope, Placement kPlacement, Fp32 kFp32>
+void AscendAttentionKernel<kRope, kPlacement, kFp32>::WritePresent(AclnnCall& call, const RunInputs& r,
+                                                                   const OutputTensor& present_k,
+                                                                   const OutputTensor& present_v,
+                                                                   KeysValues& kv) const {
+  kv.cached = r.in.past_key.has_value() || present_k || present_v;
+  kv.present = Heads{r.batch, r.nkv, r.skv, r.d, Layout::kBnsd};
+  if (!kv.cached) return;
+  const ONNXTensorElementDataType t = r.t;
+  const Heads& present_heads = kv.present;
+  void* pk = present_k ? present_k.data : ElementScratch(call, Numel(present_heads.Dims(Layout::kBnsd)), r.es, "keys");
+  void* pv =
+      present_v ? present_v.data : ElementScratch(call, Numel(present_heads.Dims(Layout::kBnsd)), r.es, "values");
+  if (r.past > 0 && r.batch * r.nkv * r.d > 0) {
+    const Heads past_heads{r.batch, r.nkv, r.past, r.d, Layout::kBnsd};
+    Copy(call, pk, t, present_heads, r.in.past_key->data, t, past_heads, 0, "present_key[:, :, :P]");
+    Copy(call, pv, t, present_heads, r.in.past_value->data, t, past_heads, 0, "present_value[:, :, :P]");
+  }
+  if (r.s_new > 0 && r.batch * r.nkv * r.d > 0) {
+    Copy(call, pk, t, present_heads, kv.k, t, r.kh, r.past, "present_key[:, :, P:]");
+    Copy(call, pv, t, present_heads, r.in.v.data, t, r.vh, r.past, "present_value[:, :, P:]");
+  }
+  kv.k_all = pk;
+  kv.v_all = pv;
+}
+
+template <bool kRope, Placement kPlacement, Fp32 kFp32>
+void AscendAttentionKernel<kRope, kPlacement, kFp32>::ZeroY(AclnnCall& call, const RunInputs& r,
+                                                            const OutputTensor& y) const {
+  if (rt_->rt_memset_async == nullptr) throw Error("the CANN runtime exports no aclrtMemsetAsync, needed to zero Y");
+  const size_t bytes = static_cast<size_t>(Numel(r.in.y)) * r.es;
+  if (rt_->rt_memset_async(y.data, bytes, 0, bytes, call.stream()) != 0) {
+    throw Error("aclrtMemsetAsync of Y failed: " + rt_->RecentErrorMessage());
+  }
+}
+
+template <bool kRope, Placement kPlacement, Fp32 kFp32>
+FiaOperands AscendAttentionKernel<kRope, kPlacement, kFp32>::Stage(AclnnCall& call, const RunInputs& r,
+                                                                   const KeysValues& kv, const OutputTensor& y) const {
+  // FIA's layout: the node's own when K/V are the inputs, BNSD when they are present_*.
+  FiaOperands f;
+  f.in = kv.cached ? Layout::kBnsd : layout_;
+  f.kv_heads = kv.cached ? kv.present : r.kh;
+  f.val_heads = kv.cached ? Heads{r.batch, r.nkv, r.skv, r.dv, Layout::kBnsd} : r.vh;
+  auto staged = [&](const void* src, const Heads& h, const char* what) -> const void* {
+    if (r.t == r.ft && h.SameMemory(f.in)) return src;  // already FIA's type and layout
+    void* out = ElementScratch(call, Numel(h.Dims(f.in)), r.fes, what);
+    const Heads dst{h.b, h.n, h.s, h.d, f.in};
+    Copy(call, out, r.ft, dst, src, r.t, h, 0, what);
+    return out;
+  };
+  f.q_heads = Heads{r.batch, r.nq, r.sq, r.d, layout_};
+  f.q = staged(kv.q, f.q_heads, "query");
+  f.k = staged(kv.cached ? kv.k_all : kv.k, f.kv_heads, "key");
+  f.v = staged(kv.cached ? kv.v_all : r.in.v.data, f.val_heads, "value");
+
+  // Output: FIA writes Y directly when its layout can be expressed (BNSD_BSND needs Sq > 1).
+  f.y_heads = Heads{r.batch, r.nq, r.sq, r.dv, output_layout_};
+  f.layout_name = Name(f.in);
+  f.direct = r.t == r.ft;
+  f.out_layout = f.in;
+  if (output_layout_ != f.in) {
+    if (f.y_heads.SameMemory(f.in)) {
+      // Sq = 1 (or N = 1): the two layouts are the same memory.
+    } else if (f.in == Layout::kBnsd) {
+      f.layout_name = "BNSD_BSND";
+      f.out_layout = Layout::kBsnd;
+    } else {
+      f.direct = false;  // BSND in, BNSD out: FIA has no BSND_BNSD; transposed after
+    }
+  }
+  f.out_heads = Heads{r.batch, r.nq, r.sq, r.dv, f.out_layout};
+  f.out = f.direct ? y.data : ElementScratch(call, Numel(r.in.y), r.fes, "attention output");
+  return f;
+}
+
+template <bool kRope, Placement kPlacement, Fp32 kFp32>
+aclTensor* AscendAttentionKernel<kRope, kPlacement, kFp32>::PseShift(AclnnCall& call, const RunInputs& r,
+                                                                     const std::optional<InputTensor>& bias) const {
+  if (!bias) return nullptr;
+  Shape b4(4 - bias->shape.size(), 1);
+  b4.insert(b4.end(), bias->shape.begin(), bias->shape.end());
+  const Shape pse_shape{b4[0] == r.batch ? r.batch : 1, r.nq, r.sq, r.skv};
+  if (bias->type == r.ft && b4 == pse_shape) return call.Tensor(bias->data, r.ft, pse_shape, "pseShift");
+  aclTensor* pse = call.Tensor(ElementScratch(call, Numel(pse_shape), r.fes, "pseShift"), r.ft, pse_shape, "pseShift");
+  call.Run(copy_, pse, call.Tensor(bias->data, bias->type, b4, "attn_bias"));
+  return pse;
+}
+
+template <bool kRope, Placement kPlacement, Fp32 kFp32>
+FiaMask AscendAttentionKernel<kRope, kPlacement, kFp32>::Masks(AclnnCall& call, const RunInputs& r) const {
+  FiaMask m;
+  if (r.pad || (r.window > 0 && r.sq == 1 && r.skv > r.window)) {
+    m.mask = FullMask(call, r.batch, r.sq, r.skv, r.window, r.pad);
+  } else if (causal_ && r.sq > 1) {
+    const void* compressed = CompressedMask(*rt_);
+    m.mask = call.Tensor(compressed, ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL, Shape{kMaskSize, kMaskSize}, "attenMask");
+    if (r.window > 0) {
+      m.sparse_mode = 4;
+      m.pre_tokens = r.window - 1;
+      m.next_tokens = 0;
+    } else {
+      m.sparse_mode = 3;
+    }
+  }
+  return m;
+}
+
+template <bool kRope, Placement kPlacement, Fp32 kFp32>
+void AscendAttentionKernel<kRope, kPlacement, kFp32>::RunFia(AclnnCall& call, const RunInputs& r,
+                                                             const FiaOperands& fia,
+                                                             const std::optional<InputTensor>& bias,
+                                                             const OutputTensor& y) const {
+  const ONNXTensorElementDataType ft = r.ft;
+  aclTensor* pse = PseShift(call, r, bias);
+  const FiaMask m = Masks(call, r);
+  const bool rows_may_be_empty = r.pad.has_value() || bias.has_value() || r.window > 0 || (causal_ && r.sq > r.skv);
+  const int64_t inner_precise = rows_may_be_empty ? 2 : 0;
+
+  aclTensor* query = call.Tensor(fia.q, ft, fia.q_heads.Dims(fia.in), "query");
+  aclTensorList* key = call.TensorList({call.Tensor(fia.k, ft, fia.kv_heads.Dims(fia.in), "key")}, "key");
+  aclTensorList* value = call.TensorList({call.Tensor(fia.v, ft, fia.val_heads.Dims(fia.in), "value")}, "value");
+  aclTensor* attention_out = call.Tensor(fia.out, ft, fia.out_heads.Dims(fia.out_layout), "attentionOut");
+  const double scale = scale_ != 0.0f ? static_cast<double>(scale_) : 1.0 / std::sqrt(static_cast<double>(r.d));
+  std::string layout_name = fia.layout_name;
+  const int64_t nq = r.nq, nkv = r.nkv;
+  const aclTensor* none = nullptr;
+  const aclIntArray* no_array = nullptr;
+  call.Run(fia_, static_cast<const aclTensor*>(query), static_cast<const aclTensorList*>(key),
+           static_cast<const aclTensorList*>(value), static_cast<const aclTensor*>(pse),
+           static_cast<const aclTensor*>(m.mask), no_array, no_array, none, none, none, none, none, none, none, none,
+           none, none, none, none, none, none, none, none, no_array, none, none, none, nq, scale, m.pre_tokens,
+           m.next_tokens, layout_name.data(), nkv == nq ? int64_t{0} : nkv, m.sparse_mode, inner_precise, int64_t{0},
+           int64_t{0}, false, int64_t{0}, int64_t{0}, static_cast<const aclTensor*>(attention_out), none);
+  if (!fia.direct) {
+    // Y = out: cast back to float32 and/or transpose BSND -> BNSD.
+    Copy(call, y.data, r.t, fia.y_heads, fia.out, ft, fia.out_heads, 0, "Y");
+  }
+}
+
+template <bool kRope, Placement kPlacement, Fp32 kFp32>
+void* AscendAttentionKernel<kRope, kPlacement, kFp32>::MeanOfV(AclnnCall& call, const RunInputs& r,
+                                                               const FiaOperands& fia) const {
+  // FIA over the same key/value lists with a zero query row per kv head (every score 0, so every
+  // key weighs 1/Skv), no mask, no bias.
+  const ONNXTensorElementDataType ft = r.ft;
+  const Layout in = fia.in;
+  const Heads zero_heads{r.batch, r.nkv, 1, r.d, in}, mean_heads{r.batch, r.nkv, 1, r.dv, in};
+  void* zero_q = call.ZeroedScratch(static_cast<size_t>(Numel(zero_heads.Dims(in))) * r.fes, "zero query");
+  void* mean = ElementScratch(call, Numel(mean_heads.Dims(in)), r.fes, "mean of V");
+  aclTensorList* mean_key = call.TensorList({call.Tensor(fia.k, ft, fia.kv_heads.Dims(in), "key")}, "key");
+  aclTensorList* mean_value = call.TensorList({call.Tensor(fia.v, ft, fia.val_heads.Dims(in), "value")}, "value");
+  std::string mean_layout = Name(in);
+  const aclTensor* none = nullptr;
+  const aclIntArray* no_array = nullptr;
+  call.Run(fia_, static_cast<const aclTensor*>(call.Tensor(zero_q, ft, zero_heads.Dims(in), "zero query")),
+           static_cast<const aclTensorList*>(mean_key), static_cast<const aclTensorList*>(mean_value), none, none,
+           no_array, no_array, none, none, none, none, none, none, none, none, none, none, none, none, none, none,
+           none, none, no_array, none, none, none, r.nkv, 1.0, kAllTokens, kAllTokens, mean_layout.data(),
+           int64_t{0}, int64_t{0}, int64_t{0}, int64_t{0}, int64_t{0}, false, int64_t{0}, int64_t{0},
+           static_cast<const aclTensor*>(call.Tensor(mean, ft, mean_heads.Dims(in), "mean of V")), none);
+  return mean;
+}
+
+template <bool kRope, Placement kPlacement, Fp32 kFp32>
+void AscendAttentionKernel<kRope, kPlacement, kFp32>::FillEmptyRows(AclnnCall& call, const RunInputs& r,
+                                                                    const void* mean,
+                                                                    const std::vector<uint8_t>& empty,
+                                                                    const OutputTensor& y) const {
+  // Y's rows (b, h, i): one broadcast copy per run of positions whose every head is empty (the
+  // usual case: key_padding_mask, causal), else one per head and position (a -inf bias).
+  const int64_t nq = r.nq, nkv = r.nkv, sq = r.sq, dv = r.dv;
+  const Shape ys = output_layout_ == Layout::kBnsd ? Shape{nq * sq * dv, sq * dv, dv}  // Y's b, h, i strides
+                                                   : Shape{sq * nq * dv, dv, nq * dv};
+  const int64_t group = nq / nkv;
+  auto fill = [&](int64_t b, int64_t h, int64_t heads, int64_t i, int64_t run) {
+    const int64_t kv = heads == nq ? nkv : 1, per_kv = heads == nq ? group : 1;
+    call.Run(copy_, call.View(y.data, r.t, Shape{kv, per_kv, run, dv}, Shape{group * ys[1], ys[1], ys[2], 1},
+                              b * ys[0] + h * ys[1] + i * ys[2], "Y (rows that see no key)"),
+             call.View(mean, r.ft, Shape{kv, 1, 1, dv}, Shape{dv, dv, dv, 1}, (b * nkv + h / group) * dv,
+                       "mean of V"));
+  };
+  for (int64_t b = 0; b < r.batch; ++b) {
+    const uint8_t* rows = empty.data() + b * nq * sq;  // [N][Sq]
+    auto flagged = [&](int64_t i) {
+      int64_t heads = 0;
+      for (int64_t h = 0; h < nq; ++h) heads += rows[h * sq + i];
+      return heads;
     };
-    for (int64_t b = 0; b < batch; ++b) {
-      const uint8_t* rows = empty.data() + b * nq * sq;  // [N][Sq]
-      auto flagged = [&](int64_t i) {
-        int64_t heads = 0;
-        for (int64_t h = 0; h < nq; ++h) heads += rows[h * sq + i];
-        return heads;
-      };
-      for (int64_t i = 0; i < sq;) {
-        if (flagged(i) == nq) {
-          int64_t end = i + 1;
-          while (end < sq && flagged(end) == nq) ++end;
-          fill(b, 0, nq, i, end - i);
-          i = end;
-          continue;
-        }
-        for (int64_t h = 0; h < nq; ++h) {
-          if (rows[h * sq + i]) fill(b, h, 1, i, 1);
-        }
-        ++i;
+    for (int64_t i = 0; i < sq;) {
+      if (flagged(i) == nq) {
+        int64_t end = i + 1;
+        while (end < sq && flagged(end) == nq) ++end;
+        fill(b, 0, nq, i, end - i);
+        i = end;
+        continue;
       }
+      for (int64_t h = 0; h < nq; ++h) {
+        if (rows[h * sq + i]) fill(b, h, 1, i, 1);
+      }
+      ++i;
     }
   }
 }

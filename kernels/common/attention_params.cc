@@ -125,6 +125,54 @@ CheckedAttentionInputs ReadAttentionInputs(const KernelContext& ctx, const Atten
   return in;
 }
 
+std::optional<InputTensor> ReadAttnBias(const KernelContext& ctx, size_t index, ONNXTensorElementDataType q_type) {
+  std::optional<InputTensor> bias = ctx.Input(index);
+  if (bias && bias->type != q_type && bias->type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
+    throw Error(std::string("attn_bias has element type ") + ElementTypeName(bias->type) +
+                "; expected float32 or Q's type " + ElementTypeName(q_type));
+  }
+  return bias;
+}
+
+std::optional<InputTensor> ReadKeyPaddingMask(const KernelContext& ctx, size_t index, int64_t batch, int64_t skv) {
+  std::optional<InputTensor> mask = ctx.Input(index);
+  if (!mask) return mask;
+  if (mask->type != ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL && mask->type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 &&
+      mask->type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64) {
+    throw Error(std::string("key_padding_mask has element type ") + ElementTypeName(mask->type) +
+                "; expected bool, int32 or int64");
+  }
+  ExpectShape("key_padding_mask", mask->shape, "[B, Skv]", Shape{batch, skv});
+  return mask;
+}
+
+std::optional<InputTensor> ReadAlibiSlopes(const KernelContext& ctx, size_t index, int64_t num_heads) {
+  std::optional<InputTensor> slopes = ctx.Input(index);
+  if (!slopes) return slopes;
+  if (slopes->type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
+    throw Error(std::string("alibi_slopes has element type ") + ElementTypeName(slopes->type) + "; expected float32");
+  }
+  ExpectShape("alibi_slopes", slopes->shape, "[num_heads]", Shape{num_heads});
+  return slopes;
+}
+
+AttentionRotaryTables ReadAttentionRotaryTables(const KernelContext& ctx, size_t cos_index, size_t sin_index,
+                                                ONNXTensorElementDataType q_type) {
+  AttentionRotaryTables tables{RequiredInput(ctx, cos_index, "cos"), RequiredInput(ctx, sin_index, "sin")};
+  const InputTensor& cos = tables.cos;
+  const InputTensor& sin = tables.sin;
+  if (cos.type != q_type && cos.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
+    throw Error(std::string("cos has element type ") + ElementTypeName(cos.type) + "; expected float32 or Q's type " +
+                ElementTypeName(q_type));
+  }
+  if (sin.type != cos.type) {
+    throw Error(std::string("sin has element type ") + ElementTypeName(sin.type) + " but cos has " +
+                ElementTypeName(cos.type));
+  }
+  ExpectShape("sin", sin.shape, "cos.shape", cos.shape);
+  return tables;
+}
+
 AttentionParams ReadAttentionParams(const KernelInfo& info) {
   AttentionParams p;
   const std::optional<int64_t> heads = info.IntAttribute("num_heads");

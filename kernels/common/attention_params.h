@@ -58,6 +58,21 @@ struct CheckedAttentionInputs {
 CheckedAttentionInputs ReadAttentionInputs(const KernelContext& ctx, const AttentionParams& params,
                                            size_t past_key_index);
 
+// The optional inputs and RopeAttention's tables, each read and checked alone (element type, shape)
+// as every backend checks it; each backend calls them in its own order. nullopt when absent.
+// attn_bias: Q's type or float32 (its broadcast to [B, N, Sq, Skv] is the backend's check).
+std::optional<InputTensor> ReadAttnBias(const KernelContext& ctx, size_t index, ONNXTensorElementDataType q_type);
+// key_padding_mask: bool, int32 or int64, [B, Skv].
+std::optional<InputTensor> ReadKeyPaddingMask(const KernelContext& ctx, size_t index, int64_t batch, int64_t skv);
+// alibi_slopes: float32 [num_heads].
+std::optional<InputTensor> ReadAlibiSlopes(const KernelContext& ctx, size_t index, int64_t num_heads);
+// cos and sin (required): Q's type or float32, one type and one shape.
+struct AttentionRotaryTables {
+  InputTensor cos, sin;
+};
+AttentionRotaryTables ReadAttentionRotaryTables(const KernelContext& ctx, size_t cos_index, size_t sin_index,
+                                                ONNXTensorElementDataType q_type);
+
 // num_heads, kv_num_heads, scale, causal, window, softcap, layout, output_layout, empty_rows and
 // alibi_positions,
 // checked in that order; throws otfuse::Error on the first bad one.

@@ -41,14 +41,6 @@ bool IsSupportedType(ONNXTensorElementDataType type) {
          type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
 }
 
-void ExpectType(const char* name, const InputTensor& tensor, ONNXTensorElementDataType expected,
-                const char* expected_from) {
-  if (tensor.type != expected) {
-    throw Error(std::string(name) + " has element type " + ElementTypeName(tensor.type) + " but " + expected_from +
-                " has " + ElementTypeName(expected));
-  }
-}
-
 // Q, K or V seen as [B, heads, S, D] with element strides.
 struct HeadView {
   int64_t batch, heads, seq, d;
@@ -175,6 +167,17 @@ std::vector<float> CumsumKeyPositions(const void* mask, MaskType type, int64_t b
   return pos;
 }
 
+// What one run owns and its AttentionJob points into: host tables and scratch.
+template <typename T>
+struct RunBuffers {
+  std::vector<float> alibi_key_pos;  // alibi_positions = "mask_cumsum"
+  std::vector<int32_t> rot_src;      // RopeAttention's rotation table
+  std::vector<float> rot_sign;
+  std::unique_ptr<T[]> rotated;         // the rotated new keys, when there is no present_key
+  std::unique_ptr<float[]> packed_kv;   // phase 2's panels
+  std::unique_ptr<uint8_t[]> empty_flags;  // empty_rows = "uniform"
+};
+
 template <bool kRope>
 class AttentionKernel {
  public:
@@ -211,6 +214,13 @@ class AttentionKernel {
   }
 
  private:
+  static constexpr AttentionInputIndex kIn = AttentionInputs<kRope>();
+
+  // present_key and present_value, when the node asks for them.
+  struct Presents {
+    OutputTensor key, value;
+  };
+
   template <typename T>
   AttentionFns<T> Functions() const {
 #if defined(OTFUSE_HAVE_AVX2_KERNELS)
@@ -220,120 +230,134 @@ class AttentionKernel {
     return baseline::AttentionFunctions<T>();
   }
 
+  // One run: the checked inputs become an AttentionJob, whose phases (cpu/attention_tiles.h) then
+  // run on ORT's thread pool.
   template <typename T>
   void Run(const KernelContext& ctx, const InputTensor& q) const {
-    constexpr AttentionInputIndex kIn = AttentionInputs<kRope>();
     const CheckedAttentionInputs in = ReadAttentionInputs(ctx, params_, kIn.past_key);
-    const InputTensor& k = in.k;
-    const InputTensor& v = in.v;
-    const std::optional<InputTensor>& past_k = in.past_key;
-    const std::optional<InputTensor>& past_v = in.past_value;
     const HeadView qv = ViewHeads(q, in.qh, layout_);
-    const HeadView kv = ViewHeads(k, in.kh, layout_);
-    const HeadView vv = ViewHeads(v, in.vh, layout_);
-    const int64_t batch = qv.batch, d = qv.d, dv = vv.d, sq = qv.seq, s_new = kv.seq;
-    const int64_t nq = num_heads_, nkv = kv_num_heads_, past = in.past, skv = in.skv, window = in.window;
-    const Shape scores_shape{batch, nq, sq, skv};
+    const HeadView kv = ViewHeads(in.k, in.kh, layout_);
+    const HeadView vv = ViewHeads(in.v, in.vh, layout_);
+    AttentionJob<T> job = PlanJob<T>(q, in, qv, kv, vv);
+    RunBuffers<T> buffers;
+    KvRowsJob<T> rows{};
+    ReadBias(ctx, q.type, job);
+    ReadKeyMask(ctx, job);
+    ReadAlibi(ctx, job, buffers);
+    if constexpr (kRope) ReadRotary(ctx, q.type, qv, kv, job, rows, buffers);
+    const Presents present = PlanOutputs(ctx, in, job);
+    PlanTiles(job);
+    const AttentionFns<T> fns = Functions<T>();
 
+    WriteKvRows(ctx, fns, present, kv.seq, job, rows, buffers);
+    if (job.batch == 0 || job.q_heads == 0 || job.sq == 0 || job.dv == 0) return;
+    PackKv(ctx, fns, job, buffers);
+    FlagEmptyRows(job, buffers);
+    Attend(ctx, fns, job);
+    FillEmptyRows(ctx, fns, job);
+  }
+
+  // The job's dims, scale and the Q, past and new K/V it reads.
+  template <typename T>
+  AttentionJob<T> PlanJob(const InputTensor& q, const CheckedAttentionInputs& in, const HeadView& qv,
+                          const HeadView& kv, const HeadView& vv) const {
+    const int64_t d = qv.d;
     AttentionJob<T> job{};
-    job.batch = batch;
-    job.q_heads = nq;
-    job.kv_heads = nkv;
-    job.group = nq / nkv;
-    job.sq = sq;
-    job.skv = skv;
+    job.batch = qv.batch;
+    job.q_heads = num_heads_;
+    job.kv_heads = kv_num_heads_;
+    job.group = num_heads_ / kv_num_heads_;
+    job.sq = qv.seq;
+    job.skv = in.skv;
     job.d = d;
-    job.dv = dv;
-    job.causal_offset = skv - sq;
+    job.dv = vv.d;
+    job.causal_offset = in.skv - qv.seq;
     job.causal = causal_;
-    job.window = window;
+    job.window = in.window;
     job.scale = scale_ != 0.0f ? scale_ : (d > 0 ? 1.0f / std::sqrt(static_cast<float>(d)) : 1.0f);
     job.softcap = softcap_;
     job.q = q.As<T>();
     job.q_sb = qv.sb, job.q_sh = qv.sh, job.q_ss = qv.ss;
-    job.k_past = past_k ? past_k->As<T>() : nullptr;
-    job.v_past = past_v ? past_v->As<T>() : nullptr;
-    job.k_past_len = job.v_past_len = past;
-    job.k_new = k.As<T>();
+    job.k_past = in.past_key ? in.past_key->As<T>() : nullptr;
+    job.v_past = in.past_value ? in.past_value->As<T>() : nullptr;
+    job.k_past_len = job.v_past_len = in.past;
+    job.k_new = in.k.As<T>();
     job.k_sb = kv.sb, job.k_sh = kv.sh, job.k_ss = kv.ss;
-    job.v_new = v.As<T>();
+    job.v_new = in.v.As<T>();
     job.v_sb = vv.sb, job.v_sh = vv.sh, job.v_ss = vv.ss;
+    return job;
+  }
 
-    // attn_bias: T or float32, broadcastable to [B, N, Sq, Skv].
-    if (const std::optional<InputTensor> bias = ctx.Input(kIn.bias)) {
-      if (bias->type != q.type && bias->type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
-        throw Error(std::string("attn_bias has element type ") + ElementTypeName(bias->type) +
-                    "; expected float32 or Q's type " + ElementTypeName(q.type));
-      }
-      const std::vector<int64_t> st = BroadcastStrides("attn_bias", bias->shape, scores_shape, "[B, N, Sq, Skv]");
-      job.bias = bias->data;
-      job.bias_is_float = bias->type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-      job.bias_sb = st[0], job.bias_sh = st[1], job.bias_si = st[2], job.bias_sj = st[3];
-    }
-    // key_padding_mask: [B, Skv], nonzero = attend.
-    if (const std::optional<InputTensor> mask = ctx.Input(kIn.key_mask)) {
-      switch (mask->type) {
-        case ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL: job.key_mask_type = MaskType::kBool; break;
-        case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32: job.key_mask_type = MaskType::kInt32; break;
-        case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: job.key_mask_type = MaskType::kInt64; break;
-        default:
-          throw Error(std::string("key_padding_mask has element type ") + ElementTypeName(mask->type) +
-                      "; expected bool, int32 or int64");
-      }
-      ExpectShape("key_padding_mask", mask->shape, "[B, Skv]", Shape{batch, skv});
-      job.key_mask = mask->data;
-    }
-    // alibi_slopes: float32 [N]; the bias is generated inside the tiles.
-    std::vector<float> alibi_key_pos;
-    if (const std::optional<InputTensor> slopes = ctx.Input(kIn.alibi_slopes)) {
-      if (slopes->type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
-        throw Error(std::string("alibi_slopes has element type ") + ElementTypeName(slopes->type) +
-                    "; expected float32");
-      }
-      ExpectShape("alibi_slopes", slopes->shape, "[num_heads]", Shape{nq});
-      job.alibi_slopes = slopes->As<float>();
-      if (alibi_mask_cumsum_) {
-        alibi_key_pos = CumsumKeyPositions(job.key_mask, job.key_mask_type, batch, skv);
-        job.alibi_key_pos = alibi_key_pos.data();
-      }
-    }
+  // attn_bias: T or float32, broadcastable to [B, N, Sq, Skv].
+  template <typename T>
+  static void ReadBias(const KernelContext& ctx, ONNXTensorElementDataType q_type, AttentionJob<T>& job) {
+    const std::optional<InputTensor> bias = ReadAttnBias(ctx, kIn.bias, q_type);
+    if (!bias) return;
+    const Shape scores_shape{job.batch, job.q_heads, job.sq, job.skv};
+    const std::vector<int64_t> st = BroadcastStrides("attn_bias", bias->shape, scores_shape, "[B, N, Sq, Skv]");
+    job.bias = bias->data;
+    job.bias_is_float = bias->type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    job.bias_sb = st[0], job.bias_sh = st[1], job.bias_si = st[2], job.bias_sj = st[3];
+  }
 
-    // Rotary embedding: cos/sin broadcast against Q's and K's [.., r] in the input layout.
-    std::vector<int32_t> rot_src;
-    std::vector<float> rot_sign;
-    KvRowsJob<T> rows{};
-    if constexpr (kRope) {
-      const InputTensor cos = RequiredInput(ctx, kIn.cos, "cos");
-      const InputTensor sin = RequiredInput(ctx, kIn.sin, "sin");
-      if (cos.type != q.type && cos.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
-        throw Error(std::string("cos has element type ") + ElementTypeName(cos.type) +
-                    "; expected float32 or Q's type " + ElementTypeName(q.type));
-      }
-      ExpectType("sin", sin, cos.type, "cos");
-      ExpectShape("sin", sin.shape, "cos.shape", cos.shape);
-      const int64_t r = RotaryWidth("Q", d, rotary_);
-      BuildRotation(rotary_.interleaved, rotary_.sections, r, rot_src, rot_sign);
-      // The rank-4 views of Q and K in the layout, with D (checked as RotaryEmbedding's X) or r lanes.
-      const auto view = [&](const HeadView& hv, int64_t lanes) {
-        return layout_ == Layout::kBnsd ? Shape{hv.batch, hv.heads, hv.seq, lanes}
-                                        : Shape{hv.batch, hv.seq, hv.heads, lanes};
-      };
-      CheckRotaryBroadcast("Q", view(qv, d), cos.shape, r);
-      CheckRotaryBroadcast("K", view(kv, d), cos.shape, r);
-      const std::vector<int64_t> cq = BroadcastStrides("cos", cos.shape, view(qv, r), "Q's view");
-      const std::vector<int64_t> ck = BroadcastStrides("cos", cos.shape, view(kv, r), "K's view");
-      const bool bnsd = layout_ == Layout::kBnsd;
-      job.rotary_dim = r;
-      job.cos = cos.data;
-      job.sin = sin.data;
-      job.cos_is_float = cos.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-      job.cq_sb = cq[0], job.cq_sh = bnsd ? cq[1] : cq[2], job.cq_ss = bnsd ? cq[2] : cq[1];
-      rows.ck_sb = ck[0], rows.ck_sh = bnsd ? ck[1] : ck[2], rows.ck_ss = bnsd ? ck[2] : ck[1];
-      job.rot_src = rot_src.data();
-      job.rot_sign = rot_sign.data();
+  // key_padding_mask: [B, Skv], nonzero = attend.
+  template <typename T>
+  static void ReadKeyMask(const KernelContext& ctx, AttentionJob<T>& job) {
+    const std::optional<InputTensor> mask = ReadKeyPaddingMask(ctx, kIn.key_mask, job.batch, job.skv);
+    if (!mask) return;
+    switch (mask->type) {
+      case ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL: job.key_mask_type = MaskType::kBool; break;
+      case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32: job.key_mask_type = MaskType::kInt32; break;
+      default: job.key_mask_type = MaskType::kInt64; break;  // the reader let nothing else through
     }
+    job.key_mask = mask->data;
+  }
 
-    // Outputs.
+  // alibi_slopes: float32 [N]; the bias is generated inside the tiles.
+  template <typename T>
+  void ReadAlibi(const KernelContext& ctx, AttentionJob<T>& job, RunBuffers<T>& buffers) const {
+    const std::optional<InputTensor> slopes = ReadAlibiSlopes(ctx, kIn.alibi_slopes, job.q_heads);
+    if (!slopes) return;
+    job.alibi_slopes = slopes->As<float>();
+    if (alibi_mask_cumsum_) {
+      buffers.alibi_key_pos = CumsumKeyPositions(job.key_mask, job.key_mask_type, job.batch, job.skv);
+      job.alibi_key_pos = buffers.alibi_key_pos.data();
+    }
+  }
+
+  // Rotary embedding: cos/sin broadcast against Q's and K's [.., r] in the input layout.
+  template <typename T>
+  void ReadRotary(const KernelContext& ctx, ONNXTensorElementDataType q_type, const HeadView& qv, const HeadView& kv,
+                  AttentionJob<T>& job, KvRowsJob<T>& rows, RunBuffers<T>& buffers) const {
+    const AttentionRotaryTables tables = ReadAttentionRotaryTables(ctx, kIn.cos, kIn.sin, q_type);
+    const InputTensor& cos = tables.cos;
+    const int64_t d = job.d;
+    const int64_t r = RotaryWidth("Q", d, rotary_);
+    BuildRotation(rotary_.interleaved, rotary_.sections, r, buffers.rot_src, buffers.rot_sign);
+    // The rank-4 views of Q and K in the layout, with D (checked as RotaryEmbedding's X) or r lanes.
+    const auto view = [&](const HeadView& hv, int64_t lanes) {
+      return layout_ == Layout::kBnsd ? Shape{hv.batch, hv.heads, hv.seq, lanes}
+                                      : Shape{hv.batch, hv.seq, hv.heads, lanes};
+    };
+    CheckRotaryBroadcast("Q", view(qv, d), cos.shape, r);
+    CheckRotaryBroadcast("K", view(kv, d), cos.shape, r);
+    const std::vector<int64_t> cq = BroadcastStrides("cos", cos.shape, view(qv, r), "Q's view");
+    const std::vector<int64_t> ck = BroadcastStrides("cos", cos.shape, view(kv, r), "K's view");
+    const bool bnsd = layout_ == Layout::kBnsd;
+    job.rotary_dim = r;
+    job.cos = cos.data;
+    job.sin = tables.sin.data;
+    job.cos_is_float = cos.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    job.cq_sb = cq[0], job.cq_sh = bnsd ? cq[1] : cq[2], job.cq_ss = bnsd ? cq[2] : cq[1];
+    rows.ck_sb = ck[0], rows.ck_sh = bnsd ? ck[1] : ck[2], rows.ck_ss = bnsd ? ck[2] : ck[1];
+    job.rot_src = buffers.rot_src.data();
+    job.rot_sign = buffers.rot_sign.data();
+  }
+
+  // Y (its strides in output_layout), present_key and present_value.
+  template <typename T>
+  Presents PlanOutputs(const KernelContext& ctx, const CheckedAttentionInputs& in, AttentionJob<T>& job) const {
+    const int64_t nq = job.q_heads, sq = job.sq, dv = job.dv;
     if (output_layout_ == Layout::kBnsd) {
       job.y_sb = nq * sq * dv, job.y_sh = sq * dv, job.y_ss = dv;
     } else {
@@ -342,88 +366,104 @@ class AttentionKernel {
     const OutputTensor y = ctx.Output(0, in.y);
     if (!y) throw Error("output 'Y' is required");
     job.y = y.As<T>();
-    const OutputTensor present_k = ctx.Output(1, in.present_key);
-    const OutputTensor present_v = ctx.Output(2, in.present_value);
+    return Presents{ctx.Output(1, in.present_key), ctx.Output(2, in.present_value)};
+  }
 
-    // Tiling and scratch sizes.
+  // Tiling and scratch sizes.
+  template <typename T>
+  void PlanTiles(AttentionJob<T>& job) const {
     job.block_q = tiles_.block_q;
     job.block_kv = tiles_.block_kv;
-    job.kv_tiles = (skv + job.block_kv - 1) / job.block_kv;
-    job.dv_padded = (dv + kPanel - 1) / kPanel * kPanel;
-    job.k_tile_floats = job.block_kv * d;
+    job.kv_tiles = (job.skv + job.block_kv - 1) / job.block_kv;
+    job.dv_padded = (job.dv + kPanel - 1) / kPanel * kPanel;
+    job.k_tile_floats = job.block_kv * job.d;
     job.v_tile_floats = job.block_kv * job.dv_padded;
-    const AttentionFns<T> fns = Functions<T>();
+  }
 
-    // Phase 1: present = past ++ new (keys rotated for RopeAttention), or rotated keys to scratch.
-    std::unique_ptr<T[]> rotated;
+  // Phase 1: present = past ++ new (keys rotated for RopeAttention), or rotated keys to scratch;
+  // afterwards the job reads every key and value from there.
+  template <typename T>
+  static void WriteKvRows(const KernelContext& ctx, const AttentionFns<T>& fns, const Presents& present,
+                          int64_t s_new, AttentionJob<T>& job, KvRowsJob<T>& rows, RunBuffers<T>& buffers) {
+    const OutputTensor& present_k = present.key;
+    const OutputTensor& present_v = present.value;
+    const int64_t batch = job.batch, nkv = job.kv_heads, d = job.d, past = job.k_past_len, skv = job.skv;
     const bool rotate_to_scratch = kRope && !present_k && s_new > 0;
-    if (present_k || present_v || rotate_to_scratch) {
-      rows.present_key = present_k ? present_k.As<T>() : nullptr;
-      rows.present_value = present_v ? present_v.As<T>() : nullptr;
-      if (rotate_to_scratch) {
-        rotated.reset(new (std::nothrow) T[static_cast<size_t>(DimProduct(Shape{batch, nkv, s_new, d}, 0, 4))]);
-        if (!rotated) throw Error("out of memory for the rotated keys");
-        rows.rotated_key = rotated.get();
-      }
-      rows.past_key = job.k_past;
-      rows.past_value = job.v_past;
-      rows.past_len = past;
-      rows.new_len = s_new;
-      RunTasks(ctx, batch * nkv, KvRowsScratchFloats(job), [&](int64_t task, float* scratch) {
-        fns.kv_rows(job, rows, task / nkv, task % nkv, scratch);
-      });
-      if (present_k) {
-        job.k_past = present_k.As<T>();
-        job.k_past_len = skv;
-      } else if (rotate_to_scratch) {
-        job.k_new = rotated.get();
-        job.k_sb = nkv * s_new * d, job.k_sh = s_new * d, job.k_ss = d;
-      }
-      if (present_v) {
-        job.v_past = present_v.As<T>();
-        job.v_past_len = skv;
-      }
+    if (!present_k && !present_v && !rotate_to_scratch) return;
+    rows.present_key = present_k ? present_k.As<T>() : nullptr;
+    rows.present_value = present_v ? present_v.As<T>() : nullptr;
+    if (rotate_to_scratch) {
+      buffers.rotated.reset(new (std::nothrow) T[static_cast<size_t>(DimProduct(Shape{batch, nkv, s_new, d}, 0, 4))]);
+      if (!buffers.rotated) throw Error("out of memory for the rotated keys");
+      rows.rotated_key = buffers.rotated.get();
     }
-    if (batch == 0 || nq == 0 || sq == 0 || dv == 0) return;
+    rows.past_key = job.k_past;
+    rows.past_value = job.v_past;
+    rows.past_len = past;
+    rows.new_len = s_new;
+    RunTasks(ctx, batch * nkv, KvRowsScratchFloats(job), [&](int64_t task, float* scratch) {
+      fns.kv_rows(job, rows, task / nkv, task % nkv, scratch);
+    });
+    if (present_k) {
+      job.k_past = present_k.As<T>();
+      job.k_past_len = skv;
+    } else if (rotate_to_scratch) {
+      job.k_new = buffers.rotated.get();
+      job.k_sb = nkv * s_new * d, job.k_sh = s_new * d, job.k_ss = d;
+    }
+    if (present_v) {
+      job.v_past = present_v.As<T>();
+      job.v_past_len = skv;
+    }
+  }
 
+  // Phase 2 (packed path): pack the used key/value tiles into float32 panels.
+  template <typename T>
+  void PackKv(const KernelContext& ctx, const AttentionFns<T>& fns, AttentionJob<T>& job,
+              RunBuffers<T>& buffers) const {
+    const int64_t batch = job.batch, nkv = job.kv_heads, sq = job.sq, skv = job.skv, window = job.window;
     // Keys any query may see: [first_key, end_key); tiles outside are never packed nor read.
     const int64_t end_key = causal_ ? std::min(skv, std::max<int64_t>(job.causal_offset + sq, 0)) : skv;
     const int64_t first_key = window > 0 ? std::max<int64_t>(0, job.causal_offset - window + 1) : 0;
-
-    // Phase 2: pack the used key/value tiles into float32 panels.
     const bool packed = tiles_.force_path == 2 || (tiles_.force_path == 0 && sq >= kMinRowsForPacking);
-    std::unique_ptr<float[]> packed_kv;
-    if (packed && first_key < end_key) {
-      // float32 values whose rows fill whole 16-lane panels are read in place.
-      const bool pack_values = !std::is_same_v<T, float> || dv % kPanel != 0;
-      const int64_t per_tile = job.k_tile_floats + (pack_values ? job.v_tile_floats : 0);
-      const int64_t total = DimProduct(Shape{batch, nkv, job.kv_tiles, per_tile}, 0, 4);
-      packed_kv.reset(new (std::nothrow) float[static_cast<size_t>(total)]);
-      if (!packed_kv) throw Error("out of memory for the packed keys and values (" + std::to_string(total) + " floats)");
-      job.k_packed = packed_kv.get();
-      job.v_packed = pack_values ? packed_kv.get() + batch * nkv * job.kv_tiles * job.k_tile_floats : nullptr;
-      const int64_t tile_begin = first_key / job.block_kv;
-      const int64_t tile_count = (end_key + job.block_kv - 1) / job.block_kv - tile_begin;
-      RunTasks(ctx, batch * nkv * tile_count, PackScratchFloats(job), [&](int64_t task, float* scratch) {
-        const int64_t bg = task / tile_count;
-        fns.pack_kv(job, bg / nkv, bg % nkv, tile_begin + task % tile_count, scratch);
-      });
+    if (!packed || first_key >= end_key) return;
+    // float32 values whose rows fill whole 16-lane panels are read in place.
+    const bool pack_values = !std::is_same_v<T, float> || job.dv % kPanel != 0;
+    const int64_t per_tile = job.k_tile_floats + (pack_values ? job.v_tile_floats : 0);
+    const int64_t total = DimProduct(Shape{batch, nkv, job.kv_tiles, per_tile}, 0, 4);
+    buffers.packed_kv.reset(new (std::nothrow) float[static_cast<size_t>(total)]);
+    if (!buffers.packed_kv) {
+      throw Error("out of memory for the packed keys and values (" + std::to_string(total) + " floats)");
     }
+    float* packed_kv = buffers.packed_kv.get();
+    job.k_packed = packed_kv;
+    job.v_packed = pack_values ? packed_kv + batch * nkv * job.kv_tiles * job.k_tile_floats : nullptr;
+    const int64_t tile_begin = first_key / job.block_kv;
+    const int64_t tile_count = (end_key + job.block_kv - 1) / job.block_kv - tile_begin;
+    RunTasks(ctx, batch * nkv * tile_count, PackScratchFloats(job), [&](int64_t task, float* scratch) {
+      const int64_t bg = task / tile_count;
+      fns.pack_kv(job, bg / nkv, bg % nkv, tile_begin + task % tile_count, scratch);
+    });
+  }
 
-    // empty_rows = "uniform": Attend flags the rows that see no key, phase 4 fills them.
-    std::unique_ptr<uint8_t[]> empty_flags;
-    if (uniform_empty_rows_ && skv > 0) {
-      const size_t rows = static_cast<size_t>(DimProduct(Shape{batch, nq, sq}, 0, 3));
-      empty_flags.reset(new (std::nothrow) uint8_t[rows]);
-      if (!empty_flags) throw Error("out of memory for the empty-row flags (" + std::to_string(rows) + " bytes)");
-      std::memset(empty_flags.get(), 0, rows);
-      job.empty_flags = empty_flags.get();
-    }
+  // empty_rows = "uniform": Attend flags the rows that see no key, phase 4 fills them.
+  template <typename T>
+  void FlagEmptyRows(AttentionJob<T>& job, RunBuffers<T>& buffers) const {
+    if (!uniform_empty_rows_ || job.skv <= 0) return;
+    const size_t rows = static_cast<size_t>(DimProduct(Shape{job.batch, job.q_heads, job.sq}, 0, 3));
+    buffers.empty_flags.reset(new (std::nothrow) uint8_t[rows]);
+    if (!buffers.empty_flags) throw Error("out of memory for the empty-row flags (" + std::to_string(rows) + " bytes)");
+    std::memset(buffers.empty_flags.get(), 0, rows);
+    job.empty_flags = buffers.empty_flags.get();
+  }
 
-    // Phase 3: attention, one task per (batch, head, query tile). Head by head, so that the two
-    // threads stream the same head's keys and values through the shared cache (25% faster at
-    // S = 2048 than handing out all heads' last tiles first); within a head the last query tiles,
-    // which see the most keys under a causal mask, go first.
+  // Phase 3: attention, one task per (batch, head, query tile). Head by head, so that the two
+  // threads stream the same head's keys and values through the shared cache (25% faster at
+  // S = 2048 than handing out all heads' last tiles first); within a head the last query tiles,
+  // which see the most keys under a causal mask, go first.
+  template <typename T>
+  static void Attend(const KernelContext& ctx, const AttentionFns<T>& fns, const AttentionJob<T>& job) {
+    const int64_t batch = job.batch, nq = job.q_heads, nkv = job.kv_heads, sq = job.sq;
     if (job.k_packed != nullptr) {
       const int64_t q_tiles = (sq + job.block_q - 1) / job.block_q;
       RunTasks(ctx, batch * nq * q_tiles, AttendScratchFloats(job), [&](int64_t task, float* scratch) {
@@ -431,27 +471,31 @@ class AttentionKernel {
         const int64_t i0 = (q_tiles - 1 - task % q_tiles) * job.block_q;
         fns.attend(job, bh / nq, bh % nq, 1, i0, std::min(job.block_q, sq - i0), scratch);
       });
-    } else {
-      // Direct path: a task takes up to block_q rows = the query heads of one kv head (or a slice
-      // of them) x a few positions.
-      const int64_t heads_per_task = std::min(job.group, job.block_q);
-      const int64_t head_chunks = (job.group + heads_per_task - 1) / heads_per_task;
-      const int64_t positions = std::max<int64_t>(1, job.block_q / heads_per_task);
-      const int64_t q_chunks = (sq + positions - 1) / positions;
-      RunTasks(ctx, batch * nkv * head_chunks * q_chunks, AttendScratchFloats(job), [&](int64_t task, float* scratch) {
-        const int64_t q_chunk = task % q_chunks;
-        const int64_t head_chunk = task / q_chunks % head_chunks;
-        const int64_t bg = task / q_chunks / head_chunks;
-        const int64_t h0 = bg % nkv * job.group + head_chunk * heads_per_task;
-        const int64_t i0 = q_chunk * positions;
-        fns.attend(job, bg / nkv, h0, std::min(heads_per_task, job.group - head_chunk * heads_per_task), i0,
-                   std::min(positions, sq - i0), scratch);
-      });
+      return;
     }
+    // Direct path: a task takes up to block_q rows = the query heads of one kv head (or a slice
+    // of them) x a few positions.
+    const int64_t heads_per_task = std::min(job.group, job.block_q);
+    const int64_t head_chunks = (job.group + heads_per_task - 1) / heads_per_task;
+    const int64_t positions = std::max<int64_t>(1, job.block_q / heads_per_task);
+    const int64_t q_chunks = (sq + positions - 1) / positions;
+    RunTasks(ctx, batch * nkv * head_chunks * q_chunks, AttendScratchFloats(job), [&](int64_t task, float* scratch) {
+      const int64_t q_chunk = task % q_chunks;
+      const int64_t head_chunk = task / q_chunks % head_chunks;
+      const int64_t bg = task / q_chunks / head_chunks;
+      const int64_t h0 = bg % nkv * job.group + head_chunk * heads_per_task;
+      const int64_t i0 = q_chunk * positions;
+      fns.attend(job, bg / nkv, h0, std::min(heads_per_task, job.group - head_chunk * heads_per_task), i0,
+                 std::min(positions, sq - i0), scratch);
+    });
+  }
 
-    // Phase 4 (empty_rows = "uniform"): the mean of V into the flagged rows, per (batch, kv head);
-    // the mean is computed only for kv heads with such a row.
-    const size_t flag_count = job.empty_flags != nullptr ? static_cast<size_t>(batch * nq * sq) : 0;
+  // Phase 4 (empty_rows = "uniform"): the mean of V into the flagged rows, per (batch, kv head);
+  // the mean is computed only for kv heads with such a row.
+  template <typename T>
+  static void FillEmptyRows(const KernelContext& ctx, const AttentionFns<T>& fns, const AttentionJob<T>& job) {
+    const int64_t batch = job.batch, nkv = job.kv_heads;
+    const size_t flag_count = job.empty_flags != nullptr ? static_cast<size_t>(batch * job.q_heads * job.sq) : 0;
     if (flag_count > 0 && std::memchr(job.empty_flags, 1, flag_count) != nullptr) {
       RunTasks(ctx, batch * nkv, FillEmptyScratchFloats(job), [&](int64_t task, float* scratch) {
         fns.fill_empty_rows(job, task / nkv, task % nkv, scratch);
