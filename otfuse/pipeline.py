@@ -86,7 +86,8 @@ def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = 
                                          after_family=ledger.record if ledger else None)
     target_ops: dict[str, int] = {}
     notes: list[str] = []
-    if ledger is not None and fusions:
+    # An input already holding otfuse ops is lowered too: a target model never needs our library.
+    if ledger is not None and (fusions or _fused_op_census(model)):
         lowered = lower(model, target, loaded.base_dir, lambda: load_model(model_path).model, ledger)
         fusions, target_ops = lowered.sites, dict(sorted(lowered.target_ops.items()))
         near_misses += lowered.near_misses

@@ -20,10 +20,11 @@ import onnx
 
 from otfuse import ops
 from otfuse.domain import OP_DOMAIN
+from otfuse.errors import OtfuseError
 from otfuse.rewriter.graph import GraphIndex, forget_indexes, index_for
 from otfuse.rewriter.passes import _toposort
 from otfuse.rewriter.rule import RewriteContext
-from otfuse.targets import attention, norm, opset, rope
+from otfuse.targets import activation, attention, norm, opset, rope
 from otfuse.targets.build import MS_DOMAIN, CannotExpress, Emitter
 from otfuse.targets.call import FusedCall, read_call
 from otfuse.targets.restore import reads, restore_sites
@@ -31,8 +32,8 @@ from otfuse.targets.restore import reads, restore_sites
 TARGETS = ("otfuse", "ort", "onnx")
 
 EMITTERS: dict[str, dict[str, Callable[[Emitter, FusedCall], None]]] = {
-    "ort": {**norm.ORT, **rope.ORT, **attention.ORT},
-    "onnx": {**norm.ONNX, **rope.ONNX, **attention.ONNX},
+    "ort": {**norm.ORT, **rope.ORT, **attention.ORT, **activation.ORT},
+    "onnx": {**norm.ONNX, **rope.ONNX, **attention.ONNX, **activation.ONNX},
 }
 
 # What the emitters read of each op: an input or attribute the contract gains later (ALiBi's
@@ -51,6 +52,11 @@ MODELLED: dict[str, tuple[set[str], set[str]]] = {
     "Attention": (_ATTENTION_INPUTS, _ATTENTION_ATTRIBUTES),
     "RopeAttention": (_ATTENTION_INPUTS | {"cos", "sin"},
                       _ATTENTION_ATTRIBUTES | {"rotary_mode", "rotary_dim", "rotary_sections"}),
+    "Gelu": ({"X"}, {"approximate"}),
+    "QuickGelu": ({"X"}, {"alpha"}),
+    "SiLU": ({"X"}, set()),
+    "SwiGLU": ({"A", "B"}, {"gate_half"}),
+    "GeGLU": ({"A", "B"}, {"approximate", "gate_half"}),
 }
 
 
@@ -129,7 +135,7 @@ def _taken_names(model: onnx.ModelProto) -> set[str]:
 def _emit(graph: GraphIndex, node: onnx.NodeProto, names: RewriteContext, target: str, limit: int,
           ledger: Ledger, call: FusedCall | None = None) -> Emitter:
     op = call.op if call is not None else node.op_type
-    if op not in EMITTERS[target]:  # norm_linear's (a norm and its projections), activation's
+    if op not in EMITTERS[target]:  # norm_linear's (a norm and its projections)
         raise CannotExpress(f"no {target} op is mapped to it (docs/ops.md, \"Targets\")")
     em = Emitter(graph, node, names, target, ledger.original_values)
     em.max_opset = limit
@@ -172,6 +178,7 @@ def lower(model: onnx.ModelProto, target: str, base_dir, load_original: Callable
             back.append(node)
             result.near_misses.append(_miss(target, node, reason))
     _rewrite(model, fused, replaced, back + partly, load_original, ledger.original_values)
+    _require_no_otfuse_op(model, target, result.near_misses)
     needed = max([em.opsets.get("", 0) for em in replaced.values()] + [0])
     opset.raise_to(model, needed)
     if any(em.opsets.get(MS_DOMAIN) for em in replaced.values()):
@@ -185,6 +192,22 @@ def lower(model: onnx.ModelProto, target: str, base_dir, load_original: Callable
             result.target_ops[f"{n.domain or 'ai.onnx'}.{n.op_type}"] += 1
     forget_indexes()
     return result
+
+
+class TargetRefused(OtfuseError):
+    """A ``--target ort|onnx`` model would keep an otfuse op (the input held one the target cannot
+    express): refused, so a target model never needs otfuse's library."""
+
+
+def _require_no_otfuse_op(model: onnx.ModelProto, target: str, misses: list[dict]) -> None:
+    left = [n for n in model.graph.node if n.domain == OP_DOMAIN]
+    if not left:
+        return
+    node = left[0]
+    why = next((m["reason"] for m in misses if m["location"] == f"{node.op_type} {node.name!r}"),
+               f"target {target} cannot express {node.op_type}")
+    raise TargetRefused(f"the input already holds otfuse's {node.op_type} {node.name!r} (and {len(left) - 1} "
+                        f"more otfuse nodes); {why}, and a target {target} model must not need otfuse's library")
 
 
 def _unfold(graph: GraphIndex, node: onnx.NodeProto, names: RewriteContext, target: str, limit: int,

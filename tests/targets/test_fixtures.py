@@ -1,8 +1,7 @@
 """``--target ort`` / ``--target onnx`` on every committed fixture: the output has no otfuse op,
 runs in stock onnxruntime (no otfuse library), reproduces the original (also with a left-padded
 mask), and every site the default target fuses is written in the target's ops or listed with the
-reason the target cannot express it (``REFUSED``: the expected refusals, strict; the activation
-family, merged after the targets were written, has no target mapping yet)."""
+reason the target cannot express it (``REFUSED``: the expected refusals, strict)."""
 
 from __future__ import annotations
 
@@ -65,10 +64,7 @@ def test_target_model_runs_in_stock_ort_and_matches(tmp_path, name, target):
     ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])  # stock ORT, no library
 
     refused = [m for m in report.near_misses if m["reason"].startswith(f"target {target} cannot express")]
-    # The activation family's ops have no target mapping yet: each goes back, with that reason.
-    unmapped = [m for m in refused if m["family"] == "activation"]
-    assert all(f"no {target} op is mapped to it" in m["reason"] for m in unmapped), unmapped
-    strict = [m for m in refused if m["family"] != "activation"]
+    strict = refused
     expected = REFUSED.get((name, target))
     assert all(expected and expected in m["reason"] for m in strict), [m["reason"] for m in strict]
     assert bool(strict) == bool(expected), (name, target, report.fusions)

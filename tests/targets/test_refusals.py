@@ -161,7 +161,7 @@ def test_rope_attention_whose_attention_is_refused_keeps_its_rotations(tmp_path,
     report = otfuse.fuse(fixture_path("llama"), out, target=target)
     misses = [m for m in report.near_misses if m["reason"].endswith("refused by the test")]
     assert len(misses) == 2 and all(m["fused_as"] == "RotaryEmbeddingQK (target ops)" for m in misses)
-    assert report.fusions == {"AddRMSNorm": 4, "RMSNorm": 1, "RotaryEmbeddingQK": 2}
+    assert report.fusions == {"AddRMSNorm": 4, "RMSNorm": 1, "RotaryEmbeddingQK": 2, "SwiGLU": 2}
     model = onnx.load(out)
     assert sum(n.op_type == "RotaryEmbedding" for n in model.graph.node) == 4
     assert any(n.op_type == "Softmax" for n in model.graph.node)  # the attention as exported
