@@ -79,11 +79,73 @@ def _visible(em: Emitter, call: FusedCall, q: str, kall: str) -> str | None:
     return em.op1("Expand", [band, rows])
 
 
+def _alibi(em: Emitter, call: FusedCall, q: str, kall: str) -> str:
+    """The ALiBi bias ``slope_h * float32(k_pos - q_pos)`` as float32 ``[B or 1, N, Sq, Skv]``, built
+    as otfuse's kernel evaluates it per score (docs/ops.md, "ALiBi": one float32 product of the slope
+    and the integer distance); materialised, so O(N Sq Skv) floats per batch row."""
+    a = call.attributes
+    mode = a["alibi_positions"]
+    if mode not in ("index", "mask_cumsum"):
+        raise CannotExpress(f"alibi_positions = {mode!r}")
+    sq, skv = em.dim_range(q, 2, 3), em.dim_range(kall, 2, 3)
+    zero, one = em.constant(np.int64(0)), em.constant(np.int64(1))
+    sq0, skv0 = (em.op1("Squeeze", [v, em.ints([0])]) for v in (sq, skv))
+    if mode == "index":  # k_pos = j, q_pos = Skv - Sq + i
+        k_pos = em.op1("Unsqueeze", [em.op1("Range", [zero, skv0, one]), em.ints([0])])  # [1, Skv]
+        q_pos = em.op1("Add", [em.op1("Range", [zero, sq0, one]), em.op1("Sub", [skv0, sq0])])
+        distance = em.op1("Sub", [k_pos, em.op1("Unsqueeze", [q_pos, em.ints([1])])])  # [Sq, Skv]
+        distance = em.op1("Unsqueeze", [distance, em.ints([0, 1])])
+    else:  # BLOOM's key-only positions (cumsum(m) - 1) * m of the padding mask, q_pos = 0
+        kpm = call.input("key_padding_mask")
+        if not kpm:  # all ones: k_pos = j
+            distance = em.op1("Unsqueeze", [em.op1("Range", [zero, skv0, one]), em.ints([0, 1, 2])])
+        else:
+            if em.graph.elem_type(kpm) not in (onnx.TensorProto.BOOL, onnx.TensorProto.INT32,
+                                               onnx.TensorProto.INT64):
+                raise CannotExpress(f"ALiBi positions from a key_padding_mask of type "
+                                    f"{type_name(em.graph.elem_type(kpm))}")
+            m = em.op1("Cast", [kpm], to=onnx.TensorProto.INT64)  # the integer value, as the kernel reads it
+            k_pos = em.op1("Mul", [em.op1("Sub", [em.op1("CumSum", [m, em.constant(np.int64(1))]), one]), m])
+            distance = em.op1("Unsqueeze", [k_pos, em.ints([1, 2])])  # [B, 1, 1, Skv]
+    slopes = em.op1("Reshape", [call.input("alibi_slopes"), em.ints([1, -1, 1, 1])])
+    bias = em.op1("Mul", [slopes, em.cast(distance, onnx.TensorProto.FLOAT)])
+    shape = em.op1("Concat", [em.ints([1, a["num_heads"]]), sq, skv], axis=0)
+    return em.op1("Expand", [bias, shape])
+
+
+def _alibi_mask(em: Emitter, call: FusedCall, q: str, kall: str, elem_type: int, target: str) -> tuple[str, str]:
+    """``_mask`` with ALiBi: the bias plus the visibility as one float32 additive mask (``c`` where
+    a key is hidden: ``s + alibi + c`` rounds to ``c``, so a row that sees no key is uniform), or for
+    ONNX's empty rows of 0 ``-inf`` there (the spec's 0 for a row masked entirely)."""
+    a = call.attributes
+    if elem_type != onnx.TensorProto.FLOAT:
+        raise CannotExpress(f"ALiBi on {type_name(elem_type)} attention (the target adds its bias in "
+                            f"{type_name(elem_type)}, otfuse's op in float32)")
+    if call.input("attn_bias"):
+        raise CannotExpress("ALiBi together with an additive attn_bias")
+    if a["softcap"]:
+        raise CannotExpress("ALiBi together with softcap")
+    alibi = _alibi(em, call, q, kall)
+    visible = _visible(em, call, q, kall)
+    if visible is None:
+        return alibi, ""
+    if a["empty_rows"] == "zero" and target == "onnx":
+        return em.op1("Where", [visible, alibi, em.constant(np.float32(-np.inf))]), ""
+    additive = em.op1("Add", [alibi, em.op1("Where", [visible, em.constant(np.float32(0)),
+                                                      em.constant(_fill(elem_type))])])
+    if a["empty_rows"] != "zero":
+        return additive, ""
+    seen = em.op1("ReduceSum", [em.cast(visible, onnx.TensorProto.FLOAT), em.ints([-1])], keepdims=1)
+    return additive, em.op1("Greater", [seen, em.constant(np.float32(0))])
+
+
 def _mask(em: Emitter, call: FusedCall, q: str, kall: str, elem_type: int, target: str) -> tuple[str, str]:
     """(the op's mask input, "" for none: additive in ``elem_type``, or bool for ONNX's empty rows
     of 0; the bool ``[B or 1, 1, Sq, 1]`` of rows that see a key, where the ORT op's output of the
     others must be zeroed afterwards, or "")."""
     a = call.attributes
+    if call.input("alibi_slopes"):
+        return _alibi_mask(em, call, q, kall, elem_type, target)
     bias = call.input("attn_bias")
     visible = _visible(em, call, q, kall)
     if bias:

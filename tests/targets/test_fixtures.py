@@ -21,11 +21,7 @@ TARGETS = ("ort", "onnx")
 
 # (fixture, target) -> the reason every refused site gives (each site of the fixture that the
 # target leaves unfused or fuses only partly says this).
-REFUSED = {
-    # BLOOM's ALiBi is the slopes input since the alibi work: neither target op generates ALiBi.
-    ("bloom", "ort"): "alibi_slopes: no ort emitter models it",
-    ("bloom", "onnx"): "alibi_slopes: no onnx emitter models it",
-}
+REFUSED: dict[tuple[str, str], str] = {}
 
 _DEFAULT_SITES: dict[str, int] = {}
 
