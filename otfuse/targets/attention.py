@@ -252,6 +252,12 @@ def _attend(em: Emitter, call: FusedCall, q: str, k: str, target: str) -> None:
     scale = float(a["scale"]) if a["scale"] else None
     kall, vall, _, _ = _keys(em, call, k, heads=kv_heads)
     q4 = _bnsd(em, q, a["layout"], heads, call.input("Q"))
+    if target == "ort" and _group_query_fits(em, call) and _own_causal(call):
+        # its own causal mask and window: no [Sq, Skv] mask tensor (a causal row always sees a key)
+        y = _group_query(em, call, _merged_heads(em, q4), kall, vall, "", scale, causal=1,
+                         local_window_size=a["window"] or -1)
+        _output(em, call, y, "BSH", heads)
+        return
     mask, rows = _mask(em, call, q4, kall, elem_type, target)
     if target == "onnx":
         y = em.op1("Attention", [q4, kall, vall] + ([mask] if mask else []), opset=23, scale=scale,
@@ -287,14 +293,27 @@ def _group_query_fits(em: Emitter, call: FusedCall) -> bool:
         return False
     seq = 2 if a["layout"] == "BNSD" else 1
     shapes = [em.graph.shape(call.input(n)) for n in "QKV"]
-    if any(s is None or len(s) != 4 for s in shapes):
+    # 4-D, or BSND's 3-D [B, S, heads * D] (K and V both over Nkv heads: their last dims compare)
+    if any(s is None or len(s) not in (3, 4) or (len(s) == 3 and a["layout"] == "BNSD") for s in shapes) or \
+            len(shapes[1]) != len(shapes[2]):
         return False
     return dims_equal(shapes[0][seq], shapes[1][seq]) and dims_equal(shapes[1][-1], shapes[2][-1])
 
 
-def _group_query(em: Emitter, call: FusedCall, q3: str, k4: str, v4: str, mask: str, scale) -> str:
+def _own_causal(call: FusedCall) -> bool:
+    """Only a causal (or window) mask: GroupQueryAttention's own ``causal = 1`` and
+    ``local_window_size = window`` (ORT 1.32's CPU kernel keeps ``local_window_size`` keys up to the
+    query's own, measured: tests/fusions/test_contrib_gqa.py) compute it with queries as long as
+    the keys."""
+    a = call.attributes
+    return bool(a["causal"]) and not any(call.input(n) for n in ("attn_bias", "key_padding_mask", "alibi_slopes"))
+
+
+def _group_query(em: Emitter, call: FusedCall, q3: str, k4: str, v4: str, mask: str, scale, causal: int = 0,
+                 local_window_size: int = -1) -> str:
     """``seqlens_k`` = S - 1 for every batch row and ``total_sequence_length`` = S: no padding as
-    GroupQueryAttention sees it (padding is in ``attention_bias``, as every other mask)."""
+    GroupQueryAttention sees it (padding is in ``attention_bias``, as every other mask, unless the
+    only mask is causal: then the op's own)."""
     a = call.attributes
     keys = em.dim_range(k4, 2, 3)
     int32 = onnx.TensorProto.INT32
@@ -302,7 +321,8 @@ def _group_query(em: Emitter, call: FusedCall, q3: str, k4: str, v4: str, mask: 
     total = em.cast(em.op1("Squeeze", [keys, em.ints([0])]), int32)
     inputs = [q3, _merged_heads(em, k4), _merged_heads(em, v4), "", "", lengths, total, "", "", "", mask]
     y = em.op1("GroupQueryAttention", inputs if mask else inputs[:7], domain=MS_DOMAIN, opset=1,
-               num_heads=a["num_heads"], kv_num_heads=a["kv_num_heads"], causal=0, scale=scale,
+               num_heads=a["num_heads"], kv_num_heads=a["kv_num_heads"], causal=causal, scale=scale,
+               local_window_size=local_window_size if local_window_size > 0 else None,
                softcap=float(a["softcap"]) if a["softcap"] else None)
     return y
 

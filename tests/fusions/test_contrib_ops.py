@@ -282,7 +282,8 @@ def test_ort_rotary_embedding_mutations_are_refused(spec, reason):
 
 
 def test_group_query_attention_is_refused_with_its_reason():
-    """onnxruntime-genai's GQA (packed QKV, rotary inside, seqlens_k from the mask's sums)."""
+    """onnxruntime-genai's GQA (packed QKV, rotary inside, seqlens_k from the mask's sums); the
+    forms re-targeted are in test_contrib_gqa.py."""
     b = onnx.helper
     heads, kv_heads, head_dim = 4, 2, 8
     node = b.make_node("GroupQueryAttention", ["qkv", "", "", "past_k", "past_v", "seqlens_k", "total", "cos", "sin"],
@@ -297,6 +298,11 @@ def test_group_query_attention_is_refused_with_its_reason():
         [b.make_tensor_value_info("y", f32, ["batch", "seq", heads * head_dim])],
         [numpy_helper.from_array(np.ones((32, head_dim // 2), np.float32), n) for n in ("cos", "sin")])
     model = b.make_model(graph, opset_imports=[b.make_opsetid("", 17), b.make_opsetid(MS, 1)])
+    _refused(model, "attention", "GroupQueryAttention", "attribute 'do_rotary' is 1")
+    # without the rotation, its lengths (graph inputs here, the mask's sums in genai) are not provable
+    node = model.graph.node[0]
+    _set_attr(node, "do_rotary", 0)
+    del node.input[7:]
     _refused(model, "attention", "GroupQueryAttention", "seqlens_k / total_sequence_length give per-row key counts")
 
 

@@ -31,7 +31,7 @@ def test_target_model_is_verified_and_diffed_without_the_library(tmp_path, targe
                    cwd=tmp_path, library=False)
     assert done.returncode == 0, done.stderr
     data = json.loads(report.read_text())
-    assert data["target"] == target and sum(data["fusions"].values()) == 7
+    assert data["target"] == target and sum(data["fusions"].values()) == 9  # SwiGLU's 2 too
     domains = {n.domain for n in onnx.load(out).graph.node}
     assert "otfuse" not in domains and (("com.microsoft" in domains) == (target == "ort"))
     diffed = run_cli("diff", fixture_path("llama"), out, "--dims", "batch=2,seq=5", cwd=tmp_path, library=False)
@@ -42,3 +42,14 @@ def test_unknown_target_is_a_usage_error(tmp_path):
     done = run_cli(fixture_path("llama"), "-o", tmp_path / "o.onnx", "--target", "tvm", cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_an_input_holding_otfuse_ops_the_target_cannot_express_exits_2(tmp_path):
+    """A target model never needs otfuse's library: norm_linear's ops (no target maps them) in the
+    input fail the run in one line, exit code 2, nothing written."""
+    fused = tmp_path / "llama_nl.onnx"
+    assert run_cli(fixture_path("llama"), "-o", fused, "--only", "norm,norm_linear", cwd=tmp_path).returncode == 0
+    done = run_cli(fused, "-o", tmp_path / "out.onnx", "--target", "ort", cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "must not need otfuse's library" in done.stderr
+    assert not (tmp_path / "out.onnx").exists()

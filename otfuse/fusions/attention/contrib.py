@@ -1,5 +1,5 @@
 """ORT's ``MultiHeadAttention`` (com.microsoft) re-targeted to ``otfuse.Attention`` (docs/ops.md);
-``GroupQueryAttention`` refused with its reason (per-row key counts, below).
+``GroupQueryAttention`` in group_query.py.
 
 What onnxscript's ``optimize_for_ort`` and ORT's transformers optimizer write: 3-D ``query``,
 ``key``, ``value`` ``[B, S, N*D]`` (otfuse's 3-D BSND form, ``kv_num_heads = num_heads``), the
@@ -23,6 +23,7 @@ import onnx
 
 from otfuse import ops
 from otfuse.fusions.attention import chain_checks as chain
+from otfuse.fusions.attention import group_query
 from otfuse.rewriter import checks
 from otfuse.rewriter.allow_list import CONTRIB_DOMAIN, OpAllowList, only, require_allowed
 from otfuse.rewriter.builder import Helpers
@@ -137,24 +138,7 @@ def _analyse(ctx: RewriteContext, match: Match) -> Fusion:
     return Fusion(call, match.covered, helpers)
 
 
-def _refuse_group_query_attention(ctx: RewriteContext, match: Match) -> Fusion:
-    """GroupQueryAttention's keys are per batch row: row b holds ``seqlens_k[b] + 1`` of them, the
-    new ones written after ``seqlens_k[b] + 1 - S`` cached ones (and the rotation's positions too).
-    otfuse's Attention has ``P + S`` for every row, so the two agree only when every
-    ``seqlens_k[b] = P + S - 1`` and ``total_sequence_length = P + S``; the exporters build both from
-    the attention mask's sums at run time (onnxruntime-genai: ReduceSum(attention_mask) - 1), which
-    no shape proves. Refused with that reason rather than left as an anonymous site."""
-    raise Refuse("GroupQueryAttention is not re-targeted: seqlens_k / total_sequence_length give per-row key "
-                 "counts at run time, equal to otfuse's past + new keys only without padding (not provable)")
-
-
-GROUP_QUERY_ATTENTION = Rule(
-    "Attention(GroupQueryAttention)",
-    op.GroupQueryAttention(Var("q"), *(Either(Var(f"input{i}"), Absent()) for i in range(1, 20)),
-                           _domain=CONTRIB_DOMAIN, _bind="attention", _optional_tail=True),
-    _refuse_group_query_attention, FAMILY, frozenset({"GroupQueryAttention"}), fused_op="Attention")
-
 MULTI_HEAD_ATTENTION = Rule("Attention(MultiHeadAttention)", _mha_pattern(), _analyse, FAMILY,
                             frozenset({"MultiHeadAttention"}), fused_op="Attention")
 
-RULES: list[Rule] = [MULTI_HEAD_ATTENTION, GROUP_QUERY_ATTENTION]
+RULES: list[Rule] = [MULTI_HEAD_ATTENTION, *group_query.RULES]
