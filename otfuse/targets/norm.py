@@ -27,9 +27,15 @@ def _axis_is_last(em: Emitter, call: FusedCall, x: str) -> bool:
     return axis == -1 or (rank is not None and axis == rank - 1)
 
 
+def _input_type(em: Emitter, call: FusedCall) -> int:
+    """The normalised input's type, from the call's own input: the residual forms normalise a sum
+    the emitter makes (``_residual_sum``), a value the graph index has never seen."""
+    return em.graph.elem_type(call.input("X") or call.input("A"))
+
+
 def _rms(em: Emitter, call: FusedCall, x: str, y: str, op_type: str, opset: int) -> None:
     scale = call.input("scale")
-    tx, ts = em.graph.elem_type(x), em.graph.elem_type(scale)
+    tx, ts = _input_type(em, call), em.graph.elem_type(scale)
     kw = dict(axis=call.attributes["axis"], epsilon=float(call.attributes["epsilon"]), stash_type=1, opset=opset)
     if ts == tx:
         em.op(op_type, [x, scale], [y], **kw)
@@ -42,7 +48,7 @@ def _rms(em: Emitter, call: FusedCall, x: str, y: str, op_type: str, opset: int)
 
 def _layer(em: Emitter, call: FusedCall, x: str, y: str, opset: int) -> None:
     scale, bias = call.input("scale"), call.input("bias")
-    tx = em.graph.elem_type(x)
+    tx = _input_type(em, call)
     for name in (scale, bias):
         if name and em.graph.elem_type(name) != tx:
             raise CannotExpress(f"LayerNormalization wants weights of the input's type; {name!r} is "

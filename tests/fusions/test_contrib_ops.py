@@ -25,7 +25,8 @@ from models.test_export_matrix import COVERAGE, ENTRIES, MATRIX, dims_for
 CONTRIB = MATRIX.parent / "contrib"
 CONTRIB_ENTRIES = json.loads((CONTRIB / "manifest.json").read_text())["models"]
 MS = "com.microsoft"
-# The contrib ops a re-targeting rule reads; none may be left after fusing (activations may).
+# The contrib ops a re-targeting rule reads; none may be left after fusing (activations may), nor
+# com.microsoft's packed Attention (BERT's).
 MODELLED = {"SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization",
             "LayerNormalization", "RotaryEmbedding", "MultiHeadAttention", "GroupQueryAttention"}
 
@@ -47,7 +48,7 @@ def load(key: str, tmp_path: Path) -> onnx.ModelProto:
 
 def left_ops(path: Path) -> set[str]:
     model = onnx.load(path, load_external_data=False)
-    return {n.op_type for n in model.graph.node if n.op_type in MODELLED}
+    return {n.op_type for n in model.graph.node if n.op_type in MODELLED or (n.domain, n.op_type) == (MS, "Attention")}
 
 
 @pytest.mark.parametrize("key", sorted(CONTRIB_ENTRIES))
@@ -325,3 +326,61 @@ def test_residual_add_before_simplified_layer_norm_becomes_add_rms_norm(tmp_path
     report = otfuse.fuse(src, out, only=["norm"])
     assert report.fusions == {"AddRMSNorm": 1}, report.near_misses
     assert otfuse.diff(src, out, dims={"batch": 2, "seq": 5}).ok
+
+
+# -- the packed Attention (BERT through optimize_for_ort) ----------------------------------------
+BERT_OFO = "bert/dynamo_pos_dyn.ofo"
+
+
+def _packed(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    return [n for n in model.graph.node if n.domain == MS and n.op_type == "Attention"]
+
+
+def test_packed_attention_with_a_left_padded_mask_diffs_clean(tmp_path):
+    """BERT's additive mask, offered to masks.py, becomes key padding: a padded batch row agrees."""
+    path = materialise(BERT_OFO, tmp_path)
+    out = tmp_path / "fused.onnx"
+    report = otfuse.fuse(path, out)
+    assert report.fusions.get("Attention") == 2 and not left_ops(out), report.near_misses
+    rng = np.random.default_rng(2)
+    mask = np.ones((2, 7), np.int64)
+    mask[0, :3] = 0
+    feeds = {"input_ids": rng.integers(0, 100, (2, 7)), "attention_mask": mask}
+    names = {i.name for i in onnx.load(path, load_external_data=False).graph.input}
+    if "position_ids" in names:
+        feeds["position_ids"] = np.tile(np.arange(7), (2, 1))
+    if "token_type_ids" in names:
+        feeds["token_type_ids"] = np.zeros((2, 7), np.int64)
+    result = otfuse.diff(path, out, inputs=feeds)
+    assert result.ok, [row.to_dict() for row in result.outputs]
+
+
+@pytest.mark.parametrize("mutation, reason", [
+    ("mask_index", "mask_index: ORT adds mask_filter_value"),
+    ("unidirectional", "attribute 'unidirectional' is 1"),
+    ("do_rotary", "attribute 'do_rotary' is 1"),
+    ("present", "output present"),
+    ("qkv_hidden_sizes", "qkv_hidden_sizes [32, 64, 96] do not split"),
+    ("past_sequence_length", "input past_sequence_length"),
+])
+def test_packed_attention_mutations_are_refused(tmp_path, mutation, reason):
+    model = load(BERT_OFO, tmp_path)
+    model.graph.initializer.extend([numpy_helper.from_array(np.full(2, 7, np.int32), "lengths"),
+                                    numpy_helper.from_array(np.array([0], np.int32), "past_len")])
+    for node in _packed(model):
+        inputs = list(node.input) + [""] * (7 - len(node.input))
+        if mutation in ("unidirectional", "do_rotary"):
+            _set_attr(node, mutation, 1)
+        elif mutation == "qkv_hidden_sizes":
+            _set_attr(node, mutation, [32, 64, 96])
+        elif mutation == "present":
+            _use_output(model, node, 1)
+        else:
+            position, name = {"mask_index": (3, "lengths"), "past_sequence_length": (6, "past_len")}[mutation]
+            inputs[position] = name
+        del node.input[:]
+        node.input.extend(inputs[:max(i for i, n in enumerate(inputs) if n) + 1])
+    before = len(_packed(model))
+    fused, report = fuse_in_memory(model, "attention")
+    assert len(_packed(fused)) == before == 2, report.fusions
+    assert any(reason in m.get("reason", "") for m in report.near_misses), report.near_misses

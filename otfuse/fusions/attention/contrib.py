@@ -1,5 +1,5 @@
 """ORT's ``MultiHeadAttention`` (com.microsoft) re-targeted to ``otfuse.Attention`` (docs/ops.md);
-``GroupQueryAttention`` in group_query.py.
+``GroupQueryAttention`` in group_query.py, the packed ``Attention`` (BERT's) in packed.py.
 
 What onnxscript's ``optimize_for_ort`` and ORT's transformers optimizer write: 3-D ``query``,
 ``key``, ``value`` ``[B, S, N*D]`` (otfuse's 3-D BSND form, ``kv_num_heads = num_heads``), the
@@ -23,7 +23,7 @@ import onnx
 
 from otfuse import ops
 from otfuse.fusions.attention import chain_checks as chain
-from otfuse.fusions.attention import group_query
+from otfuse.fusions.attention import group_query, packed
 from otfuse.rewriter import checks
 from otfuse.rewriter.allow_list import CONTRIB_DOMAIN, OpAllowList, only, require_allowed
 from otfuse.rewriter.builder import Helpers
@@ -141,4 +141,4 @@ def _analyse(ctx: RewriteContext, match: Match) -> Fusion:
 MULTI_HEAD_ATTENTION = Rule("Attention(MultiHeadAttention)", _mha_pattern(), _analyse, FAMILY,
                             frozenset({"MultiHeadAttention"}), fused_op="Attention")
 
-RULES: list[Rule] = [MULTI_HEAD_ATTENTION, *group_query.RULES]
+RULES: list[Rule] = [MULTI_HEAD_ATTENTION, *group_query.RULES, *packed.RULES]
