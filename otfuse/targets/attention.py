@@ -179,24 +179,36 @@ def _mask(em: Emitter, call: FusedCall, q: str, kall: str, elem_type: int, targe
 
 def _ort_bias(em: Emitter, bias: str, q: str, kall: str) -> tuple[str, str]:
     """The bias as ORT's ``attention_bias`` (``[B or 1, N or 1, Sq, Skv]``) and the rows it leaves a
-    key (not all ``-inf``); only for a bias the same for every head (the rows are zeroed per row)."""
+    key (not all ``-inf``): ``[B or 1, N or 1, Sq, 1]``, per head for a bias with a head axis
+    (BLOOM's and MPT's materialised ALiBi)."""
     shape = em.graph.shape(bias)
-    if shape is None or len(shape) > 4 or (len(shape) >= 3 and shape[-3] != 1):
-        raise CannotExpress(f"a bias {bias!r} that may differ per head, with empty_rows = 'zero'")
+    if shape is None or len(shape) > 4:
+        raise CannotExpress(f"a bias {bias!r} of shape {shape}, with empty_rows = 'zero'")
     rows = em.op1("Concat", [em.ints([1, 1]), em.dim_range(q, 2, 3), em.dim_range(kall, 2, 3)], axis=0)
     full = em.op1("Expand", [bias, rows])
     finite = em.op1("Not", [em.op1("IsInf", [em.cast(full, onnx.TensorProto.FLOAT)], detect_positive=0)])
     seen = em.op1("ReduceSum", [em.cast(finite, onnx.TensorProto.FLOAT), em.ints([-1])], keepdims=1)
-    return full, em.op1("Greater", [seen, em.constant(np.float32(0))])
+    rows = em.op1("Greater", [seen, em.constant(np.float32(0))])
+    if len(shape) >= 3 and shape[-3] != 1:
+        em.per_head_rows.add(rows)
+    return full, rows
 
 
-def _zero_empty_rows(em: Emitter, y3: str, rows: str, elem_type: int) -> str:
-    """``y3`` ``[B, Sq, N*Dv]`` with the rows that saw no key set to 0 (``rows``: ``_mask``'s)."""
+def _zero_empty_rows(em: Emitter, y3: str, rows: str, elem_type: int, heads: int) -> str:
+    """``y3`` ``[B, Sq, N*Dv]`` with the rows that saw no key set to 0 (``rows``: ``_mask``'s,
+    ``[B or 1, N or 1, Sq, 1]``; per head when its head axis is not provably 1)."""
     if not rows:
         return y3
-    keep = em.op1("Squeeze", [rows, em.ints([1])])  # [B or 1, Sq, 1]
     zero = em.constant(np.asarray(0, dtype=onnx.helper.tensor_dtype_to_np_dtype(elem_type)))
-    return em.op1("Where", [keep, y3, zero])
+    if rows not in em.per_head_rows:
+        keep = em.op1("Squeeze", [rows, em.ints([1])])  # [B or 1, Sq, 1]
+        return em.op1("Where", [keep, y3, zero])
+    keep = em.op1("Transpose", [rows], perm=[0, 2, 1, 3])  # [B or 1, Sq, N or 1, 1]
+    y4 = em.op1("Reshape", [y3, em.ints([0, 0, heads, -1])])
+    return em.op1("Reshape", [em.op1("Where", [keep, y4, zero]), em.ints([0, 0, -1])])
+    zero = em.constant(np.asarray(0, dtype=onnx.helper.tensor_dtype_to_np_dtype(elem_type)))
+    if rows not in em.per_head_rows:
+        keep
 
 
 def _keys(em: Emitter, call: FusedCall, k: str, heads: int) -> tuple[str, str, str, str]:
@@ -266,7 +278,8 @@ def _attend(em: Emitter, call: FusedCall, q: str, k: str, target: str) -> None:
         return
     q3 = _merged_heads(em, q4)
     if _group_query_fits(em, call):
-        _output(em, call, _zero_empty_rows(em, _group_query(em, call, q3, kall, vall, mask, scale), rows, elem_type),
+        _output(em, call, _zero_empty_rows(em, _group_query(em, call, q3, kall, vall, mask, scale), rows, elem_type,
+                                         heads),
                 "BSH", heads)
         return
     if a["softcap"]:
@@ -275,7 +288,7 @@ def _attend(em: Emitter, call: FusedCall, q: str, k: str, target: str) -> None:
     kh, vh = (_repeat_heads(em, v, heads // kv_heads, heads) for v in (kall, vall))
     inputs = [q3, kh, vh, "", "", mask] if mask else [q3, kh, vh]
     y = em.op1("MultiHeadAttention", inputs, domain=MS_DOMAIN, opset=1, num_heads=heads, scale=scale)
-    _output(em, call, _zero_empty_rows(em, y, rows, elem_type), "BSH", heads)
+    _output(em, call, _zero_empty_rows(em, y, rows, elem_type, heads), "BSH", heads)
 
 
 def _merged_heads(em: Emitter, bnsd: str) -> str:

@@ -37,6 +37,7 @@ class Emitter:
         self.initializers: list[onnx.TensorProto] = []
         self.opsets: dict[str, int] = {}  # domain -> the least version the emitted nodes need
         self.max_opset = 10**6  # the default-domain opset the model can be raised to (opset.py)
+        self.per_head_rows: set[str] = set()  # row masks an emitter made with a head axis (attention.py)
 
     def fresh(self, base: str) -> str:
         name = self._names.unique_name(base)

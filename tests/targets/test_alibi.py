@@ -91,3 +91,26 @@ def test_alibi_with_softcap_is_refused(tmp_path, target):
     onnx.save(_model("index", "zero", 1, False, False, softcap=5.0), src)
     with pytest.raises(otfuse.OtfuseError, match="ALiBi together with softcap"):
         otfuse.fuse(src, dst, target=target)
+
+
+def test_a_bias_per_head_with_rows_masked_entirely_is_zeroed_per_head(tmp_path):
+    """ort: an attn_bias with a head axis (a materialised ALiBi + mask) whose row is -inf for one
+    head only: MultiHeadAttention gives NaN there, the Where after it zeroes that head's row only."""
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [B, N, S, D]) for n in "qkv"]
+    inputs.append(helper.make_tensor_value_info("bias", TensorProto.FLOAT, [B, N, S, S]))
+    node = helper.make_node("Attention", ["q", "k", "v", "bias"], ["y"], name="attn", domain="otfuse", num_heads=N)
+    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [B, N, S, D])])
+    model = helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 18),
+                                                                 helper.make_opsetid("otfuse", 1)])
+    src, dst = tmp_path / "m.onnx", tmp_path / "t.onnx"
+    onnx.save(model, src)
+    assert otfuse.fuse(src, dst, target="ort").fusions == {"Attention": 1}
+    feeds = _feeds(False, False)
+    bias = np.random.default_rng(4).standard_normal((B, N, S, S)).astype(np.float32)
+    bias[0, 1, 2, :] = -np.inf
+    bias[1, 3, 0, :] = -np.inf
+    feeds["bias"] = bias
+    got = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    want = reference.attention(feeds["q"], feeds["k"], feeds["v"], bias, num_heads=N)[0]
+    assert not np.isnan(got).any()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

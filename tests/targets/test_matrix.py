@@ -19,8 +19,12 @@ from models.test_export_matrix import COVERAGE, ENTRIES, MATRIX, XFAIL, dims_for
 pytestmark = pytest.mark.slow
 TARGETS = ("ort", "onnx")
 
-# (variant, target) -> the reason every refused site of that variant gives; none today.
-REFUSED: dict[tuple[str, str], str] = {}
+# (variant, target) -> the reason every refused site of that variant gives.
+REFUSED: dict[tuple[str, str], str] = {
+    # ALiBi's bias is added in float32 by otfuse's op, in float16 by the target ops
+    ("bloom/dynamo_nopos_dyn.fp16", "ort"): "ALiBi on float16 attention",
+    ("bloom/dynamo_nopos_dyn.fp16", "onnx"): "ALiBi on float16 attention",
+}
 
 
 def _variants() -> list:
