@@ -19,7 +19,7 @@ F32, I32, I64 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
 N, NKV, D = 4, 2, 8
 
 
-def _lengths(nodes, inits, keys_from: str, past: bool):
+def _lengths(nodes, inits, keys_from: str, past: bool, less: int = 1):
     """total = S (+ P) as an int32 scalar and seqlens_k = total - 1 expanded to [B], from shapes."""
     def c(name, value):
         inits.append(numpy_helper.from_array(np.asarray(value, np.int64), name))
@@ -34,7 +34,7 @@ def _lengths(nodes, inits, keys_from: str, past: bool):
         total = "t_len"
     nodes += [helper.make_node("Squeeze", [total, c("axis0", [0])], ["t_scalar"]),
               helper.make_node("Cast", ["t_scalar"], ["total"], to=I32),
-              helper.make_node("Sub", [total, c("one_", [1])], ["last"]),
+              helper.make_node("Sub", [total, c("one_", [less])], ["last"]),
               helper.make_node("Slice", ["k_shape", c("zero__", [0]), c("one__", [1]), c("zero___", [0])], ["batch"]),
               helper.make_node("Expand", ["last", "batch"], ["lengths64"]),
               helper.make_node("Cast", ["lengths64"], ["seqlens_k"], to=I32)]
@@ -42,7 +42,7 @@ def _lengths(nodes, inits, keys_from: str, past: bool):
 
 
 def gqa_model(*, packed=False, past=False, bias=False, seqlens_input=False, extra_inputs=(), qk_used=False,
-              seq="seq", **attributes) -> onnx.ModelProto:
+              seq="seq", less=1, **attributes) -> onnx.ModelProto:
     nodes, inits = [], []
     inputs = []
     if packed:
@@ -63,7 +63,7 @@ def gqa_model(*, packed=False, past=False, bias=False, seqlens_input=False, extr
                    helper.make_tensor_value_info("total", I32, [])]
         names += ["seqlens_k", "total"]
     else:
-        names += list(_lengths(nodes, inits, names[0] if packed else "k", past))
+        names += list(_lengths(nodes, inits, names[0] if packed else "k", past, less))
     names += ["", "", ""]
     if bias:
         inputs.append(helper.make_tensor_value_info("bias", F32, [1, 1, seq, "total_len"]))
@@ -138,6 +138,7 @@ def _refused(model: onnx.ModelProto, reason: str) -> None:
 @pytest.mark.parametrize("spec, reason", [
     (dict(seqlens_input=True), "seqlens_k / total_sequence_length give per-row key counts"),
     (dict(bias=True), "attention_bias: ORT's kernel outputs 0 or NaN"),
+    (dict(less=2), "seqlens_k is not provably past + new keys - 1"),  # the mutation: one key short per row
     (dict(do_rotary=1), "attribute 'do_rotary' is 1"),
     (dict(smooth_softmax=1), "attribute 'smooth_softmax' is 1"),
     (dict(local_window_size=0), "local_window_size 0"),

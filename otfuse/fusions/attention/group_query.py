@@ -84,8 +84,7 @@ def _broadcast_value(graph: GraphIndex, name: str) -> E.Expr | None:
         node = graph.producer.get(name)
         if node is None or node.op_type not in _BROADCASTS or node.domain not in ("", "ai.onnx"):
             return None
-        if node.op_type == "Cast" and onnx.helper.get_attribute_value(node.attribute[0]) not in (
-                onnx.TensorProto.INT32, onnx.TensorProto.INT64):
+        if node.op_type == "Cast" and attr(node, "to", 0) not in (onnx.TensorProto.INT32, onnx.TensorProto.INT64):
             return None
         name = node.input[0]
     return None
@@ -93,8 +92,8 @@ def _broadcast_value(graph: GraphIndex, name: str) -> E.Expr | None:
 
 def _require_full_lengths(graph: GraphIndex, match: Match, past_len, new_len) -> None:
     """``total_sequence_length = P + S`` and every ``seqlens_k[b] = P + S - 1``, proven."""
-    want = E.add(graph.dims.dim_expr(past_len), graph.dims.dim_expr(new_len)) \
-        if graph.dims.dim_expr(past_len) is not None and graph.dims.dim_expr(new_len) is not None else None
+    past, new = graph.dims.dim_expr(past_len), graph.dims.dim_expr(new_len)
+    want = E.add(past, new) if past is not None and new is not None else None
     total = graph.dims.value(match.value("total"))
     total = total.reshape(-1)[0] if total is not None and total.size == 1 else None
     lengths = _broadcast_value(graph, match.value("seqlens_k"))
