@@ -2,7 +2,9 @@
 reading the input instead, so that one tensor is one value again for the patterns.
 
 - ``Cast`` to the element type its input already has (GPT-J's eager attention casts q, k and the
-  probabilities ``.to(float32)``; in a float32 model these are copies).
+  probabilities ``.to(float32)``; in a float32 model these are copies), and ``CastLike`` to a
+  tensor of that type (ONNX function bodies: ``CastLike(mask, bias)``).
+- ``Identity`` (ONNX function bodies inlined: ``QReshaped = Identity(Q)`` for 4-D inputs).
 - ``Slice`` that keeps every element: start 0, step 1 and an end at or past the axis (the dynamo
   exporter's unoptimised output writes ``x[:, :, :, :r]`` as a full Slice of each leading axis,
   once per use: the rotated and the passed-through lanes of one x then hang off two different,
@@ -33,6 +35,13 @@ def _is_noop_cast(graph: GraphIndex, node: onnx.NodeProto) -> bool:
         return False
     source = graph.elem_type(node.input[0])
     return bool(source) and attr(node, "to") == source
+
+
+def _is_noop_cast_like(graph: GraphIndex, node: onnx.NodeProto) -> bool:
+    if {a.name for a in node.attribute} - {"saturate", "round_mode"} or len(node.input) != 2:
+        return False
+    source, like = graph.elem_type(node.input[0]), graph.elem_type(node.input[1])
+    return bool(source) and source == like
 
 
 def _full_axis(dims, start: int, end: int, axis: int, step: int) -> bool:
@@ -68,8 +77,12 @@ def _droppable(graph: GraphIndex, node: onnx.NodeProto) -> bool:
     out = node.output[0]
     if graph.is_graph_output(out) or any(out not in reader.input or _has_subgraph(reader) for reader in graph.uses(out)):
         return False
+    if node.op_type == "Identity":
+        return True
     if node.op_type == "Cast":
         return _is_noop_cast(graph, node)
+    if node.op_type == "CastLike":
+        return _is_noop_cast_like(graph, node)
     if node.op_type == "Slice":
         return _is_full_slice(graph, node)
     return False
@@ -77,7 +90,7 @@ def _droppable(graph: GraphIndex, node: onnx.NodeProto) -> bool:
 
 @dataclass(frozen=True)
 class NoOpsPass:
-    """Drops Casts to the input's own type and Slices that keep every element (see above)."""
+    """Drops Identity, Casts to the input's own type and Slices that keep every element (see above)."""
 
     def run(self, model: onnx.ModelProto, base_dir: Path | None) -> PassResult:
         graph = index_for(model, base_dir)
