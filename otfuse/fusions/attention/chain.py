@@ -3,7 +3,8 @@ dynamo or TorchScript exporter, eager code), as patterns:
 
     q [B,N,S,D] -> [Mul scale] ------------------------------\\
     k [B,Nkv,S,D] -> [Concat(past, k)] -> [repeat_kv] -> Kᵀ -> [Mul scale] -> MatMul -> [Mul|Div scale]
-        -> [softcap] -> [Where(cond, s, fill)] -> [Add mask] -> Softmax(-1) -> [Where(IsNaN(p), 0, p)]
+        -> [softcap] -> [Where(cond, s, fill)] -> [Add mask] -> Softmax(-1) -> [Where(IsNaN(p), 0, p)
+        or ONNX's Where(ReduceMax(mask) == -inf, 0, p)]
         (or [Add mask] -> [Where(cond, s, fill)])
         -> MatMul(·, repeat_kv(v)) -> [Transpose]
 
@@ -21,7 +22,7 @@ import numpy as np
 
 from otfuse.domain import OP_DOMAIN
 from otfuse.fusions.attention.fused_matmul import fused_scores
-from otfuse.rewriter.pattern import ANY, Const, Either, Var, op
+from otfuse.rewriter.pattern import ANY, Absent, Const, Either, Var, op
 from otfuse.rewriter.refuse import Refuse
 from otfuse.rewriter.spellings import unsqueeze
 
@@ -98,14 +99,24 @@ def _probabilities(scores):
     by the rule."""
     filled = _filled(scores)
     # the mask added before the fill (MPT: ALiBi added, then masked_fill) or after it
-    masked = Either(op.Add(filled, Var("mask")), filled, *_fill_wheres(op.Add(scores, Var("mask"), _bind="mask_add")))
+    masked = Either(op.Add(filled, Var("mask"), _bind="mask_added"), filled,
+                    *_fill_wheres(op.Add(scores, Var("mask"), _bind="mask_add")))
     plain = op.Softmax(masked, _bind="softmax")
     widened = Either(op.Cast(masked, _bind="softmax_widen"),
-                     op.Add(op.Cast(filled, _bind="softmax_widen"), Var("mask")))
+                     op.Add(op.Cast(filled, _bind="softmax_widen"), Var("mask"), _bind="mask_added"))
     in_float = op.Cast(op.Softmax(widened, _bind="softmax"), _bind="softmax_narrow")
     round_trip = op.Cast(op.Cast(plain, _bind="softmax_widen"), _bind="softmax_narrow")
     never_narrowed = op.Softmax(widened, _bind="softmax")  # refused by the rule, with its reason
     return Either(in_float, round_trip, plain, never_narrowed)
+
+
+def _rows_all_masked():
+    """ONNX Attention's function body zeroes the rows its bias masks entirely:
+    ``Where(Equal(ReduceMax(mask, [-1]), -inf), 0, p)`` (the axes an input from opset 18, an
+    attribute before; the keepdims and the constants are checked by the rule)."""
+    row_max = op.ReduceMax(Var("mask"), Either(Const("row_max_axes"), Absent()), _optional_tail=True,
+                           _bind="row_max")
+    return op.Equal(row_max, Const("row_masked"))
 
 
 def sdpa_chain(q, k, v=None, keys_t=None):
@@ -116,7 +127,8 @@ def sdpa_chain(q, k, v=None, keys_t=None):
     scores = Either(op.MatMul(scaled(q, "q"), scaled(keys_t, "kt"), _bind="qk"),
                     *fused_scores(scaled(q, "q"), scaled(keys_t, "kt"), keys))
     probs = _probabilities(_soft_capped(scaled(scores, "scores")))
-    guarded = Either(op.Where(op.IsNaN(probs), Const("nan_fill"), probs, _bind="nan_guard"), probs)
+    guarded = Either(op.Where(op.IsNaN(probs), Const("nan_fill"), probs, _bind="nan_guard"),
+                     op.Where(_rows_all_masked(), Const("nan_fill"), probs, _bind="row_guard"), probs)
     out = op.MatMul(guarded, repeat_kv(v if v is not None else with_cache("v"), "v"), _bind="pv")
     return Either(op.Transpose(out, perm=[0, 2, 1, 3], _bind="out_transpose"), out)
 

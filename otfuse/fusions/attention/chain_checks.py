@@ -190,6 +190,28 @@ def require_keys_transpose(graph: GraphIndex, match: Match, heads: int) -> None:
         raise Refuse(f"Kᵀ's last Reshape gives {unflat}, not [B, N, D, S] ({checks.shape_mismatch(unflat, want)})")
 
 
+def require_row_guard(graph: GraphIndex, match: Match) -> None:
+    """ONNX's ``Where(ReduceMax(mask, [-1]) == -inf, 0, p)``: a row whose added mask is -inf
+    everywhere has no visible key, and the op gives such a row 0 (``empty_rows`` "zero", what a
+    claimed causal / padding mask or an ``attn_bias`` of -inf leaves too); on any other row the
+    guard keeps p. The mask it reads must be the one added to these scores, reduced over the keys
+    with the row kept."""
+    if not (match.has("mask_added") or match.has("mask_add")):
+        raise Refuse("the row guard reads a mask that is not added to the scores")
+    row_max = match.node("row_max")
+    axes = ([int(a) for a in graph.constant_value(match.value("row_max_axes")).reshape(-1)]
+            if match.has("row_max_axes") else attr(row_max, "axes"))
+    rank = graph.rank(match.value("mask"))
+    if axes is None or len(axes) != 1 or rank is None or axes[0] not in (-1, rank - 1):
+        raise Refuse(f"the row guard's ReduceMax {row_max.name!r} reduces axes {axes}, not the keys")
+    if attr(row_max, "keepdims", 1) != 1 or attr(row_max, "noop_with_empty_axes", 0) != 0:
+        raise Refuse(f"the row guard's ReduceMax {row_max.name!r} drops the reduced axis")
+    masked = graph.scalar_value(match.value("row_masked"))
+    if masked != -math.inf or graph.scalar_value(match.value("nan_fill")) != 0.0:
+        raise Refuse(f"the row guard compares the row maximum with {masked}, not -inf, or fills another "
+                     f"value than 0")
+
+
 def require_softmax_over_keys(graph: GraphIndex, match: Match) -> None:
     node = match.node("softmax")
     opset = next((e.version for e in graph.model.opset_import if e.domain in ("", "ai.onnx")), 0)
@@ -199,8 +221,9 @@ def require_softmax_over_keys(graph: GraphIndex, match: Match) -> None:
 
 
 def require_softmax_casts(graph: GraphIndex, match: Match, elem: int) -> None:
-    """Casts around the Softmax drop exactly only as T -> float32 -> T: the op's softmax is
-    float32 and it rounds once, at the end (a narrowing Cast would round where it does not)."""
+    """Casts around the Softmax drop exactly only as T -> float32 (or float64: ONNX Attention's
+    ``softmax_precision`` DOUBLE, a float32 result to within its rounding) -> T: the op's softmax
+    is float32 and it rounds once, at the end (a narrowing Cast would round where it does not)."""
     name = onnx.TensorProto.DataType.Name
     if match.has("softmax_widen") and not match.has("softmax_narrow"):
         widen = match.node("softmax_widen")
@@ -210,9 +233,9 @@ def require_softmax_casts(graph: GraphIndex, match: Match, elem: int) -> None:
         return
     widen, narrow = match.node("softmax_widen"), match.node("softmax_narrow")
     source, wide, back = graph.elem_type(widen.input[0]), attr(widen, "to"), attr(narrow, "to")
-    if source != elem or wide != onnx.TensorProto.FLOAT:
+    if source != elem or wide not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE):
         raise Refuse(f"Cast {widen.name!r} around the Softmax takes {name(source)} to "
-                     f"{name(wide or 0)}, not q's {name(elem)} to FLOAT")
+                     f"{name(wide or 0)}, not q's {name(elem)} to FLOAT (or DOUBLE)")
     if back != elem:
         raise Refuse(f"Cast {narrow.name!r} after the Softmax gives {name(back or 0)}, not q's {name(elem)}")
 
@@ -223,12 +246,28 @@ def require_mask(graph: GraphIndex, mask: str, target: tuple) -> None:
         raise Refuse(f"the mask {mask!r} is not a float tensor")
 
 
+def zero_filled(graph: GraphIndex, value: str) -> bool:
+    """A tensor of zeros (a constant, or ``ConstantOfShape`` with no value or 0, through Casts):
+    ONNX's function body adds one as the bias of an attention without a mask. ``s + 0`` is s
+    (require_mask has checked it widens nothing)."""
+    node = graph.producer.get(value)
+    while node is not None and node.op_type == "Cast":
+        value, node = node.input[0], graph.producer.get(node.input[0])
+    if graph.is_constant(value):
+        const = graph.constant_value(value)
+        return const is not None and const.size > 0 and not np.any(const)
+    if node is None or node.op_type != "ConstantOfShape":
+        return False
+    fill = attr(node, "value")
+    return fill is None or not np.any(onnx.numpy_helper.to_array(fill))
+
+
 def mask_inputs(ctx: RewriteContext, match: Match, attributes: dict, helpers: Helpers) -> tuple[Value, Value]:
     """(attn_bias, key_padding_mask): the graph's mask as causal/window/padding when masks.py
     can prove what it computes (``attributes`` updated), else as an additive bias."""
     if match.has("fill_where"):
         return _filled_mask_inputs(ctx, match, attributes, helpers)
-    if not match.has("mask"):
+    if not match.has("mask") or zero_filled(ctx.graph, match.value("mask")):
         return "", ""
     try:
         claim = classify_mask(ctx.graph, match.value("mask"), ctx.memo)

@@ -128,6 +128,8 @@ def _check_chain(ctx: RewriteContext, layout: Layout, match: Match, dims: Dims) 
         nan_fill = graph.scalar_value(match.value("nan_fill"))
         if nan_fill != 0.0:
             raise Refuse(f"the NaN guard fills {nan_fill}, not 0")
+    if match.has("row_guard"):
+        chain.require_row_guard(graph, match)
     if graph.elem_type(match.root.output[0]) != elem:
         raise Refuse("the output type differs from q's")
 
