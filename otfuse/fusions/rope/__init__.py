@@ -3,6 +3,7 @@ paired into ``RotaryEmbeddingQK`` (contract in docs/ops.md).
 
     onnx_op.py     the ONNX RotaryEmbedding op (opset 23), re-targeted
     contrib.py     ORT's RotaryEmbedding (com.microsoft), re-targeted
+    half_tables.py x1*c - x2*s, x1*s + x2*c on half-width tables (the ONNX op's function body)
     lane_pairs.py  interleaved rotations on explicit [..., D/2, 2] lane pairs (Meta's LLaMA)
     rotations.py   x*cos + rotate(x)*sin spelled with Slice/Split, Neg, Concat (half, interleaved,
                    partial, sections)
@@ -13,7 +14,7 @@ through full Slices, so the rotated and the passed-through lanes would read two 
 """
 
 from otfuse.canonicalise import NoOpsPass
-from otfuse.fusions.rope import contrib, lane_pairs, onnx_op, pair_qk, rotations
+from otfuse.fusions.rope import contrib, half_tables, lane_pairs, onnx_op, pair_qk, rotations
 from otfuse.rewriter.family import Family
 from otfuse.rewriter.passes import RulePass
 from otfuse.rewriter.sites import SiteSignature
@@ -30,7 +31,7 @@ def _rotate_half(scan, node) -> bool:
 
 FAMILY = Family(
     name="rope",
-    passes=(RulePass([*onnx_op.RULES, *contrib.RULES]), RulePass(lane_pairs.RULES), RulePass(rotations.RULES), pair_qk.PairQKPass()),
+    passes=(RulePass([*onnx_op.RULES, *contrib.RULES]), RulePass(lane_pairs.RULES), RulePass(half_tables.RULES), RulePass(rotations.RULES), pair_qk.PairQKPass()),
     emits=("RotaryEmbedding", "RotaryEmbeddingQK"),
     canonicalise=(NoOpsPass(),),
     sites=(
