@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 
 from otfuse.fusions.attention.fused_matmul import fused_alpha
-from otfuse.fusions.attention.masks import classify_bool_mask, classify_mask
+from otfuse.fusions.attention.masks import classify_bool_mask, classify_mask, zero_filled
 from otfuse.rewriter import checks
 from otfuse.rewriter.builder import Helpers, Value
 from otfuse.rewriter.graph import GraphIndex
@@ -246,25 +246,10 @@ def require_mask(graph: GraphIndex, mask: str, target: tuple) -> None:
         raise Refuse(f"the mask {mask!r} is not a float tensor")
 
 
-def zero_filled(graph: GraphIndex, value: str) -> bool:
-    """A tensor of zeros (a constant, or ``ConstantOfShape`` with no value or 0, through Casts):
-    ONNX's function body adds one as the bias of an attention without a mask. ``s + 0`` is s
-    (require_mask has checked it widens nothing)."""
-    node = graph.producer.get(value)
-    while node is not None and node.op_type == "Cast":
-        value, node = node.input[0], graph.producer.get(node.input[0])
-    if graph.is_constant(value):
-        const = graph.constant_value(value)
-        return const is not None and const.size > 0 and not np.any(const)
-    if node is None or node.op_type != "ConstantOfShape":
-        return False
-    fill = attr(node, "value")
-    return fill is None or not np.any(onnx.numpy_helper.to_array(fill))
-
-
 def mask_inputs(ctx: RewriteContext, match: Match, attributes: dict, helpers: Helpers) -> tuple[Value, Value]:
     """(attn_bias, key_padding_mask): the graph's mask as causal/window/padding when masks.py
-    can prove what it computes (``attributes`` updated), else as an additive bias."""
+    can prove what it computes (``attributes`` updated), else as an additive bias (reported);
+    ONNX Attention's all-zero bias is none."""
     if match.has("fill_where"):
         return _filled_mask_inputs(ctx, match, attributes, helpers)
     if not match.has("mask") or zero_filled(ctx.graph, match.value("mask")):

@@ -13,8 +13,9 @@ conjunction (``And``, ``Or`` under ``Not``, ``Not``, ``Cast`` to bool, ``Expand`
 * anything reading the **values of one [B, Skv] graph input** (and shapes only otherwise, e.g.
   ``GatherND(Cast(attention_mask, bool), ...)`` or TorchScript's ``Gather(Flatten(...))``):
   key padding by that input;
-* constants / ``ConstantOfShape`` that are all true, and comparisons of an index with a constant
-  (BERT's ``q_idx >= 0``): no condition.
+* constants / ``ConstantOfShape`` that are all true, comparisons of an index with a constant
+  (BERT's ``q_idx >= 0``), and ``Equal`` of two values computed from shapes only (transformers'
+  packed-sequence test when a decoder is exported with ``input_ids`` only): no condition.
 
 Anything else and the mask stays a bias. The claim is then **checked by running the mask's own
 subgraph** in ONNX Runtime at several batch/sequence/cache sizes and paddings (including
@@ -66,6 +67,7 @@ def classify_mask(graph: GraphIndex, mask: str, memo: dict) -> MaskClaim:
     Memoised per pass: the claim, or the refusal's text (every layer reads the same mask)."""
     def claim() -> MaskClaim:
         conditions, fill = _float_mask_conditions(graph, mask)
+        fill = _in_type_of(graph, mask, fill)  # float32's minimum is -inf in float16
         empty_rows = "uniform" if np.isfinite(fill) else "zero"
         return _claim(graph, mask, conditions, empty_rows, lambda got: _visible_where_zero(got, fill))
 
@@ -76,6 +78,15 @@ def classify_bool_mask(graph: GraphIndex, condition: str, memo: dict) -> MaskCla
     """As ``classify_mask`` for a bool mask (True = attend; masked keys count as -inf)."""
     return _memoised(memo, ("bool_mask", condition),
                      lambda: _claim(graph, condition, [(condition, False)], "zero", lambda got: got.astype(bool)))
+
+
+def _in_type_of(graph: GraphIndex, mask: str, fill: float) -> float:
+    """The fill as the mask holds it, after the Casts between the Where and the mask."""
+    elem = graph.elem_type(mask)
+    if not elem:
+        return fill
+    with np.errstate(over="ignore"):
+        return float(np.asarray(fill).astype(onnx.helper.tensor_dtype_to_np_dtype(elem)))
 
 
 def _memoised(memo: dict, key: tuple, claim) -> MaskClaim:
@@ -97,10 +108,21 @@ class _Refused:
 
 # -- structure ----------------------------------------------------------------------------------
 def _float_mask_conditions(graph: GraphIndex, mask: str) -> tuple[list[tuple[str, bool]], float]:
-    """The (condition, negated) pairs a float mask requires for a key to be visible, and its fill."""
+    """The (condition, negated) pairs a float mask requires for a key to be visible, and its fill.
+    Through reshapes, Casts between float types and sums: ``Add(m, zeros)`` is m, ``Add(m1, m2)``
+    of two masks with one fill hides what either hides (ONNX Attention's body adds the causal,
+    window and padding masks it builds); what the sum computes is checked by running it."""
     node = graph.producer.get(mask)
-    while node is not None and node.op_type in _RESHAPING:
+    while node is not None and (node.op_type in _RESHAPING or (node.op_type == "Cast" and attr(node, "to") != BOOL)):
         node = graph.producer.get(node.input[0])
+    if node is not None and node.op_type == "Add":
+        parts = [name for name in node.input if not zero_filled(graph, name)]
+        if not parts:
+            raise Refuse("the mask is all zeros")
+        found = [_float_mask_conditions(graph, name) for name in parts]
+        if len({fill for _, fill in found}) != 1:
+            raise Refuse(f"a sum of masks filling {sorted({fill for _, fill in found})}")
+        return [pair for conditions, _ in found for pair in conditions], found[0][1]
     if node is None or node.op_type != "Where":
         raise Refuse("the mask is not Where(condition, 0, minimum)")
     keep, fill = graph.scalar_value(node.input[1]), graph.scalar_value(node.input[2])
@@ -117,6 +139,22 @@ def _float_mask_conditions(graph: GraphIndex, mask: str) -> tuple[list[tuple[str
     if inner_fill != fill_value:
         raise Refuse(f"chained masks fill {fill_value} and {inner_fill}: fully masked rows would differ")
     return conditions + more, fill_value
+
+
+def zero_filled(graph: GraphIndex, value: str) -> bool:
+    """A tensor of zeros (a constant, or ``ConstantOfShape`` with no value or 0, through Casts):
+    ONNX's function body adds one as the bias of an attention without a mask. ``s + 0`` is s
+    (the caller checks it widens nothing)."""
+    node = graph.producer.get(value)
+    while node is not None and node.op_type == "Cast":
+        value, node = node.input[0], graph.producer.get(node.input[0])
+    if graph.is_constant(value):
+        const = graph.constant_value(value)
+        return const is not None and const.size > 0 and not np.any(const)
+    if node is None or node.op_type != "ConstantOfShape":
+        return False
+    fill = attr(node, "value")
+    return fill is None or not np.any(onnx.numpy_helper.to_array(fill))
 
 
 def _masks(value: float | None) -> bool:
@@ -185,6 +223,12 @@ def _leaf_kind(graph: GraphIndex, value: str, negated: bool, memo: dict) -> tupl
             return "true", None
         if _triangular_constant(graph, value):  # a causal comparison folded at static shapes
             return "causal", None
+        band = _band_constant(graph, value, negated)
+        if band is not None:
+            return ("band", band) if band else ("causal", None)
+        if _band_constant(graph, value, negated, aligned="any") is not None:
+            return "unknown", ("a causal mask aligned to the past length, not to the bottom right (ONNX is_causal "
+                               "with a query count other than the new keys')")
         return "unknown", "a constant condition"
     node = graph.producer.get(value)
     if node is None:
@@ -195,6 +239,11 @@ def _leaf_kind(graph: GraphIndex, value: str, negated: bool, memo: dict) -> tupl
         return ("true", None) if filled != negated else ("unknown", "an all-false condition")
     if node.op_type in _COMPARISONS:
         return _comparison_kind(graph, node)
+    if node.op_type == "Equal":
+        # Of values computed from shapes only (no input's values, checked above): transformers'
+        # packed-sequence test of positions it builds by Range (same sequence index on both
+        # sides). It must hold for every query and key, which running checks.
+        return "shape_equal", None
     if node.op_type == "Trilu" and _filled_with_nonzero(graph, node.input[0]):
         return "causal", None
     if node.op_type == "Slice" and _triangular_constant(graph, node.input[0]):
@@ -241,6 +290,28 @@ def _filled_with_nonzero(graph: GraphIndex, value: str) -> bool:
     return False
 
 
+def _band_constant(graph: GraphIndex, value: str, negated: bool, aligned: str = "bottom_right") -> int | None:
+    """The window W (0: none) of a constant [Sq, Skv] condition equal to the bottom-right causal
+    band ``t - W < j <= t`` (t = Skv - Sq + i): comparisons of ONNX Attention's body folded at
+    static shapes. None for any other constant (the top-left causal mask of Sq != Skv included);
+    ``aligned="any"``: the band for any row offset t = P + i (to name that in a refusal)."""
+    if not graph.is_constant(value):
+        return None
+    const = np.asarray(graph.constant_value(value))
+    if const.ndim < 2 or const.size != np.prod(const.shape[-2:]) or 0 in const.shape:
+        return None
+    visible = (const.reshape(const.shape[-2:]) != 0) != negated  # negated: the condition masks
+    rows, keys = visible.shape
+    j = np.arange(keys)[None, :]
+    for offset in [keys - rows] if aligned == "bottom_right" else range(-rows, keys + 1):
+        t = offset + np.arange(rows)[:, None]
+        for window in [0, *range(1, keys + 1)]:
+            band = (j <= t) & ((j > t - window) if window else True)
+            if np.array_equal(visible, band):
+                return window
+    return None
+
+
 def _triangular_constant(graph: GraphIndex, value: str) -> bool:
     """A precomputed causal buffer: a square constant equal to tril(ones) or its complement."""
     if not graph.is_constant(value):
@@ -265,7 +336,7 @@ def _offset_constants(graph: GraphIndex, value: str) -> set[int]:
         if name in seen or node is None or node.op_type in _SHAPE_READERS:
             continue
         seen.add(name)
-        if node.op_type in _COMPARISONS | _OFFSETTING:
+        if node.op_type in _COMPARISONS | _OFFSETTING | {"Equal"}:
             for operand in node.input[1:] if node.op_type == "Trilu" else node.input:
                 c = graph.scalar_value(operand) if operand else None
                 if c is not None and np.isfinite(c):
@@ -283,11 +354,14 @@ def _claim(graph: GraphIndex, output: str, conditions: list[tuple[str, bool]], e
             kind, value = _leaf_kind(graph, leaf, leaf_negated, memo)
             if kind == "causal":
                 causal = True
+            elif kind == "band":  # causal with a window, folded
+                causal = True
+                windows.add(value)
             elif kind == "window":
                 windows.add(value)
             elif kind == "padding":
                 paddings.add(value)
-            elif kind not in ("true", "versus_constant"):
+            elif kind not in ("true", "versus_constant", "shape_equal"):
                 raise Refuse(f"the mask has a condition otfuse does not know ({value})")
     if len(windows) > 1 or len(paddings) > 1:
         raise Refuse(f"the mask has several windows {sorted(windows)} or padding inputs {sorted(paddings)}")
@@ -482,6 +556,8 @@ def _verify_by_running(graph: GraphIndex, output: str, claim: MaskClaim, visible
 
     model = subgraph_model(graph, output)
     session, has_past = probe_session(model, "mask")
+    if _sized_by_output(model):
+        return _verify_at_own_size(model, session, claim, visible_of)
     rng = np.random.default_rng(0)
     fixed_length = _fixed_length(model)
     for batch, seq, past in _configurations(claim, has_past, offsets, static_sizes(model)):
@@ -503,6 +579,32 @@ def _verify_by_running(graph: GraphIndex, output: str, claim: MaskClaim, visible
             if visible is None or not _broadcasts_to_equal(visible, expected):
                 raise Refuse(f"running the mask (seq {seq}, past {past}) contradicts "
                                f"causal={claim.causal}, window={claim.window}, padding={claim.key_padding}")
+
+
+def _sized_by_output(model: onnx.ModelProto) -> bool:
+    """A static mask subgraph with no [B, S] input to size it (ONNX Attention's body at static
+    shapes reads only Q / K / past shapes, or nothing): it runs at its one size, read off its output."""
+    shapes = [[d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
+              for vi in model.graph.input]
+    return not any(None in shape for shape in shapes) and not any(len(shape) == 2 for shape in shapes)
+
+
+def _verify_at_own_size(model: onnx.ModelProto, session, claim: MaskClaim, visible_of) -> None:
+    """No padding input here (it would be [B, S]): the output's last two dims are Sq and Skv."""
+    from otfuse.run.feeds import make_feeds
+
+    try:
+        (got,) = session.run(None, make_feeds(model, {}))
+    except Exception as exc:  # noqa: BLE001
+        raise Refuse(f"the mask subgraph failed at its own size ({type(exc).__name__})") from None
+    seq, total = got.shape[-2:] if got.ndim >= 2 else (0, 0)
+    visible = visible_of(got) if got.ndim >= 2 and 0 < seq <= total and not claim.key_padding else None
+    batch = got.shape[0] if got.ndim == 4 else 1
+    expected = _expected(claim, batch, seq, total - seq, np.ones((batch, total), np.int64)) if visible is not None \
+        else None
+    if visible is None or not _broadcasts_to_equal(visible, expected):
+        raise Refuse(f"running the mask at its own size {list(got.shape)} contradicts causal={claim.causal}, "
+                     f"window={claim.window} (bottom-right aligned)")
 
 
 def _broadcasts_to_equal(visible: np.ndarray, expected: np.ndarray) -> bool:

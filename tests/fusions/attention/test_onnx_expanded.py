@@ -12,7 +12,7 @@ import functools
 import numpy as np
 import onnx
 import pytest
-from fusing import fuse_in_memory, fused_nodes
+from fusing import attrs, fuse_in_memory, fused_nodes
 from onnx_node_cases import case_inputs, case_model, case_outputs, cases, keep_outputs
 
 from otfuse.run.session import InferenceSession, baseline_session, run
@@ -165,3 +165,25 @@ def test_a_non_zero_constant_bias_is_added_not_dropped():
     assert_matches_original(case, model, fused)
     dropped, _ = _fused_case(case.name)
     assert list(fused_nodes(dropped)[0].input) == ["Q", "K", "V"]
+
+
+# -- masks ------------------------------------------------------------------------------------------
+def test_is_causal_with_as_many_queries_as_new_keys_is_the_causal_attribute():
+    """Sq == S: ONNX's causal (j <= i + P) is otfuse's bottom-right one; the body's mask, folded
+    at static shapes, is claimed, and the cache Concat becomes past / present."""
+    name = "test_attention_4d_causal_with_past_and_present_expanded"
+    fused, report = _fused_case(name)
+    (node,) = fused_nodes(fused)
+    assert attrs(node)["causal"] == 1 and attrs(node)["empty_rows"] == b"zero"
+    assert list(node.input) == ["Q", "K", "V", "", "", "past_key", "past_value"]
+    assert not report.near_misses
+
+
+def test_is_causal_with_fewer_queries_than_keys_stays_the_bodys_bias():
+    """Sq = 4, Skv = 6: ONNX aligns to the past length (top left here), otfuse to the bottom right:
+    the mask the body computed is added as it is, and the site reported."""
+    fused, report = _fused_case("test_attention_4d_causal_expanded")
+    (node,) = fused_nodes(fused)
+    assert not attrs(node).get("causal") and node.input[3]
+    (miss,) = report.near_misses
+    assert "aligned to the past length" in miss["reason"] and miss["fused_as"] == "Attention"
