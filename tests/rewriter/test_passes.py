@@ -13,7 +13,8 @@ import otfuse
 
 
 def _shape_read_through_identity(model: onnx.ModelProto) -> onnx.ModelProto:
-    """meta_rope_causal with each Shape of an interior value reading it through an Identity, and
+    """meta_rope_causal with each Shape of an interior value reading it through a Neg (an Identity
+    or a same-type Cast would be dropped by the no_ops canonicaliser; the shape is the same), and
     the mask made anti-causal (``Trilu(upper=1)``: no claim, so the fused node must read it): a
     value (not a shape) now leaves the match."""
     producers = {out: node for node in model.graph.node for out in node.output}
@@ -23,7 +24,7 @@ def _shape_read_through_identity(model: onnx.ModelProto) -> onnx.ModelProto:
     for node in list(model.graph.node):
         source = producers.get(node.input[0]) if node.op_type == "Shape" else None
         if source is not None and source.op_type == "Transpose":
-            copy = onnx.helper.make_node("Identity", [node.input[0]], [node.input[0] + "_copy"])
+            copy = onnx.helper.make_node("Neg", [node.input[0]], [node.input[0] + "_copy"])
             node.input[0] = copy.output[0]
             model.graph.node.insert(list(model.graph.node).index(node), copy)
     return model
@@ -43,7 +44,7 @@ def test_a_shape_read_of_the_interior_is_rebuilt_from_the_fused_node_inputs(tmp_
 
 
 def test_a_fusion_is_refused_when_its_node_would_read_a_value_derived_from_its_interior(tmp_path):
-    """The same with an Identity between the interior value and its Shape: a value leaves the
+    """The same with a Neg between the interior value and its Shape: a value leaves the
     match and the fused node would read what it computes. Fusing it anyway left the graph reading a
     removed value (the fused model failed onnx.checker). The fold is refused; the rotation and the
     attention fuse separately, reported once as a downgrade, and the outputs match."""
