@@ -41,14 +41,17 @@ class AlibiClaim:
     positions: str  # "index" or "mask_cumsum"
 
 
-def classify_alibi(graph: GraphIndex, bias: str, heads: int, key_padding: str | None, memo: dict) -> AlibiClaim:
+def classify_alibi(graph: GraphIndex, bias: str, heads: int, key_padding: str | None, memo: dict,
+                   row_offsets: bool = False) -> AlibiClaim:
     """A verified claim for the additive ``bias`` of ``heads`` heads, whose key padding (if any)
     is the graph input ``key_padding``; raises Refuse saying why none can be made. Memoised per
-    pass (every layer reads the same bias)."""
-    key = ("alibi", bias, heads, key_padding)
+    pass (every layer reads the same bias). ``row_offsets``: the caller proved that every masked
+    key is replaced, not added to (a masked_fill after the bias), so an integer offset per row
+    (MPT's ``slope_h * (j - Skv + 1)``) cancels in the softmax and is allowed."""
+    key = ("alibi", bias, heads, key_padding, row_offsets)
     if key not in memo:
         try:
-            memo[key] = _claim(graph, bias, heads, key_padding)
+            memo[key] = _claim(graph, bias, heads, key_padding, row_offsets)
         except Refuse as refusal:
             memo[key] = refusal
     found = memo[key]
@@ -57,18 +60,18 @@ def classify_alibi(graph: GraphIndex, bias: str, heads: int, key_padding: str | 
     return found
 
 
-def _claim(graph: GraphIndex, bias: str, heads: int, key_padding: str | None) -> AlibiClaim:
+def _claim(graph: GraphIndex, bias: str, heads: int, key_padding: str | None, row_offsets: bool) -> AlibiClaim:
     reads = input_values_read(graph, bias, {})
     if not reads:
         positions = "index"
-    elif key_padding is not None and reads == {key_padding}:
+    elif key_padding is not None and reads == {key_padding} and not row_offsets:
         positions = "mask_cumsum"
     else:
         why = "no padding mask was proven for this attention" if key_padding is None else \
             f"the proven padding mask is {key_padding!r}"
         raise Refuse(f"the ALiBi bias reads the values of {sorted(reads)} ({why})")
     model = subgraph_model(graph, bias)
-    slopes = _verify_by_running(model, heads, key_padding if positions == "mask_cumsum" else None)
+    slopes = _verify_by_running(model, heads, key_padding if positions == "mask_cumsum" else None, row_offsets)
     return AlibiClaim(tuple(float(s) for s in slopes), positions)
 
 
@@ -81,9 +84,12 @@ def key_positions(padding: np.ndarray | None, batch: int, skv: int) -> np.ndarra
 
 
 def _as_rows(got: np.ndarray, batch: int, heads: int, skv: int) -> np.ndarray:
-    """The bias as [B, N, Skv], when it is [B*N, 1, Skv] or [B, N, 1, Skv] (one row per head)."""
+    """The bias as [B, N, Skv], when it is [B*N, 1, Skv] or [B, N, 1, Skv] (one row per head), or
+    [1, N, 1, Skv] / [N, 1, Skv], which the [B, N, Sq, Skv] scores broadcast over the batch (MPT)."""
     if got.shape in ((batch * heads, 1, skv), (batch, heads, 1, skv)):
         return got.reshape(batch, heads, skv)
+    if got.shape in ((1, heads, 1, skv), (heads, 1, skv)):
+        return np.broadcast_to(got.reshape(1, heads, skv), (batch, heads, skv))
     raise Refuse(f"running the ALiBi bias gives shape {list(got.shape)}, not [B*N, 1, Skv] = "
                  f"{[batch * heads, 1, skv]} or [B, N, 1, Skv]: not one key-only row per head")
 
@@ -98,7 +104,17 @@ def _probes(has_past: bool, key_padding: str | None, rng, static: tuple[int, int
                     yield batch, seq, past, padding
 
 
-def _verify_by_running(model, heads: int, key_padding: str | None) -> np.ndarray:
+def _row_offsets(rows: np.ndarray, slopes: np.ndarray) -> np.ndarray:
+    """The integer c of each row ``slope_h * (j + c)`` (key 0 read back), or Refuse."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        offsets = rows[..., :1].astype(np.float64) / slopes[None, :, None].astype(np.float64)
+    rounded = np.round(offsets)
+    if not np.all(np.isfinite(offsets)) or not np.allclose(offsets, rounded, rtol=0, atol=1e-3):
+        raise Refuse("the ALiBi bias's key 0 is not slope_h times an integer offset")
+    return rounded.astype(np.float32)
+
+
+def _verify_by_running(model, heads: int, key_padding: str | None, row_offsets: bool = False) -> np.ndarray:
     from otfuse.run.feeds import make_feeds
 
     session, has_past = probe_session(model, "ALiBi bias")
@@ -117,6 +133,8 @@ def _verify_by_running(model, heads: int, key_padding: str | None) -> np.ndarray
             if not np.all(np.isfinite(slopes)):
                 raise Refuse("the ALiBi bias has non-finite slopes")
         positions = key_positions(padding, batch, past + seq)[:, None, :].astype(np.float32)
+        if row_offsets:  # float32 slope_h * float32(j + c), as the exporter computes it
+            positions = positions + _row_offsets(rows, slopes)
         if not np.array_equal(rows, (slopes[None, :, None] * positions).astype(rows.dtype)):
             raise Refuse(f"running the ALiBi bias (batch {batch}, seq {seq}, past {past}) contradicts slope_h * k_pos "
                          f"with alibi_positions = {'mask_cumsum' if key_padding else 'index'}")

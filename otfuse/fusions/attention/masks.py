@@ -74,8 +74,12 @@ def classify_mask(graph: GraphIndex, mask: str, memo: dict) -> MaskClaim:
     return _memoised(memo, ("mask", mask), claim)
 
 
-def classify_bool_mask(graph: GraphIndex, condition: str, memo: dict) -> MaskClaim:
-    """As ``classify_mask`` for a bool mask (True = attend; masked keys count as -inf)."""
+def classify_bool_mask(graph: GraphIndex, condition: str, memo: dict, masked: bool = False) -> MaskClaim:
+    """As ``classify_mask`` for a bool mask (True = attend, or with ``masked`` True = masked, as
+    ``masked_fill`` reads it; masked keys count as -inf)."""
+    if masked:
+        return _memoised(memo, ("masked_bool_mask", condition),
+                         lambda: _claim(graph, condition, [(condition, True)], "zero", lambda got: ~got.astype(bool)))
     return _memoised(memo, ("bool_mask", condition),
                      lambda: _claim(graph, condition, [(condition, False)], "zero", lambda got: got.astype(bool)))
 
@@ -176,7 +180,21 @@ def _conjuncts(graph: GraphIndex, value: str, negated: bool) -> list[tuple[str, 
         return _conjuncts(graph, compared, not negated)
     if node.op_type in _RESHAPING or (node.op_type == "Cast" and attr(node, "to") == BOOL):
         return _conjuncts(graph, node.input[0], negated)
+    picked = _picks_zero_or_not(graph, node)
+    if picked is not None:  # a float mask read as a condition (MPT: Cast(Where(visible, 0, min), bool))
+        return _conjuncts(graph, node.input[0], negated if picked else not negated)
     return [(value, negated)]
+
+
+def _picks_zero_or_not(graph: GraphIndex, node: onnx.NodeProto) -> bool | None:
+    """For ``Where(c, a, b)`` of two scalar constants, one of them 0: whether the result is non-zero
+    exactly where c holds (True) or exactly where it does not (False); None for anything else."""
+    if node.op_type != "Where" or node.domain not in ("", "ai.onnx"):
+        return None
+    a, b = graph.scalar_value(node.input[1]), graph.scalar_value(node.input[2])
+    if a is None or b is None or (a == 0) == (b == 0):
+        return None
+    return b == 0
 
 
 def _compared_with_zero(graph: GraphIndex, node: onnx.NodeProto) -> str | None:

@@ -22,6 +22,7 @@ from functools import partial
 
 from otfuse import ops
 from otfuse.fusions.attention import chain_checks as chain
+from otfuse.fusions.attention.filled_alibi import alibi_before_fill
 from otfuse.fusions.attention.chain import rope_keys, rope_pair, sdpa_chain, to_bnsd, with_cache
 from otfuse.fusions.attention.fused_matmul import fused_alpha
 from otfuse.rewriter import checks
@@ -169,7 +170,11 @@ def analyse_sdpa(layout: Layout, ctx: RewriteContext, match: Match) -> Fusion:
         perm = [0, 2, 1, 3] if _key_layout(layout, match) == "BSND" else [0, 1, 3, 2]
         named["K"] = helpers.node("Transpose", [named["K"]], Fresh(f"{root.output[0]}/k_to_bnsd"),
                                   name=OutputName(), perm=perm)
-    named["attn_bias"], named["key_padding_mask"] = chain.mask_inputs(ctx, match, attributes_, helpers)
+    slopes = alibi_before_fill(ctx, match, attributes_, helpers)
+    if slopes is not None:
+        named["alibi_slopes"], named["key_padding_mask"] = slopes
+    else:
+        named["attn_bias"], named["key_padding_mask"] = chain.mask_inputs(ctx, match, attributes_, helpers)
     outputs = {"Y": root.output[0]}
     if match.has("k_cache"):
         named.update(past_key=match.value("past_k"), past_value=match.value("past_v"))

@@ -271,3 +271,80 @@ def test_a_4d_pv_matmul_broadcasting_one_value_batch_is_refused(tmp_path):
     assert "Attention" not in report.fusions
     assert report.near_misses
     assert otfuse.diff(src, out).ok
+
+
+def _mpt(tmp_path, variant: str) -> onnx.ModelProto:
+    """A matrix MPT export: ``Where(masked, min, s + alibi)`` with MPT's ``slope_h * (j - Skv + 1)``
+    (a [N, 1, max] constant, sliced to the keys) added before the masked_fill."""
+    import gzip
+    import shutil
+
+    from fixtures import FIXTURES
+
+    packed = FIXTURES / "matrix" / "mpt"
+    shutil.copyfile(packed / "weights.bin", tmp_path / "weights.bin")
+    return onnx.load_from_string(gzip.decompress((packed / f"{variant}.onnx.gz").read_bytes()))
+
+
+def _mpt_diffs(src, out):
+    """Left padding, a hole and a fully masked query row (seq 1 with its only key padded)."""
+    import onnxruntime as ort
+
+    reference, fused = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]), otfuse.InferenceSession(out)
+    rng = np.random.default_rng(0)
+    for seq in (1, 9, 40):
+        mask = np.ones((2, seq), np.int64)
+        mask[0, : seq // 2 + 1] = 0
+        mask[1, min(2, seq - 1)] = 0 if seq > 3 else 1
+        feeds = {"input_ids": rng.integers(0, 200, (2, seq)).astype(np.int64), "attention_mask": mask}
+        np.testing.assert_allclose(fused.run(None, feeds)[0], reference.run(None, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+def _alibi_adds(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The ``s + alibi`` Adds under each masked_fill that feeds a Softmax."""
+    produced = {out: n for n in model.graph.node for out in n.output}
+    softmax_inputs = {n.input[0] for n in model.graph.node if n.op_type == "Softmax"}
+    wheres = [produced[name] for name in softmax_inputs if produced.get(name) is not None
+              and produced[name].op_type == "Where"]
+    return [produced[w.input[2]] for w in wheres if getattr(produced.get(w.input[2]), "op_type", "") == "Add"]
+
+
+@pytest.mark.parametrize("variant", ["dynamo_nopos_dyn", "ts17_nopos_dyn"])
+def test_mpt_alibi_before_masked_fill_becomes_slopes(tmp_path, variant):
+    """The per-row offset of MPT's key-only bias cancels under the softmax because masked_fill
+    replaces the masked scores: slopes with alibi_positions "index", the mask causal + padding."""
+    src, out, report = _fuse(tmp_path, _mpt(tmp_path, variant), variant)
+    assert report.fusions["Attention"] == 2 and not report.near_misses, report.near_misses
+    for node in [n for n in fused_nodes(onnx.load(out)) if n.op_type == "Attention"]:
+        a = attrs(node)
+        assert (a["causal"], a["alibi_positions"], a["empty_rows"]) == (1, b"index", b"uniform")
+        assert node.input[3] == "" and node.input[4] == "attention_mask" and node.input[7]
+    _mpt_diffs(src, out)
+
+
+def _squared_alibi(model):
+    """alibi * alibi: not linear in the key index."""
+    for index, add in enumerate(_alibi_adds(model)):
+        square = helper.make_node("Mul", [add.input[1], add.input[1]], [f"{add.input[1]}_squared_{index}"])
+        add.input[1] = square.output[0]
+        model.graph.node.insert(list(model.graph.node).index(add), square)
+
+
+def _small_fill(model):
+    """masked_fill with -1e4: the masked scores keep s + alibi's influence differently, and the
+    fill no longer absorbs (chain_checks.fill refuses it)."""
+    model.graph.initializer.append(numpy_helper.from_array(np.array(-1e4, np.float32), "small_fill"))
+    for add in _alibi_adds(model):
+        where = next(n for n in model.graph.node if n.op_type == "Where" and add.output[0] in n.input)
+        where.input[1] = "small_fill"
+
+
+@pytest.mark.parametrize("mutation", [_squared_alibi, _small_fill])
+def test_mpt_mutations_keep_the_bias_and_say_why(tmp_path, mutation):
+    model = _mpt(tmp_path, "dynamo_nopos_dyn")
+    mutation(model)
+    src, out, report = _fuse(tmp_path, model, mutation.__name__)
+    for node in [n for n in fused_nodes(onnx.load(out)) if n.op_type == "Attention"]:
+        assert len(node.input) <= 7 or not node.input[7]  # no alibi_slopes
+    assert report.near_misses
+    assert otfuse.diff(src, out).ok
