@@ -236,7 +236,7 @@ def _grown(ctx: RewriteContext, match: Match) -> Analysis:
     """The consumers the fused node takes; not a candidate when none is a projection."""
     graph, norm = ctx.graph, match.node("norm")
     try:
-        axis = checks.trailing_axis([attr(norm, "axis", -1)], graph.rank(norm.input[0]))
+        axis = checks.first_axis(attr(norm, "axis", -1), graph.rank(norm.input[0]))  # otfuse norms: [axis, rank)
     except Refuse:
         axis = None
     if axis != -1:
