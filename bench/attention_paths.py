@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,7 +33,6 @@ class Path:
     fp16: bool = False
     decode: bool = False   # Sq = 1 over a past of DECODE_PAST keys, no present outputs
     present: bool = False
-    attrs: dict = field(default_factory=dict)
 
 
 DECODE_PAST = 4096
