@@ -11,7 +11,7 @@ not a copy of the data; the default ``copy`` clones or sparse-copies it), and th
 
 - rewrite wall time (``FuseReport.seconds``, load -> save) and the child's whole wall time;
 - peak RSS of the fusing process (VmHWM inside the child, ru_maxrss of the child from outside);
-- fusion counts (expected: 1 RMSNorm + 64 AddRMSNorm + 32 Attention);
+- fusion counts (expected: 1 RMSNorm + 64 AddRMSNorm + 32 Attention + 32 SwiGLU);
 - the data file's apparent size vs. allocated blocks before and after, and its inode/link count
   next to the output: the weights were neither read, materialised nor copied;
 - the child's /proc/self/io rchar/read_bytes around the fuse call: bytes actually read.
@@ -340,7 +340,7 @@ def run(workdir: Path, layers: int, profile: str | None) -> dict:
         if node.domain == "otfuse":
             fused_ops[node.op_type] = fused_ops.get(node.op_type, 0) + 1
     data_size = layout["data_file_bytes"]
-    expected = {"AddRMSNorm": 2 * layers, "RMSNorm": 1, "Attention": layers}
+    expected = {"AddRMSNorm": 2 * layers, "RMSNorm": 1, "Attention": layers, "SwiGLU": layers}  # SiLU(gate) * up: activation family
     peak_mib = child["peak_rss_mib"]
     checks = {
         "fusions_as_expected": child["fusions"] == expected and fused_ops == expected,
