@@ -15,7 +15,8 @@ medians of the clean turns (of all turns when none was clean, marked), the clean
 others' load; the ratios are the result, not the times: per turn unfused / fused, the median over
 turns, in wall time and in this process's CPU time. With --forced, fp32 also runs one fused session
 per forced GEMM path (OTFUSE_NORM_LINEAR_GEMM=ort: ORT's own Gemm through OrtApi::InvokeOp;
-own: otfuse's GEMM) beside the default one.
+own: otfuse's GEMM) beside the default one, and with --forced own-avx2 (every dtype) otfuse's
+GEMM on its AVX2 micro-kernels (OTFUSE_GEMM_ISA=avx2) on an AVX-512 CPU.
 
 Printed in the same run, so that no figure is carried over from another machine: the CPU model
 and flags, the ISA path otfuse's kernels take, the machine's references (memory read bandwidth,
@@ -96,17 +97,36 @@ def block_model(dtype) -> onnx.ModelProto:
     return model
 
 
-def forced_session(path: Path, threads: int, gemm: str) -> ort.InferenceSession:
-    """A session whose norm + linear kernels were created with OTFUSE_NORM_LINEAR_GEMM=gemm."""
-    before = os.environ.get("OTFUSE_NORM_LINEAR_GEMM")
-    os.environ["OTFUSE_NORM_LINEAR_GEMM"] = gemm
+# A forced path: the environment its fused session is created with (the kernels read it then).
+FORCED_ENV = {
+    "ort": {"OTFUSE_NORM_LINEAR_GEMM": "ort"},
+    "own": {"OTFUSE_NORM_LINEAR_GEMM": "own"},
+    "own-avx2": {"OTFUSE_NORM_LINEAR_GEMM": "own", "OTFUSE_GEMM_ISA": "avx2"},
+}
+
+
+def forced_session(path: Path, threads: int, forced: str) -> ort.InferenceSession:
+    """A session whose norm + linear kernels were created with FORCED_ENV[forced] set."""
+    saved = {key: os.environ.get(key) for key in FORCED_ENV[forced]}
+    os.environ.update(FORCED_ENV[forced])
     try:
         return common.ort_session(path, threads)
     finally:
-        if before is None:
-            del os.environ["OTFUSE_NORM_LINEAR_GEMM"]
-        else:
-            os.environ["OTFUSE_NORM_LINEAR_GEMM"] = before
+        for key, value in saved.items():
+            if value is None:
+                del os.environ[key]
+            else:
+                os.environ[key] = value
+
+
+def gemm_isa_path() -> str:
+    """The micro-kernels of otfuse's GEMM in a default session (kernels/common/gemm.cc's rule)."""
+    flags = common.cpu_flags()
+    if os.environ.get("OTFUSE_CPU_ISA") == "baseline" or not {"avx2", "fma", "f16c"} <= flags:
+        return "baseline"
+    if os.environ.get("OTFUSE_GEMM_ISA") == "avx2" or "avx512f" not in flags:
+        return "avx2+fma"
+    return "avx512f"
 
 
 def speed(base: dict, other: dict) -> str:
@@ -163,13 +183,15 @@ def main() -> None:
     parser.add_argument("--wait-quiet", type=float, default=0.0,
                         help="before each case, wait (up to --wait-max s) for the 1-minute loadavg to drop under this")
     parser.add_argument("--wait-max", type=float, default=300.0)
-    parser.add_argument("--forced", nargs="+", default=["ort", "own"], choices=["ort", "own", "none"],
-                        help="float32 GEMM paths also measured, each forced in a session of its own (none: only the default)")
+    parser.add_argument("--forced", nargs="+", default=["ort", "own"], choices=[*FORCED_ENV, "none"],
+                        help="paths also measured, each forced in a session of its own (none: only the default): "
+                             "ort / own = OTFUSE_NORM_LINEAR_GEMM (float32 only), own-avx2 = otfuse's GEMM with "
+                             "its AVX2 micro-kernels (OTFUSE_GEMM_ISA=avx2, every dtype)")
     parser.add_argument("--no-references", action="store_true", help="skip bandwidth, FMA peak and MatMul rates")
     parser.add_argument("--no-memory", action="store_true", help="skip the per-session memory probes")
     args = parser.parse_args()
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; CPU {common.cpu_identity()}; nproc {os.cpu_count()}")
-    print(f"otfuse ISA path: {common.otfuse_isa_path()}; onnxruntime {ort.__version__}; intra-op threads "
+    print(f"otfuse ISA path: {common.otfuse_isa_path()}, GEMM {gemm_isa_path()}; onnxruntime {ort.__version__}; intra-op threads "
           f"{args.threads}; loadavg {open('/proc/loadavg').read().split()[:3]}")
     if not args.no_references:
         print_references(args)
@@ -189,9 +211,9 @@ def main() -> None:
             report = otfuse.fuse(src, fused, only=["norm", "norm_linear"])
             assert report.fusions == {"AddRMSNormLinear": 1, "RMSNormLinear": 1}, report.fusions
             sessions = [common.ort_session(base, args.threads), common.ort_session(fused, args.threads)]
-            # The kernel reads OTFUSE_NORM_LINEAR_GEMM when ORT creates it: one session per forced
-            # float32 path (16-bit weights always take otfuse's GEMM: nothing to force).
-            paths = forced if name == "fp32" else []
+            # The kernel reads its knobs when ORT creates it: one session per forced path (16-bit
+            # weights always take otfuse's GEMM: only its ISA can be forced).
+            paths = forced if name == "fp32" else [path for path in forced if path == "own-avx2"]
             sessions += [forced_session(fused, args.threads, path) for path in paths]
             for m in args.tokens:
                 feeds = feeds_for(m, dtype)
@@ -205,7 +227,8 @@ def main() -> None:
                            for s in sessions[1:] for a, b in zip(reference, s.run(None, feeds)))
                 tb, tf = times[0], times[1]
                 clean = f"{tf['clean']}/{tf['turns']}" + ("" if tf["clean"] else " (none clean: all runs)")
-                cells = [speed(tb, t) for t in times[1:]] + ["-"] * (len(forced) - len(paths))
+                measured = dict(zip(paths, times[2:]))
+                cells = [speed(tb, tf)] + [speed(tb, measured[path]) if path in measured else "-" for path in forced]
                 print(f"| {name} | {m} | {tb['median'] * 1e3:.1f} | {tf['median'] * 1e3:.1f} | "
                       + "".join(f"{c} | " for c in cells)
                       + f"{clean} | {max(t['others'] for t in times):.2f} | {diff:.2g} |", flush=True)

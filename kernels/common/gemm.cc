@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <new>
 #include <string>
@@ -17,19 +19,15 @@ using gemm_detail::kRowBlock;
 using gemm_detail::kTileWidth;
 using gemm_detail::Task;
 
-bool UseAvx2() {
+gemm_detail::TaskFn TaskFnFor(GemmIsa isa) {
 #if defined(OTFUSE_HAVE_AVX2_KERNELS)
-  static const bool avx2 = SelectCpuIsa() == CpuIsa::kAvx2 && __builtin_cpu_supports("fma");
-  return avx2;
-#else
-  return false;
+  switch (isa) {
+    case GemmIsa::kAvx512: return &gemm_detail::avx512::RunTask;
+    case GemmIsa::kAvx2: return &gemm_detail::avx2::RunTask;
+    default: break;
+  }
 #endif
-}
-
-gemm_detail::TaskFn SelectTaskFn() {
-#if defined(OTFUSE_HAVE_AVX2_KERNELS)
-  if (UseAvx2()) return &gemm_detail::avx2::RunTask;
-#endif
+  (void)isa;
   return &gemm_detail::baseline::RunTask;
 }
 
@@ -111,7 +109,7 @@ float* ThreadBuffer(size_t floats) {
 
 }  // namespace
 
-void GemmInPlace(const KernelContext& ctx, int64_t m, int64_t k, const float* a,
+void GemmInPlace(const KernelContext& ctx, GemmIsa isa, int64_t m, int64_t k, const float* a,
                  const std::vector<GemmProduct>& products) {
   if (m <= 0 || products.empty()) return;
   // A in row blocks of up to 6 rows, [k][rows] each (one broadcast per row and k).
@@ -131,7 +129,7 @@ void GemmInPlace(const KernelContext& ctx, int64_t m, int64_t k, const float* a,
   int64_t max_cells = 0;
   const std::vector<Task> tasks = PlanTasks(m, products, &max_cells);
   const gemm_detail::Job job{m, k, a_packed.get(), products.data()};
-  const gemm_detail::TaskFn run = SelectTaskFn();
+  const gemm_detail::TaskFn run = TaskFnFor(isa);
   const size_t stage_floats = static_cast<size_t>(gemm_detail::kStageFloats);
   const size_t buffer_floats = stage_floats + static_cast<size_t>(max_cells);
   std::atomic<bool> out_of_memory{false};
@@ -147,6 +145,28 @@ void GemmInPlace(const KernelContext& ctx, int64_t m, int64_t k, const float* a,
   if (out_of_memory) throw Error("out of memory for GEMM accumulators");
 }
 
-const char* GemmIsaName() { return UseAvx2() ? "avx2+fma" : "baseline"; }
+GemmIsa SelectGemmIsa() {
+#if defined(OTFUSE_HAVE_AVX2_KERNELS)
+  const char* forced = std::getenv("OTFUSE_GEMM_ISA");
+  const bool avx2_only = forced != nullptr && std::strcmp(forced, "avx2") == 0;
+  if (forced != nullptr && *forced != '\0' && !avx2_only) {
+    throw Error(std::string("OTFUSE_GEMM_ISA must be avx2 (or unset), got '") + forced + "'");
+  }
+  if (SelectCpuIsa() != CpuIsa::kAvx2 || !__builtin_cpu_supports("fma")) return GemmIsa::kBaseline;
+  // libgcc's avx512f check includes the OS saving the zmm state.
+  if (!avx2_only && __builtin_cpu_supports("avx512f")) return GemmIsa::kAvx512;
+  return GemmIsa::kAvx2;
+#else
+  return GemmIsa::kBaseline;
+#endif
+}
+
+const char* GemmIsaName(GemmIsa isa) {
+  switch (isa) {
+    case GemmIsa::kAvx512: return "avx512f";
+    case GemmIsa::kAvx2: return "avx2+fma";
+    default: return "baseline";
+  }
+}
 
 }  // namespace otfuse

@@ -14,15 +14,18 @@
 // wins where, per CPU).
 //
 // Blocking. The rows of A are packed per call into blocks of kRowBlock (6) rows, [k][6] each,
-// so the micro-kernel broadcasts them. A task is (row chunk) x (column range) of one product;
+// so the micro-kernel broadcasts them. With AVX-512 (one zmm per 16-wide tile row) a call over
+// packed panels takes two row blocks of two adjacent tiles (24 accumulators), over a staged panel
+// two row blocks (12): 6 accumulators alone cannot cover the FMA latency. A task is (row chunk) x (column range) of one product;
 // its accumulators (rows x range floats) stay in L2 for the whole k loop, and are biased, rounded
 // to T and stored once at the end. The micro-kernel computes a 6 x 16 block over a depth of kb
 // rows of W read straight from W (float32, [k, n]) or from a [kb][16] float32 stage in L1
 // (16-bit weights widened, [n, k] weights transposed, partial tiles zero-padded).
 //
 // Numerics: float32 products summed in a fixed order (k ascending), whatever the thread count.
-// The AVX2 variant uses FMA, the baseline variant multiply + add, so the two agree within
-// float32 rounding, not bit for bit.
+// The AVX2 and AVX-512 variants use the same FMAs in the same order (bit-identical results), the
+// baseline variant multiply + add, so it agrees with them within float32 rounding, not bit for
+// bit.
 #pragma once
 
 #include <cstddef>
@@ -45,14 +48,18 @@ struct GemmProduct {
   void* y;             // [m, n] row-major, of `type`
 };
 
+// Which micro-kernels run. SelectGemmIsa: AVX-512F when the CPU and OS have it, else AVX2 + FMA,
+// else the portable ones; OTFUSE_CPU_ISA=baseline forces the portable ones, OTFUSE_GEMM_ISA=avx2
+// the AVX2 ones (tests and benchmarks: every variant stays testable on an AVX-512 CPU). Read
+// when a kernel is created; throws Error for any other OTFUSE_GEMM_ISA value.
+enum class GemmIsa { kBaseline, kAvx2, kAvx512 };
+GemmIsa SelectGemmIsa();
+const char* GemmIsaName(GemmIsa isa);  // "avx512f", "avx2+fma" or "baseline"
+
 // Y_i = A · W_i (+ bias_i) for every product, A float32 [m, k] row-major. Throws Error when out
 // of memory.
-void GemmInPlace(const KernelContext& ctx, int64_t m, int64_t k, const float* a,
+void GemmInPlace(const KernelContext& ctx, GemmIsa isa, int64_t m, int64_t k, const float* a,
                  const std::vector<GemmProduct>& products);
-
-// "avx2+fma" or "baseline": the micro-kernels this process runs (OTFUSE_CPU_ISA=baseline forces
-// the portable ones).
-const char* GemmIsaName();
 
 namespace gemm_detail {
 
@@ -95,6 +102,9 @@ namespace baseline {
 void RunTask(const Job& job, const Task& task, float* stage, float* acc);
 }
 namespace avx2 {
+void RunTask(const Job& job, const Task& task, float* stage, float* acc);
+}
+namespace avx512 {
 void RunTask(const Job& job, const Task& task, float* stage, float* acc);
 }
 

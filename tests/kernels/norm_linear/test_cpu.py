@@ -4,7 +4,7 @@ Weights are constant initializers or graph inputs; the kernel reads both in plac
 give the same bits. The products take one of three paths (kernels/cpu/norm_linear.cc): ORT's own
 Gemm (float32, one row), our GEMM reading W in place (up to 64 rows) or packing it per task (more
 rows); OTFUSE_NORM_LINEAR_GEMM=ort / own forces ORT's or ours for float32, OTFUSE_CPU_ISA=baseline
-the portable micro-kernels. The shapes below reach every path, layout and edge (partial tiles,
+the portable micro-kernels, OTFUSE_GEMM_ISA=avx2 the AVX2 ones on an AVX-512 CPU. The shapes below reach every path, layout and edge (partial tiles,
 k blocks, row chunks, column ranges) on every path the machine has. bfloat16 crosses the graph
 boundary as float32 with a Cast on each side (ORT's Python API cannot feed bfloat16).
 """
@@ -225,34 +225,47 @@ _RUN_IN_CHILD = (
     "    np.savez(f'{sys.argv[2]}/{sys.argv[3]}{i}.npz', *s.run(None, feeds))\n")
 
 
-def test_baseline_and_avx2_variants_agree(tmp_path):
-    """The portable micro-kernels (multiply + add) and the AVX2 ones (FMA), chosen once per process,
-    each against the reference and against each other within float32 rounding, on every path of
-    otfuse's GEMM (forced for float32, whose one-row products would otherwise take ORT's Gemm).
-    There is no AVX-512 variant to test."""
+def test_baseline_avx2_and_avx512_variants_agree(tmp_path):
+    """The portable micro-kernels (multiply + add), the AVX2 ones (FMA; forced by OTFUSE_GEMM_ISA=avx2)
+    and the default ones (AVX-512F where the CPU has it, else AVX2 again), one child process each,
+    each against the reference; AVX2 and the default agree bit for bit (the same FMAs in the same
+    order), baseline within float32 rounding; on every path of otfuse's GEMM (forced for float32,
+    whose one-row products would otherwise take ORT's Gemm), including AVX-512's paired row blocks
+    (13, 64, 65, 140 and 812 rows)."""
     import os
     import subprocess
     import sys
     cases = []
-    for name in ("decode", "stream-blocks", "stream-deep", "packed-deep", "packed-chunks"):
+    for name in ("decode", "stream-blocks", "stream-deep", "stream-ranges", "packed-one-chunk", "packed-deep",
+                 "packed-chunks"):
         shape, widths, transposed = SHAPES[name]
-        for dtype in (F32, F16):
+        for dtype in (F32, F16, BF16):
             cases.append(Case("RMSNormLinear", dtype, shape=shape, widths=widths, transposed=transposed, seed=5))
     for i, case in enumerate(cases):
         model, feeds = case.model()
         (tmp_path / f"m{i}.onnx").write_bytes(model.SerializeToString())
         np.savez(tmp_path / f"f{i}.npz", **feeds)
-    for isa in ("baseline", "auto"):
-        env = dict(os.environ, OTFUSE_CPU_ISA=isa, OTFUSE_NORM_LINEAR_GEMM="own")
+    knobs = {"baseline": {"OTFUSE_CPU_ISA": "baseline"}, "avx2": {"OTFUSE_GEMM_ISA": "avx2"}, "auto": {}}
+    for isa, knob in knobs.items():
+        env = {k: v for k, v in os.environ.items() if k not in ("OTFUSE_CPU_ISA", "OTFUSE_GEMM_ISA")}
+        env.update(knob, OTFUSE_NORM_LINEAR_GEMM="own")
         subprocess.run([sys.executable, "-c", _RUN_IN_CHILD, str(len(cases)), str(tmp_path), isa], env=env, check=True)
     for i, case in enumerate(cases):
-        baseline, auto = ([a for _, a in sorted(np.load(tmp_path / f"{isa}{i}.npz").items(), key=lambda kv: int(kv[0][4:]))]
-                          for isa in ("baseline", "auto"))
-        _check(case, baseline)
-        _check(case, auto)
+        outputs = {isa: [a for _, a in sorted(np.load(tmp_path / f"{isa}{i}.npz").items(), key=lambda kv: int(kv[0][4:]))]
+                   for isa in knobs}
+        for got in outputs.values():
+            _check(case, got)
         tol = TOLERANCE[case.dtype]
-        for b, a in zip(baseline, auto):
+        for b, a2, a in zip(outputs["baseline"], outputs["avx2"], outputs["auto"]):
             np.testing.assert_allclose(b.astype(np.float32), a.astype(np.float32), rtol=tol, atol=tol)
+            np.testing.assert_array_equal(a2, a)
+
+
+def test_bad_gemm_isa_knob_is_refused(monkeypatch):
+    monkeypatch.setenv("OTFUSE_GEMM_ISA", "amx")
+    with pytest.raises(Exception) as info:
+        Case("RMSNormLinear").run()
+    assert "OTFUSE_GEMM_ISA must be avx2 (or unset), got 'amx'" in str(info.value)
 
 
 @pytest.mark.parametrize("overrides,message", [
