@@ -84,7 +84,10 @@ static OTFUSE_MATH_INLINE void TwoProduct(VF a, VF b, VF* p, VF* e) {
   const VF ca = a * 4097.0f, cb = b * 4097.0f;  // Dekker: split into 12-bit halves
   const VF ah = ca - (ca - a), bh = cb - (cb - b);
   const VF al = a - ah, bl = b - bh;
-  *e = ((ah * bh - *p) + ah * bl + al * bh) + al * bl;
+  const VF error = ((ah * bh - *p) + ah * bl + al * bh) + al * bl;
+  // The split overflows for |a| or |b| above ~2^115 (inf - inf: NaN), even where the product is
+  // exact (b = 0: QuickGelu's alpha = 0): e is then dropped, as approximate as the FMA's there.
+  *e = Abs(error) < __builtin_inff() ? error : Splat(0.0f);
 #endif
 }
 
