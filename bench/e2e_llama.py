@@ -64,6 +64,7 @@ LAYERS = 2
 DEFAULT_VOCAB = 1024  # issue 12's; 32000 (LLaMA's own) makes the lm_head and logits 31x larger
 DEFAULT_INTERMEDIATE = 5632
 EXPORT_BATCH, EXPORT_SEQ = 2, 16
+REFERENCE_MAX_ROWS = 2048  # rows of the ORT MatMul reference GEMMs
 OPSET = 20
 
 VARIANTS = ("unfused", "openvino", "onnxscript", "otfuse")
@@ -280,6 +281,10 @@ def _ort_runner(c: dict, feeds: dict, result: dict):
     options = ort.SessionOptions()
     options.intra_op_num_threads = c["threads"]
     options.inter_op_num_threads = 1
+    if not c.get("spin", True):
+        # Waiting threads sleep instead of spinning: CPU time then counts work, not waits for a
+        # partner thread that a loaded machine descheduled.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     # None: leave the option as the session class sets it (otfuse.InferenceSession has its own defaults).
     if c["arena"] is not None:
         options.enable_cpu_mem_arena = c["arena"]
@@ -366,6 +371,9 @@ def _timed_runs(run, c: dict, result: dict):
     result["run_cores_ours"] = ours
     result["run_cores_others"] = others
     timed = list(range(1, len(times))) or [0]
+    # CPU seconds per thread of the cheapest timed run: the work done, less sensitive than wall
+    # time to CPU taken by others (but counting spin-waits and not counting idle threads).
+    result["cpu_seconds_per_thread"] = round(min(times[j] * ours[j] for j in timed) / c["threads"], 3)
     clean = [j for j in timed if others[j] < c["contended"]]
     best = min(clean or timed, key=lambda j: times[j])
     result["seconds"] = round(times[best], 3)
@@ -458,7 +466,7 @@ def run_child(args, variant: str, model: Path, seq: int, logits_path: str = "", 
               "threads": args.threads, "logits_path": logits_path, "profile_prefix": profile_prefix,
               "result_path": str(result_path), "arena": args.arena, "bind": args.bind_output,
               "contended": args.contended, "extra_runs": args.extra_runs, "budget": args.retry_budget,
-              "mem_pattern": args.mem_pattern, "vocab": args.vocab}
+              "mem_pattern": args.mem_pattern, "vocab": args.vocab, "spin": args.spin}
     cmd = [sys.executable, __file__, "_run", json.dumps(config)]
     waited = wait_quiet(args)
     load_before = os.getloadavg()
@@ -694,24 +702,75 @@ def useful_gflop(seq: int, vocab: int, intermediate: int) -> dict[str, float]:
             "lm_head": 2.0 * seq * HIDDEN * vocab / 1e9}
 
 
+def _matmul_session_rates(m: int, k: int, widths: list[int], threads: int, runs: int) -> tuple[float, float, float]:
+    """ORT MatMul (MLAS, weights prepacked) on [m, k] x [k, n] for each n in `widths`, fp32:
+    (GFLOP, best GFLOP/s in wall time, best GFLOP/s per CPU-second per thread) over `runs`."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits, outputs = [], [], []
+    for i, n in enumerate(widths):
+        inits.append(numpy_helper.from_array(rng.standard_normal((k, n), dtype=np.float32), f"w{i}"))
+        nodes.append(helper.make_node("MatMul", ["a", f"w{i}"], [f"y{i}"]))
+        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [m, n]))
+    graph = helper.make_graph(nodes, "matmuls", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k])],
+                              outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the variants run
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    del model, graph, inits
+    feeds = {"a": rng.standard_normal((m, k), dtype=np.float32)}
+    session.run(None, feeds)
+    walls, cpus = [], []
+    for _ in range(runs):
+        c0, t0 = os.times(), time.perf_counter()
+        session.run(None, feeds)
+        walls.append(time.perf_counter() - t0)
+        c1 = os.times()
+        cpus.append(((c1.user - c0.user) + (c1.system - c0.system)) / threads)
+    gflop = 2.0 * m * k * sum(widths) / 1e9
+    return gflop, gflop / min(walls), gflop / max(min(cpus), 1e-9)
+
+
 def matmul_rate(seq: int, vocab: int, intermediate: int, threads: int) -> dict:
     """ORT MatMul's GFLOP/s on this model's GEMMs at M = seq: [seq, hidden] x the q/k/v/o,
-    gate/up and lm_head widths, and [seq, intermediate] x down, combined by their FLOPs."""
-    runs = 3 if seq > 4096 else 5
+    gate/up and lm_head widths, and [seq, intermediate] x down, combined by their FLOPs; in wall
+    time and per CPU-second per thread (best of a few runs each)."""
+    # MLAS's rate hardly depends on M past a few thousand rows: measure at most 2048 of them
+    # (4x cheaper at 8192 on a shared machine) and apply it to the whole length.
+    m, runs = min(seq, REFERENCE_MAX_ROWS), 3
     wide = [HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, HIDDEN, intermediate, intermediate, vocab]
     busy0, t0 = _cpu_busy_seconds(), time.perf_counter()
-    r1 = common.ort_matmul_gflops(seq, HIDDEN, wide, threads, runs)
-    r2 = common.ort_matmul_gflops(seq, intermediate, [HIDDEN], threads, runs)
+    f1, w1, c1 = _matmul_session_rates(m, HIDDEN, wide, threads, runs)
+    f2, w2, c2 = _matmul_session_rates(m, intermediate, [HIDDEN], threads, runs)
     wall = time.perf_counter() - t0
-    f1, f2 = 2.0 * seq * HIDDEN * sum(wide), 2.0 * seq * intermediate * HIDDEN
-    rate = (f1 + f2) / (f1 / r1 + f2 / r2)
-    return {"gflops_per_s": round(rate, 1), "k_hidden": round(r1, 1), "k_intermediate": round(r2, 1),
+    return {"gflops_per_s": round((f1 + f2) / (f1 / w1 + f2 / w2), 1), "k_hidden": round(w1, 1),
+            "k_intermediate": round(w2, 1), "rows": m, "gflops_per_cpu_s": round((f1 + f2) / (f1 / c1 + f2 / c2), 1),
             "machine_cores_busy": round((_cpu_busy_seconds() - busy0) / wall, 2)}
+
+
+def otfuse_isa_paths() -> str:
+    """Which micro-kernels otfuse's ops take here, by the library's own rules: the AVX-512 tiles
+    of attention (kernels/cpu/attention.cc: F/VL/BW/DQ) and activations (F), unless their
+    OTFUSE_*_ISA knob says otherwise; AVX2 (or baseline) for the rest (common.otfuse_isa_path)."""
+    flags = common.cpu_flags()
+    rest = common.otfuse_isa_path()
+    wide = "avx2+fma" in rest
+    attention = "avx512" if wide and {"avx512f", "avx512vl", "avx512bw", "avx512dq"} <= flags else rest
+    if os.environ.get("OTFUSE_ATTENTION_ISA") == "avx2" and attention == "avx512":
+        attention = "avx2+fma (OTFUSE_ATTENTION_ISA)"
+    activation = os.environ.get("OTFUSE_ACTIVATION_ISA") or ("avx512" if wide and "avx512f" in flags else rest)
+    return f"attention {attention}, activation {activation}, norm/rope/GEMM {rest}"
 
 
 def machine_references(args, seqs: list[int]) -> dict:
     """CPU, ISA, ORT MatMul's rate per length and read bandwidth, measured in this run."""
-    refs = {"cpu": common.cpu_identity(), "otfuse_isa_path": common.otfuse_isa_path(), "matmul": {}}
+    refs = {"cpu": common.cpu_identity(), "otfuse_isa_path": otfuse_isa_paths(), "matmul": {}}
     bandwidth = common.read_bandwidth(args.threads)
     refs["read_gb_per_s"] = bandwidth
     for seq in seqs:
@@ -719,6 +778,7 @@ def machine_references(args, seqs: list[int]) -> dict:
         flops = useful_gflop(seq, args.vocab, args.intermediate)
         rate["useful_gflop"] = {k: round(v, 1) for k, v in flops.items()}
         rate["floor_seconds"] = round(sum(flops.values()) / rate["gflops_per_s"], 3)
+        rate["floor_cpu_seconds"] = round(sum(flops.values()) / rate["gflops_per_cpu_s"], 3)
         refs["matmul"][str(seq)] = rate
     return refs
 
@@ -730,8 +790,9 @@ def print_references(refs: dict) -> None:
     for seq, r in refs["matmul"].items():
         parts = ", ".join(f"{k} {v}" for k, v in r["useful_gflop"].items())
         print(f"S={seq}: ORT MatMul {r['gflops_per_s']:.0f} GFLOP/s (K={HIDDEN}: {r['k_hidden']:.0f}, K=intermediate: "
-              f"{r['k_intermediate']:.0f}; machine {r['machine_cores_busy']} cores busy); useful GFLOP: {parts}; "
-              f"GEMM-bound floor {r['floor_seconds']:.2f} s", flush=True)
+              f"{r['k_intermediate']:.0f}; {r.get('gflops_per_cpu_s', 0):.0f} per CPU-second per thread; machine "
+              f"{r['machine_cores_busy']} cores busy); useful GFLOP: {parts}; GEMM-bound floor {r['floor_seconds']:.2f} s "
+              f"({r.get('floor_cpu_seconds', 0):.2f} CPU s per thread)", flush=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -773,6 +834,9 @@ def parse_args(argv):
         p.add_argument(f"--no-{name}", dest=dest, action="store_const", const=False, default=None,
                        help=f"SessionOptions.{what} = False (ORT variants; default: the session class's own)")
         p.add_argument(f"--{name}", dest=dest, action="store_const", const=True, help=f"SessionOptions.{what} = True")
+    p.add_argument("--spin", action="store_true",
+                   help="let ORT's intra-op threads spin while waiting (ORT's default; off here so that CPU time "
+                        "measures work on a loaded machine)")
     p.add_argument("--bind-output", action="store_true",
                    help="IOBinding: logits written into one preallocated buffer (no arena block, no copy)")
     p.add_argument("--wait-quiet", type=float, default=0.0,
@@ -934,7 +998,7 @@ def main(argv=None) -> int:
     report["options"] = {"threads": args.threads, "runs": args.runs, "slow": args.slow, "contended": args.contended,
                          "extra_runs": args.extra_runs, "retry_budget": args.retry_budget, "cpu_mem_arena": args.arena,
                          "bind_output": args.bind_output, "mem_pattern": args.mem_pattern, "vocab": args.vocab,
-                         "wait_quiet": args.wait_quiet}
+                         "wait_quiet": args.wait_quiet, "spin": args.spin}
     print_report(report)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2, default=str))
@@ -968,16 +1032,27 @@ def meets_goals(report: dict) -> bool:
     return ok
 
 
-def row_floor(report: dict, seq: int) -> float | None:
+def row_floor(report: dict, seq: int, key: str = "floor_seconds") -> float | None:
     ref = report.get("references", {}).get("matmul", {}).get(str(seq))
-    return ref["floor_seconds"] if ref else None
+    return ref.get(key) if ref else None
 
 
-def openvino_seconds(reports: list[dict], seq: int) -> float | None:
+def openvino_seconds(reports: list[dict], seq: int, key: str = "seconds") -> float | None:
     """OpenVINO's best time at `seq` over the reports (the reference of the issue's ratios)."""
-    times = [r["seconds"] for rep in reports for r in rep["rows"]
-             if r["variant"] == "openvino" and r["seq"] == seq and r["status"] == "ok"]
+    times = [r[key] for rep in reports for r in rep["rows"]
+             if r["variant"] == "openvino" and r["seq"] == seq and r["status"] == "ok" and key in r]
     return min(times) if times else None
+
+
+def ratios(reports: list[dict], rep: dict, r: dict) -> dict[str, str]:
+    """A row's time over its own run's floor and over OpenVINO's, in wall and in CPU time."""
+    def ratio(a, b):
+        return f"{a / b:.2f}" if a and b else "-"
+    cpu = r.get("cpu_seconds_per_thread")
+    return {"floor": ratio(r["seconds"], row_floor(rep, r["seq"])),
+            "floor_cpu": ratio(cpu, row_floor(rep, r["seq"], "floor_cpu_seconds")),
+            "ov": ratio(r["seconds"], openvino_seconds(reports, r["seq"])),
+            "ov_cpu": ratio(cpu, openvino_seconds(reports, r["seq"], "cpu_seconds_per_thread"))}
 
 
 def print_report(report: dict) -> None:
@@ -998,7 +1073,7 @@ def print_report(report: dict) -> None:
             what = ", ".join(f"{k} {n}" for k, n in what.items() if n)
         print(f"  {v:<10} {what}")
     header = (f"{'variant':<10} {'S':>5}  {'prefill':>9}  {'runs (s)':<20} {'peak RSS':>9}  {'session':>7}  "
-              f"{'x floor':>7}  {'x OV':>5}  {'vs unfused':>10}  {'vs torch':>9}  {'cores us/others':<15}  "
+              f"{'CPU s/thr':>9}  {'x floor':>11}  {'x OV':>11}  {'vs unfused':>10}  {'vs torch':>9}  {'cores us/others':<15}  "
               f"{'loadavg':<14} note")
     print()
     print(header)
@@ -1023,16 +1098,17 @@ def print_report(report: dict) -> None:
                 note += "".join(f"; MISSES {m}" for m in goal_misses(r, floor, ov))
             best = r.get("best_run", r["run_seconds"].index(r["seconds"]))
             cores = f"{r['run_cores_ours'][best]:.2f}/{r['run_cores_others'][best]:.2f}" if "run_cores_ours" in r else "-"
-            xf = f"{r['seconds'] / floor:.2f}" if floor else "-"
-            xo = f"{r['seconds'] / ov:.2f}" if ov else "-"
+            x = ratios([report], report, r)
+            xf, xo = f"{x['floor']}/{x['floor_cpu']}", f"{x['ov']}/{x['ov_cpu']}"
+            cpu = f"{r['cpu_seconds_per_thread']:.2f} s" if "cpu_seconds_per_thread" in r else "-"
             print(f"{r['variant']:<10} {r['seq']:>5}  {r['seconds']:>7.2f} s  {runs:<20} {fmt_gib(r['peak_rss_mib']):>9}  "
-                  f"{r['session_seconds']:>5.1f} s  {xf:>7}  {xo:>5}  {diff(n, 'unfused'):>10}  {diff(n, 'torch'):>9}  "
+                  f"{r['session_seconds']:>5.1f} s  {cpu:>9}  {xf:>11}  {xo:>11}  {diff(n, 'unfused'):>10}  {diff(n, 'torch'):>9}  "
                   f"{cores:<15}  {load:<14} {note}")
         else:
-            print(f"{r['variant']:<10} {r['seq']:>5}  {r['status']:>9}  {'':<20} {'':>9}  {'':>7}  {'':>7}  {'':>5}  "
+            print(f"{r['variant']:<10} {r['seq']:>5}  {r['status']:>9}  {'':<20} {'':>9}  {'':>7}  {'':>9}  {'':>11}  {'':>11}  "
                   f"{'':>10}  {'':>9}  {'':<15}  {load:<14} {r.get('error', '')}")
-    print("(x floor: time / the GEMM-bound floor (all useful FLOPs at ORT MatMul's rate measured in this run); "
-          "x OV: time / OpenVINO's; max abs diff of the logits; '!' = some element outside the float32 tolerance "
+    print("(CPU s/thr: CPU seconds per thread of the cheapest timed run; x floor: time / the GEMM-bound floor (all "
+          "useful FLOPs at ORT MatMul's rate measured in this run), wall/CPU; x OV: time / OpenVINO's, wall/CPU; max abs diff of the logits; '!' = some element outside the float32 tolerance "
           f"of otfuse diff, rtol {TOL[0]:g} atol {TOL[1]:g}. cores us/others: CPU the child used / everyone else "
           "used during the reported run; loadavg: 1/5/15-min before the child)")
     for seq, t in report.get("torch_reference", {}).items():
@@ -1069,23 +1145,22 @@ def print_merged(reports: list[dict]) -> None:
             print(f"  run {rep['machine']['date']} ({rep['versions'].get('checkout')}): S={seq} ORT MatMul "
                   f"{r['gflops_per_s']:.0f} GFLOP/s, floor {r['floor_seconds']:.2f} s, read {bw.get('best', 'n/a')} GB/s")
     print()
-    print("| variant | S | prefill | runs after warm-up (s) | peak RSS | × floor | × OpenVINO | others' cores | run |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| variant | S | prefill (wall) | runs after warm-up (s) | CPU s / thread | peak RSS | × floor (wall / CPU) "
+          "| × OpenVINO (wall / CPU) | others' cores | run |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for rep in reports:
         for r in rep["rows"]:
             if r["status"] != "ok":
                 continue
-            floor, ov = row_floor(rep, r["seq"]), openvino_seconds(reports, r["seq"])
-            best = r.get("best_run", 0)
-            others = r.get("run_cores_others", [0])[best]
+            x = ratios(reports, rep, r)
+            others = r.get("run_cores_others", [0])[r.get("best_run", 0)]
             note = "" if r.get("clean_runs") else " (contended)"
-            print(f"| {r['variant']} | {r['seq']} | {r['seconds']:.2f} s{note} | "
-                  f"{', '.join(f'{t:.2f}' for t in r['run_seconds'][1:]) or '-'} | "
-                  f"{r['peak_rss_mib'] * 2**20 / 1e9:.2f} GB | {r['seconds'] / floor:.2f} | "
-                  f"{(r['seconds'] / ov) if ov else float('nan'):.2f} | {others:.2f} | {rep['machine']['date']} |"
-                  if floor else
-                  f"| {r['variant']} | {r['seq']} | {r['seconds']:.2f} s{note} | - | "
-                  f"{r['peak_rss_mib'] * 2**20 / 1e9:.2f} GB | - | - | {others:.2f} | {rep['machine']['date']} |")
+            runs = ", ".join(f"{t:.2f}" for t in r["run_seconds"][1:]) or "-"
+            label = r["variant"] + "".join(f", {what} off" for key, what in (("mem_pattern", "mem pattern"),
+                                                                             ("cpu_mem_arena", "arena")) if r.get(key) is False)
+            print(f"| {label} | {r['seq']} | {r['seconds']:.2f} s{note} | {runs} | "
+                  f"{r.get('cpu_seconds_per_thread', float('nan')):.2f} s | {r['peak_rss_mib'] * 2**20 / 1e9:.2f} GB | "
+                  f"{x['floor']} / {x['floor_cpu']} | {x['ov']} / {x['ov_cpu']} | {others:.2f} | {rep['machine']['date']} |")
 
 
 if __name__ == "__main__":
