@@ -1,43 +1,53 @@
 #!/usr/bin/env python3
-"""End-to-end prefill of a LLaMA-shaped model: unfused vs onnxscript's ORT fusions vs otfuse.
+"""End-to-end prefill of a LLaMA-shaped model: otfuse vs OpenVINO, onnxscript's ORT fusions, unfused.
 
 Exports (torch dynamo exporter, random weights, no hub access) a 2-layer LLaMA-shaped fp32
-model -- hidden 2048, 16 heads x 128, 4 KV heads, intermediate 5632, vocab 32000, SDPA attention,
-no KV cache, inputs input_ids / attention_mask / position_ids with dynamic batch and seq -- into
-``--workdir`` (cached there: ~0.9 GB of weights in external data; never commit it). Then runs one
-prefill (batch 1) at each ``--seqs`` length for three variants, each in a fresh child process:
+model -- hidden 2048, 16 heads x 128, 4 KV heads, intermediate 5632, ``--vocab`` (default 1024,
+issue 12's: 0.38 GB of weights; 32000 is LLaMA's own), SDPA attention, no KV cache, inputs
+input_ids / attention_mask / position_ids with dynamic batch and seq -- into
+``--workdir``/vocab<V>_mlp<I> (cached there, never commit it). Then runs one prefill (batch 1) at
+each ``--seqs`` length per variant, each in a fresh child process:
 
 1. ``unfused``    the export in plain onnxruntime (default graph optimisations);
-2. ``onnxscript`` ``onnxscript.rewriter.ort_fusions.optimize_for_ort`` output in plain onnxruntime;
-3. ``otfuse``     ``otfuse.fuse(export, fused)`` run with ``otfuse.InferenceSession``.
+2. ``openvino``   the export in OpenVINO's CPU plugin: ``compile_model(read_model(path), "CPU",
+                  {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads})``;
+3. ``onnxscript`` ``onnxscript.rewriter.ort_fusions.optimize_for_ort`` output in plain onnxruntime;
+4. ``otfuse``     ``otfuse.fuse(export, fused)`` run with ``otfuse.InferenceSession`` (its defaults).
+
+Machine references, measured in the same run before the variants: the CPU and its ISA, the
+micro-kernels otfuse takes, read bandwidth, and ORT MatMul's rate on the model's GEMM shapes (at
+up to 2048 rows), in wall time and per CPU-second per thread. The **GEMM-bound floor** is every
+useful FLOP (projections, lm_head, causal attention's lower triangle) at that rate.
 
 Per variant and length: wall time of one prefill (best of ``--runs`` after a warm-up; a single
-run when the warm-up took longer than ``--slow``), peak RSS of the child (VmHWM read inside it
-right after the runs, and ``ru_maxrss`` of that child alone via ``os.wait4``), what was fused, and
-the max abs diff of the logits against the unfused model and against torch (the same weights,
-rebuilt from the seed in the export venv and checked against the export's initializers: the
-reference where the unfused model is skipped, by default above 4096 tokens, where it needs
-~21 GB).
+run when the warm-up took longer than ``--slow``), CPU seconds per thread of the cheapest run,
+both over the floor and over OpenVINO's, peak RSS of the child (VmHWM read inside it right after
+the runs, and ``ru_maxrss`` of that child alone via ``os.wait4``), what was fused (and each fused
+attention node's causal attribute and inputs), and the max abs diff of the logits against the
+unfused model and against torch (the same weights, rebuilt from the seed in the export venv and
+checked against the export's initializers; cached per length).
 
 Shared machine: for every run the child measures the CPU it used and the CPU everyone else used
 meanwhile (/proc/stat); a run during which others used ``--contended`` cores or more is not
 clean, and up to ``--extra-runs`` more runs are made until ``--runs`` clean ones exist (the table
-says CONTENDED when none was). ``--wait-quiet L`` waits for a 1-min loadavg under L before each
-child. A watchdog kills a child whose RSS passes ``--max-rss-gib`` (or when the machine's
-MemAvailable falls under 1 GiB), and the children set oom_score_adj 1000, so the machine never
-swaps or OOM-kills someone else's process for this bench. ``--profile`` adds one profiled child
-per listed variant (ORT ``enable_profiling``; per node the fastest timed run): time and GFLOP/s
-per op type, the slowest nodes, the largest outputs, ORT's arena peak. ``--no-arena``,
-``--no-mem-pattern`` and ``--bind-output`` change the session's memory behaviour (all variants).
+says CONTENDED when none was). ORT's threads do not spin (``--spin`` lets them), so that CPU time
+measures work. ``--wait-quiet L`` waits for a 1-min loadavg under L before each child. A watchdog
+kills a child whose RSS passes ``--max-rss-gib`` (or when the machine's MemAvailable falls under
+1 GiB), and the children set oom_score_adj 1000. ``--profile`` adds one profiled child per
+listed ORT variant (ORT ``enable_profiling``; per node the fastest timed run): time and GFLOP/s
+per op type, the slowest nodes, the largest outputs, ORT's arena peak. ``--[no-]arena``,
+``--[no-]mem-pattern`` and ``--bind-output`` change the ORT sessions' memory behaviour.
+``--merge A.json B.json ...`` prints one markdown table of several runs (one variant x length
+per locked run on a shared machine), each row against its own run's floor.
 
 The export needs torch + transformers: it runs in ``--export-python`` (default
-/work/export-venv/bin/python, or $OTFUSE_EXPORT_PYTHON). Everything else runs in this Python,
-with this checkout's otfuse on the path (its kernels come from the installed otfuse library:
-``pip install .`` first).
+/work/venvs/export/bin/python, or $OTFUSE_EXPORT_PYTHON). Everything else runs in this Python
+(onnxruntime, and openvino / onnxscript for those variants), with this checkout's otfuse on the
+path (its kernels come from the installed otfuse library: ``pip install .`` first).
 
-    python bench/e2e_llama.py [--seqs 2048,8192] [--variants unfused,onnxscript,otfuse[,otfuse_all]]
-                              [--workdir DIR] [--json out.json] [--profile otfuse] [--wait-quiet 1.0]
-                              [--no-arena --no-mem-pattern]
+    python bench/e2e_llama.py [--seqs 2048,8192] [--variants unfused,openvino,onnxscript,otfuse[,otfuse_all]]
+                              [--vocab 1024] [--workdir DIR] [--json out.json] [--profile otfuse]
+                              [--no-arena --no-mem-pattern] [--merge a.json b.json ...]
 """
 
 from __future__ import annotations
@@ -296,7 +306,8 @@ def _ort_runner(c: dict, feeds: dict, result: dict):
     if c["variant"] in OTFUSE_VARIANTS:
         import otfuse
 
-        session = otfuse.InferenceSession(c["model"], sess_options=options, providers=["CPUExecutionProvider"])
+        extra = {} if c["mem_pattern"] is None else {"mem_pattern": c["mem_pattern"]}
+        session = otfuse.InferenceSession(c["model"], sess_options=options, providers=["CPUExecutionProvider"], **extra)
     else:
         session = ort.InferenceSession(c["model"], sess_options=options, providers=["CPUExecutionProvider"])
     result["mem_pattern"] = options.enable_mem_pattern
