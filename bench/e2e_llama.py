@@ -839,6 +839,7 @@ def parse_args(argv):
     p.add_argument("--no-references", dest="references", action="store_false",
                    help="skip the machine references (ORT MatMul rate, bandwidth) and the floor")
     p.add_argument("--profile", default="", help="variants to profile once more (ORT enable_profiling), e.g. otfuse")
+    p.add_argument("--profile-only", action="store_true", help="only the --profile children (no timed rows)")
     p.add_argument("--profile-seqs", default="", help="lengths to profile at (default: the largest of --seqs)")
     for name, what in (("arena", "enable_cpu_mem_arena"), ("mem-pattern", "enable_mem_pattern")):
         dest = name.replace("-", "_")
@@ -996,7 +997,7 @@ def main(argv=None) -> int:
     rows: list[dict] = []
     numerics: dict = {}
     torch_runs: dict = {}
-    for seq in args.seqs:
+    for seq in [] if args.profile_only else args.seqs:
         measure_length(args, prepared, seq, rows, numerics, torch_runs)
     profiles = profile_variants(args, prepared)
     machine["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
@@ -1048,18 +1049,29 @@ def row_floor(report: dict, seq: int, key: str = "floor_seconds") -> float | Non
     return ref.get(key) if ref else None
 
 
+def cpu_per_thread(r: dict) -> float | None:
+    """A row's CPU seconds per thread (rebuilt from its runs for reports that predate the field)."""
+    if "cpu_seconds_per_thread" in r:
+        return r["cpu_seconds_per_thread"]
+    timed = list(range(1, len(r.get("run_seconds", [])))) or [0]
+    if not r.get("run_cores_ours"):
+        return None
+    threads = r.get("threads", 2)
+    return round(min(r["run_seconds"][j] * r["run_cores_ours"][j] for j in timed) / threads, 3)
+
+
 def openvino_seconds(reports: list[dict], seq: int, key: str = "seconds") -> float | None:
     """OpenVINO's best time at `seq` over the reports (the reference of the issue's ratios)."""
-    times = [r[key] for rep in reports for r in rep["rows"]
-             if r["variant"] == "openvino" and r["seq"] == seq and r["status"] == "ok" and key in r]
-    return min(times) if times else None
+    times = [r[key] if key in r else cpu_per_thread(r) for rep in reports for r in rep["rows"]
+             if r["variant"] == "openvino" and r["seq"] == seq and r["status"] == "ok"]
+    return min(t for t in times if t) if any(times) else None
 
 
 def ratios(reports: list[dict], rep: dict, r: dict) -> dict[str, str]:
     """A row's time over its own run's floor and over OpenVINO's, in wall and in CPU time."""
     def ratio(a, b):
         return f"{a / b:.2f}" if a and b else "-"
-    cpu = r.get("cpu_seconds_per_thread")
+    cpu = cpu_per_thread(r)
     return {"floor": ratio(r["seconds"], row_floor(rep, r["seq"])),
             "floor_cpu": ratio(cpu, row_floor(rep, r["seq"], "floor_cpu_seconds")),
             "ov": ratio(r["seconds"], openvino_seconds(reports, r["seq"])),
@@ -1170,7 +1182,7 @@ def print_merged(reports: list[dict]) -> None:
             label = r["variant"] + "".join(f", {what} off" for key, what in (("mem_pattern", "mem pattern"),
                                                                              ("cpu_mem_arena", "arena")) if r.get(key) is False)
             print(f"| {label} | {r['seq']} | {r['seconds']:.2f} s{note} | {runs} | "
-                  f"{r.get('cpu_seconds_per_thread', float('nan')):.2f} s | {r['peak_rss_mib'] * 2**20 / 1e9:.2f} GB | "
+                  f"{cpu_per_thread(r) or float('nan'):.2f} s | {r['peak_rss_mib'] * 2**20 / 1e9:.2f} GB | "
                   f"{x['floor']} / {x['floor_cpu']} | {x['ov']} / {x['ov_cpu']} | {others:.2f} | {rep['machine']['date']} |")
 
 
