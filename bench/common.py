@@ -274,17 +274,12 @@ def ort_session(path, threads: int, library: bool = True):
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def ort_matmul_gflops(m: int, k: int, widths, threads: int, runs: int = 5) -> float:
-    """GFLOP/s of ORT's MatMul (MLAS, weights prepacked as constants) on [m, k] x [k, n] for each
-    n in `widths`, float32, one session, median of `runs` after a warm-up: the machine's GEMM rate
-    on the shapes a bench multiplies."""
-    import statistics
-    import tempfile
-    import time
-
+def matmul_model(m: int, k: int, widths):
+    """float32 ``a [m, k]`` times one constant ``[k, n]`` per n in ``widths`` (outputs y0, y1, ...):
+    what ORT multiplies at its MatMul rate, weights prepacked."""
     import numpy as np
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
+
     rng = np.random.default_rng(0)
     nodes, inits, outputs = [], [], []
     for i, n in enumerate(widths):
@@ -295,12 +290,27 @@ def ort_matmul_gflops(m: int, k: int, widths, threads: int, runs: int = 5) -> fl
                               outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 9
+    return model
+
+
+def ort_matmul_gflops(m: int, k: int, widths, threads: int, runs: int = 5) -> float:
+    """GFLOP/s of ORT's MatMul (MLAS, weights prepacked as constants) on [m, k] x [k, n] for each
+    n in `widths`, float32, one session, median of `runs` after a warm-up: the machine's GEMM rate
+    on the shapes a bench multiplies."""
+    import statistics
+    import tempfile
+    import time
+
+    import numpy as np
+    import onnx
+
+    model = matmul_model(m, k, widths)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "matmuls.onnx"
         onnx.save(model, path)
-        del model, graph, inits
+        del model
         session = ort_session(path, threads, library=False)
-    feeds = {"a": rng.standard_normal((m, k), dtype=np.float32)}
+    feeds = {"a": np.random.default_rng(1).standard_normal((m, k), dtype=np.float32)}
     session.run(None, feeds)
     times = []
     for _ in range(runs):

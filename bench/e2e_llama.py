@@ -718,24 +718,14 @@ def _matmul_session_rates(m: int, k: int, widths: list[int], threads: int, runs:
     (GFLOP, best GFLOP/s in wall time, best GFLOP/s per CPU-second per thread) over `runs`."""
     import numpy as np
     import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
 
-    rng = np.random.default_rng(0)
-    nodes, inits, outputs = [], [], []
-    for i, n in enumerate(widths):
-        inits.append(numpy_helper.from_array(rng.standard_normal((k, n), dtype=np.float32), f"w{i}"))
-        nodes.append(helper.make_node("MatMul", ["a", f"w{i}"], [f"y{i}"]))
-        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [m, n]))
-    graph = helper.make_graph(nodes, "matmuls", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k])],
-                              outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 9
+    model = common.matmul_model(m, k, widths)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the variants run
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    del model, graph, inits
-    feeds = {"a": rng.standard_normal((m, k), dtype=np.float32)}
+    del model
+    feeds = {"a": np.random.default_rng(1).standard_normal((m, k), dtype=np.float32)}
     session.run(None, feeds)
     walls, cpus = [], []
     for _ in range(runs):

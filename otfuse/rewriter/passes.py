@@ -154,20 +154,9 @@ def _match_value_upstream(graph: GraphIndex, name: str, covered: set[int], first
     """The first value produced by a covered node that ``name`` depends on, or None. Nodes placed
     before the match's first node (in topological order) cannot depend on it: the walk stops there,
     and at the values the replacement itself ``provided`` (a rebuilt shape read)."""
-    pending, seen = [name], {name}
-    while pending:
-        value = pending.pop()
-        producer = None if value in provided and value != name else graph.producer.get(value)
-        if producer is None:
-            continue
+    for value, producer in _walk_upstream(graph, name, covered, first, positions, provided):
         if id(producer) in covered:
             return value
-        if positions.get(id(producer), first) < first:
-            continue
-        for parent in _node_reads(producer):
-            if parent not in seen:
-                seen.add(parent)
-                pending.append(parent)
     return None
 
 
@@ -175,16 +164,30 @@ def _values_upstream(graph: GraphIndex, name: str, covered: set[int], first: int
                      positions: dict[int, int]) -> set[str]:
     """Every value ``name`` depends on that is computed after the match's first node, the walk not
     entering covered nodes (their outputs are included)."""
+    values = {name}
+    for _, producer in _walk_upstream(graph, name, covered, first, positions):
+        if id(producer) not in covered:
+            values.update(_node_reads(producer))
+    return values
+
+
+def _walk_upstream(graph: GraphIndex, name: str, covered: set[int], first: int, positions: dict[int, int],
+                   provided: set[str] = frozenset()):
+    """(value, producer) for ``name`` and every value it depends on through nodes placed after the
+    match's first node; the walk does not enter covered nodes nor the values in ``provided``."""
     pending, seen = [name], {name}
     while pending:
-        producer = graph.producer.get(pending.pop())
-        if producer is None or id(producer) in covered or positions.get(id(producer), first) < first:
+        value = pending.pop()
+        producer = None if value in provided and value != name else graph.producer.get(value)
+        if producer is None or positions.get(id(producer), first) < first and id(producer) not in covered:
+            continue
+        yield value, producer
+        if id(producer) in covered:
             continue
         for parent in _node_reads(producer):
             if parent not in seen:
                 seen.add(parent)
                 pending.append(parent)
-    return seen
 
 
 def _with_rebased_shape_reads(ctx: RewriteContext, fusion: Fusion, replacement: Replacement,
