@@ -187,6 +187,15 @@ def _scale_input(graph: GraphIndex, match: Match, x: str, axis: int):
     return checks.row_parameter(graph, match.value("scale"), x, axis)
 
 
+def _require_residual(graph: GraphIndex, a: str, b: str) -> None:
+    """A residual Add of two values of one shape. An Add of a constant that broadcasts (the bias
+    of the norm before, BLOOM TorchScript's embedding LayerNorm) is no residual: not a candidate,
+    rather than a refused (and reported) one."""
+    if (graph.is_constant(a) or graph.is_constant(b)) and graph.rank(a) != graph.rank(b):
+        raise NotCandidate("an Add of a broadcast constant (a bias), not a residual")
+    checks.require_same_shape(graph, a, b)
+
+
 def _analyse(form: _Form, ctx: RewriteContext, match: Match) -> Fusion:
     graph, root = ctx.graph, match.root
     if form.allow is not None:
@@ -194,7 +203,7 @@ def _analyse(form: _Form, ctx: RewriteContext, match: Match) -> Fusion:
     x = _x_value(form, match)
     checks.require_float_io(graph, x, root.output[0])
     if form.residual:
-        checks.require_same_shape(graph, match.value("a"), match.value("b"))
+        _require_residual(graph, match.value("a"), match.value("b"))
     _require_not_function_body_inside(graph, match)
     axis = _normalised_axis(form, graph, match)
     if match.has("flatten"):

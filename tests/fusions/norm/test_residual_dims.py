@@ -81,3 +81,17 @@ def test_vit_patch_embeddings_then_residuals(tmp_path):
     (miss,) = report.near_misses
     assert miss["fused_as"] == "LayerNorm" and "dim 0: 1 vs pixels.dim0 not proven equal" in miss["reason"], miss
     assert_same_outputs(tmp_path, dims={"batch": 2})
+
+
+def test_an_add_of_a_broadcast_bias_is_no_residual(tmp_path):
+    """``h + b`` with b a [H] constant in front of a norm (the bias of the norm before it, as
+    BLOOM's TorchScript embedding LayerNorm spells it) is no residual Add: the norm fuses alone and
+    nothing is reported as a downgrade. A [1, S, H] table of the input's rank still is (ViT above)."""
+    b = GraphBuilder()
+    x = b.input("x", F32, [None, None, HIDDEN])
+    biased = b.node("Add", [b.node("Tanh", [x]), b.const(np.linspace(-1, 1, HIDDEN).astype(np.float32))])
+    layer_norm_decomposed(b, biased, HIDDEN)
+    fused, report = fuse_model(tmp_path, _model(b, "y"), only=["norm"])
+    assert report.fusions == {"LayerNorm": 1}
+    assert not report.near_misses, report.near_misses
+    assert_same_outputs(tmp_path, dims={"batch": 2, "seq": 5})
