@@ -35,7 +35,6 @@ class MaskClaim:
     empty_rows: str  # "uniform" for a finite minimum (HF), "zero" for -inf
 
 
-
 def input_values_read(graph: GraphIndex, value: str, memo: dict) -> frozenset[str]:
     """The graph inputs whose values (not just shapes) ``value`` depends on."""
     key = ("reads", value)

@@ -338,3 +338,61 @@ def test_a_mask_given_as_an_input_is_not_reported(tmp_path):
     report = otfuse.fuse(src, out)
     assert report.fusions.get("Attention") == 1
     assert not [m for m in report.near_misses if "mask kept" in m["pattern"]], report.near_misses
+
+
+# -- masks of no Where form, claimed from running them (opaque_masks.py) ----------------------------
+def _trilu_of_min(k: int, keys_below: int | None = None):
+    """``Trilu(full([S, S], min), k, upper)``: min on and above diagonal k, 0 below, with no Where
+    (the form of HF's causal mask before its in-place padding); ``keys_below``: times
+    ``j < keys_below``, which makes the keys from there on visible to every query."""
+    def build(node, const, seq):
+        square = node("Concat", [seq, seq], axis=0)
+        full = node("ConstantOfShape", [square], value=numpy_helper.from_array(np.array([MIN], dtype=np.float32)))
+        mask = node("Trilu", [full, const(k)], upper=1)
+        if keys_below is not None:
+            keys = node("Range", [const(0), node("Squeeze", [seq, const([0])]), const(1)])
+            mask = node("Mul", [mask, node("Cast", [node("Less", [keys, const(keys_below)])], to=TensorProto.FLOAT)])
+        return node("Unsqueeze", [mask, const([0, 1])])
+    return build
+
+
+def test_a_causal_mask_of_no_where_form_is_claimed_by_running_it(tmp_path):
+    assert _claimed(tmp_path, _trilu_of_min(k=1), "trilu_of_min") == (1, 0, False, "")
+
+
+@pytest.mark.parametrize("name,build", [
+    ("diagonal_masked", _trilu_of_min(k=0)),
+    # causal up to 20 keys: the run goes past the constant (23 and 41 keys) and sees key 20 visible
+    ("causal_below_20_keys", _trilu_of_min(k=1, keys_below=20)),
+])
+def test_masks_of_no_where_form_that_are_not_causal_stay_a_bias(tmp_path, name, build):
+    assert _claimed(tmp_path, build, name) == (0, 0, True, "")
+    src = tmp_path / f"{name}.onnx"
+    report = otfuse.fuse(src, tmp_path / "again.onnx")
+    (miss,) = [m for m in report.near_misses if "mask kept" in m["pattern"]]
+    assert "matches no causal / padding claim" in miss["reason"], miss
+
+
+def test_a_padding_mask_scaled_by_the_mask_value_is_not_claimed(tmp_path):
+    """``(1 - m) * min`` hides m == 0, but (1 - 3) * min overflows to +inf (the check feeds 3s):
+    an additive padding mask of no Where form that is no "non-zero attends" padding stays a bias."""
+    def scaled(model):
+        graph = GraphIndex(model)
+        where = next(n for n in model.graph.node
+                     if n.op_type == "Where" and graph.elem_type(n.output[0]) in FLOAT_TYPES)
+        model.graph.initializer.extend([numpy_helper.from_array(np.array(1.0, np.float32), "one_f"),
+                                        numpy_helper.from_array(MIN, "min_f")])
+        nodes = [helper.make_node("Cast", ["attention_mask"], ["m_f"], to=TensorProto.FLOAT),
+                 helper.make_node("Sub", ["one_f", "m_f"], ["unmasked"]),
+                 helper.make_node("Mul", ["unmasked", "min_f"], ["scaled_padding"]),
+                 helper.make_node("Unsqueeze", ["scaled_padding", "axes_12"], ["scaled_padding_4d"])]
+        model.graph.initializer.append(numpy_helper.from_array(np.array([1, 2], np.int64), "axes_12"))
+        for user in [n for n in model.graph.node if where.output[0] in n.input]:
+            user.input[:] = ["scaled_padding_4d" if i == where.output[0] else i for i in user.input]
+        for node in reversed(nodes):
+            model.graph.node.insert(0, node)
+    out = _fuse_and_diff(tmp_path, _mutated("bert", scaled), "scaled_padding")
+    attrs, (bias, padding) = _attention_attrs(out)
+    assert bias and not padding
+    report = otfuse.fuse(tmp_path / "scaled_padding.onnx", tmp_path / "again.onnx")
+    assert all("matches no causal / padding claim" in m["reason"] for m in report.near_misses), report.near_misses
