@@ -7,14 +7,15 @@ min)``: a ``ScatterND`` into ``Trilu(full(min)) * (j > cache_position)``, with n
 
 * it reads the values of no input but one ``[B, Skv]`` input, the padding candidate (the rest
   for their shapes only, as masks.py requires);
-* every number it holds is probed past: each small constant of its computation and each fixed
-  size it reads off a shape (a head size read where the key count should be shows only at longer
-  sequences); a number over 8192 cannot be, and refuses the claim unless it is the fill itself;
+* every number it holds is probed past: each entry of its small constants, each constant's dims
+  and each fixed size it reads off a shape (a head size read where the key count should be shows
+  only at longer sequences); a number over 8192 cannot be, and refuses the claim unless it is the
+  fill itself;
 * running its subgraph (mask_probes.py: batches 1 to 3, sequences past those numbers, a cache when
   its inputs take one, paddings of 0 / 1 / 3 values) gives exactly 0 where ``causal and padding``
   or ``padding`` (with a padding candidate; ``causal`` without one), the first that holds at
-  every run, leaves a key visible and everywhere else one fill that absorbs the scores (-inf, at
-  most -1e30, or the mask type's minimum: ``empty_rows`` "zero" for ``-inf``, else "uniform").
+  every run, leaves a key visible and everywhere else one finite fill that absorbs the scores (at
+  most -1e30, or the mask type's minimum: ``empty_rows`` "uniform").
 
 No window is claimed this way: a mask of unread form with a band stays a bias.
 """
@@ -59,7 +60,7 @@ def claim_by_running(graph: GraphIndex, mask: str, unread: str) -> MaskClaim:
         if unprobed or fill.value is None:
             raise Refuse(f"{unread}, and it holds {unprobed[0] if unprobed else 'no fill'}, longer than the sequences "
                          f"otfuse runs it at ({LARGEST_PROBED_OFFSET})")
-        return MaskClaim(causal, 0, key_padding, "uniform" if np.isfinite(fill.value) else "zero")
+        return MaskClaim(causal, 0, key_padding, "uniform")
     raise Refuse(f"{unread}, and running it matches no causal / padding claim ({refusals[0]})")
 
 
@@ -71,7 +72,7 @@ class _Fill:
 
     @property
     def magnitude(self) -> int | None:
-        return None if self.value is None or not np.isfinite(self.value) else int(abs(self.value))
+        return None if self.value is None else int(abs(self.value))
 
     def visible(self, got: np.ndarray) -> np.ndarray | None:
         """The keys ``got`` leaves visible (0), or None if it holds anything but 0 and the fill."""
@@ -87,14 +88,16 @@ class _Fill:
 
 def _absorbs(fill: float, dtype) -> bool:
     """Whether ``s + fill`` is ``fill`` for any ordinary score, so a row with every key hidden is
-    uniform (what ``empty_rows`` "uniform" gives) and a hidden key weighs nothing: -inf, at most
-    -1e30, or the mask type's own minimum (float16's -65504). A fill like -1e4 keeps the scores."""
-    return fill == -np.inf or fill <= _ABSORBING or fill == float(np.finfo(dtype).min)
+    uniform in the graph as with ``empty_rows`` "uniform" and a hidden key weighs nothing: a
+    finite fill at most -1e30, or the mask type's own minimum (float16's -65504, as masks.py
+    takes it). A fill like -1e4 keeps the scores; -inf makes such a row NaN, which the op does not."""
+    return np.isfinite(fill) and (fill <= _ABSORBING or fill == float(np.finfo(dtype).min))
 
 
 def _numbers(graph: GraphIndex, mask: str) -> set[int]:
-    """|c| of every finite entry of the small constants the mask's computation uses (its shape
-    reads excluded: what they give is probed by the sequences themselves)."""
+    """|c| of every finite entry of the small constants the mask's computation uses, and the dims
+    of every constant (a buffer sliced to the sequence shows its length only past it); its shape
+    reads excluded: what they give is probed by the sequences themselves."""
     found, seen, stack = set(), set(), [mask]
     while stack:
         name = stack.pop()
@@ -102,8 +105,9 @@ def _numbers(graph: GraphIndex, mask: str) -> set[int]:
         if name in seen or node is None or node.op_type in SHAPE_READERS:
             continue
         seen.add(name)
-        for operand in node.input:
-            if operand and graph.is_constant(operand) and (graph.constant_size(operand) or 0) <= _SMALL_CONSTANT:
+        for operand in (i for i in node.input if i and graph.is_constant(i)):
+            found |= set(graph.constant_shape(operand) or ())
+            if (graph.constant_size(operand) or 0) <= _SMALL_CONSTANT:
                 values = np.asarray(graph.constant_value(operand), dtype=np.float64).reshape(-1)
                 found |= {int(abs(v)) for v in values if np.isfinite(v)}
         stack.extend(i for i in node.input if i and not graph.is_constant(i))

@@ -341,13 +341,13 @@ def test_a_mask_given_as_an_input_is_not_reported(tmp_path):
 
 
 # -- masks of no Where form, claimed from running them (opaque_masks.py) ----------------------------
-def _trilu_of_min(k: int, keys_below: int | None = None):
+def _trilu_of_min(k: int, keys_below: int | None = None, fill=MIN):
     """``Trilu(full([S, S], min), k, upper)``: min on and above diagonal k, 0 below, with no Where
     (the form of HF's causal mask before its in-place padding); ``keys_below``: times
     ``j < keys_below``, which makes the keys from there on visible to every query."""
     def build(node, const, seq):
         square = node("Concat", [seq, seq], axis=0)
-        full = node("ConstantOfShape", [square], value=numpy_helper.from_array(np.array([MIN], dtype=np.float32)))
+        full = node("ConstantOfShape", [square], value=numpy_helper.from_array(np.array([fill], dtype=np.float32)))
         mask = node("Trilu", [full, const(k)], upper=1)
         if keys_below is not None:
             keys = node("Range", [const(0), node("Squeeze", [seq, const([0])]), const(1)])
@@ -364,6 +364,8 @@ def test_a_causal_mask_of_no_where_form_is_claimed_by_running_it(tmp_path):
     ("diagonal_masked", _trilu_of_min(k=0)),
     # causal up to 20 keys: the run goes past the constant (23 and 41 keys) and sees key 20 visible
     ("causal_below_20_keys", _trilu_of_min(k=1, keys_below=20)),
+    # -1e4 does not absorb the scores: a row that sees no key would be softmax(s), not uniform
+    ("small_fill", _trilu_of_min(k=1, fill=np.float32(-1e4))),
 ])
 def test_masks_of_no_where_form_that_are_not_causal_stay_a_bias(tmp_path, name, build):
     assert _claimed(tmp_path, build, name) == (0, 0, True, "")
