@@ -4,7 +4,8 @@ adding a materialised ``[B, 1, Sq, Skv]`` bias.
 
 A float mask is ``Where(visible, 0, min)`` or ``Where(masked, min, 0)``, possibly chained
 (``Where(c, inner, min)``: both must hold) with one ``min``. Its condition is read as a
-conjunction (``And``, ``Or`` under ``Not``, ``Not``, ``Cast`` to bool, ``Expand``) of leaves:
+conjunction (``And``, ``Or`` under ``Not``, ``Not``, ``Cast`` to bool, ``Expand``, a ``Slice`` of
+a computed condition: optimum's ``cond[..., :Shape(K)[2]]``) of leaves:
 
 * an **index comparison** (``LessOrEqual``/``Less``/``Greater``/``GreaterOrEqual`` of two values
   computed from shapes only: ``Range``, ``CumSum``, ...): causal; with ``Sub(idx, W)`` or
@@ -36,7 +37,7 @@ import numpy as np
 import onnx
 
 from otfuse.fusions.attention.mask_probes import (LARGEST_PROBED_OFFSET, SENTINEL, SHAPE_READERS, MaskClaim,
-                                                  input_values_read, verify_by_running)
+                                                  input_values_read, static_dims_read, verify_by_running)
 from otfuse.fusions.attention.opaque_masks import claim_by_running
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.pattern import attr
@@ -183,6 +184,10 @@ def _conjuncts(graph: GraphIndex, value: str, negated: bool) -> list[tuple[str, 
     if compared is not None:  # Equal(v, 0) is Not(v): torch's `tril(ones) == 0` before masked_fill
         return _conjuncts(graph, compared, not negated)
     if node.op_type in _RESHAPING or (node.op_type == "Cast" and attr(node, "to") == BOOL):
+        return _conjuncts(graph, node.input[0], negated)
+    if node.op_type == "Slice" and not graph.is_constant(node.input[0]):
+        # optimum's cond[..., :Shape(K)[2]]: a slice keeps the condition of each entry it keeps (a
+        # constant buffer's slice is a leaf of its own)
         return _conjuncts(graph, node.input[0], negated)
     picked = _picks_zero_or_not(graph, node)
     if picked is not None:  # a float mask read as a condition (MPT: Cast(Where(visible, 0, min), bool))
@@ -379,7 +384,8 @@ def _claim(graph: GraphIndex, output: str, conditions: list[tuple[str, bool]], e
     if unprobed:
         raise Refuse(f"the mask uses {unprobed[0]}, longer than the sequences otfuse runs it at "
                        f"({LARGEST_PROBED_OFFSET})")
-    verify_by_running(graph, output, claim, visible_of, offsets)
+    # and past each fixed size it reads off a shape (a head size read where the key count belongs)
+    verify_by_running(graph, output, claim, visible_of, offsets | static_dims_read(graph, output))
     return claim
 
 

@@ -398,3 +398,51 @@ def test_a_padding_mask_scaled_by_the_mask_value_is_not_claimed(tmp_path):
     assert bias and not padding
     report = otfuse.fuse(tmp_path / "scaled_padding.onnx", tmp_path / "again.onnx")
     assert all("matches no causal / padding claim" in m["reason"] for m in report.near_misses), report.near_misses
+
+
+# -- optimum's masks: the causal-and-padding condition sliced to the keys, cond[..., :Shape(K)[2]] --
+def _optimum(tmp_path, key: str) -> onnx.ModelProto:
+    from models.test_export_matrix import COVERAGE, ENTRIES, MATRIX
+
+    return onnx.load(COVERAGE.materialise(MATRIX / ENTRIES[key]["file"], tmp_path))
+
+
+def _fuse_and_diff_padded(tmp_path, model: onnx.ModelProto, name: str):
+    """Fused, and diffed with row 0 left-padded (query rows that see no key) and a hole and a 3 in
+    row 1, after a cache of 3 where the model takes one."""
+    from otfuse.run.feeds import make_feeds
+
+    src, out = tmp_path / f"{name}.onnx", tmp_path / f"{name}_fused.onnx"
+    onnx.save(model, src, save_as_external_data=True, location=f"{name}.bin")
+    report = otfuse.fuse(src, out)
+    feeds = make_feeds(src, {"batch": 2, "seq": 7, "past": 3})
+    mask = feeds["attention_mask"]
+    mask[0, :4], mask[1, 1], mask[1, -2] = 0, 0, 3
+    result = otfuse.diff(src, out, inputs=feeds)
+    assert result.ok, [row.to_dict() for row in result.outputs]
+    return out, report
+
+
+@pytest.mark.parametrize("key", ["llama/optimum_nopast", "llama/optimum_past", "gpt2/optimum_nopast",
+                                 "qwen2/optimum_past"])
+def test_optimum_masks_sliced_to_the_keys_become_causal_and_padding(tmp_path, key):
+    out, report = _fuse_and_diff_padded(tmp_path, _optimum(tmp_path, key), key.replace("/", "_"))
+    assert not [m for m in report.near_misses if "mask kept" in m["pattern"]], report.near_misses
+    attrs, (bias, padding) = _attention_attrs(out)
+    assert attrs["causal"] == 1 and padding == "attention_mask" and not bias
+    assert not _float_wheres(out), "the S x S mask is gone"
+
+
+def test_an_optimum_mask_sliced_by_the_head_size_stays_a_bias(tmp_path):
+    """cond[..., :Shape(K)[3]]: the head size (16) where the key count belongs, the same below 16
+    keys; the check runs past the sizes the mask reads off shapes (19 and 33 keys)."""
+    model = _optimum(tmp_path, "llama/optimum_nopast")
+    model.graph.initializer.append(numpy_helper.from_array(np.array(3, np.int64), "head_size_axis"))
+    for layer in (0, 1):
+        next(n for n in model.graph.node if n.name == f"/model/layers.{layer}/self_attn/Gather_12").input[1] = \
+            "head_size_axis"
+    out, report = _fuse_and_diff_padded(tmp_path, model, "head_size")
+    kept = [m for m in report.near_misses if "mask kept" in m["pattern"]]
+    assert len(kept) == 2 and all("seq 19" in m["reason"] for m in kept), report.near_misses
+    attrs, (bias, padding) = _attention_attrs(out)
+    assert bias and not padding
