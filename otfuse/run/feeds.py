@@ -20,7 +20,10 @@ Dimensions
   anything else is 1. A name resolves once, so every input that shares it gets the same size.
 
 Values, by input name and element type
-  * ``*mask*`` -> ones (``True`` for bool);
+  * ``*mask*`` -> ones (``True`` for bool), except a 2-D integer or bool mask ``[B, T]`` with
+    ``B >= 2``: batch row ``b`` ends in ``min(b, T - 1)`` zeros (right padding), so that the
+    padding a fusion claims is exercised by every diff and every validation, while every query
+    row still sees a key (a row that sees none is degenerate: docs/ops.md, ``empty_rows``);
   * ``position_ids``/``cache_position`` (integer, name contains ``position``) -> ``arange`` over
     the last axis, broadcast;
   * ``token_type_ids``/``segment_ids`` -> zeros;
@@ -282,6 +285,8 @@ def _rng(seed: int, name: str) -> np.random.Generator:
 
 def _make_value(model: onnx.ModelProto, spec: InputSpec, shape: tuple, rng: np.random.Generator) -> np.ndarray:
     name, dtype = spec.name.lower(), spec.dtype
+    if "mask" in name and dtype.kind in "iub" and len(shape) == 2:
+        return _right_padded(shape).astype(dtype)
     if dtype == np.bool_:
         return np.ones(shape, dtype=bool)
     if "mask" in name:
@@ -299,6 +304,17 @@ def _make_value(model: onnx.ModelProto, spec: InputSpec, shape: tuple, rng: np.r
         scale = 0.1 if _PAST_INPUT.search(name) else 0.5
         return (rng.standard_normal(shape) * scale).astype(dtype)
     raise OtfuseError(f"cannot generate input {spec.describe()}: unsupported element type (pass --inputs)")
+
+
+def _right_padded(shape: tuple) -> np.ndarray:
+    """Ones, with batch row b ending in min(b, T - 1) zeros."""
+    mask = np.ones(shape, dtype=np.int64)
+    batch, total = shape
+    for b in range(1, batch):
+        pad = min(b, total - 1)
+        if pad > 0:
+            mask[b, total - pad:] = 0
+    return mask
 
 
 def load_feeds(path: str | os.PathLike, specs: list[InputSpec]) -> dict[str, np.ndarray]:

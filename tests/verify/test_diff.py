@@ -260,7 +260,9 @@ def test_named_inputs_get_realistic_values():
     ]
     feeds = make_feeds(embedding_model(extra_inputs=extra), dims={"batch": 2, "seq": 5, "past": 3})
     assert feeds["input_ids"].shape == (2, 5)
-    assert feeds["attention_mask"].shape == (2, 8) and (feeds["attention_mask"] == 1).all()  # total = past + seq
+    # total = past + seq; batch row 1 right-padded by one, so a claimed padding is exercised
+    assert feeds["attention_mask"].shape == (2, 8)
+    assert feeds["attention_mask"].tolist() == [[1] * 8, [1] * 7 + [0]]
     assert (feeds["position_ids"] == np.arange(5)).all() and feeds["position_ids"].shape == (2, 5)
     assert (feeds["token_type_ids"] == 0).all()
     past = feeds["past_key_values.0.key"]
