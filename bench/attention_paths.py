@@ -306,7 +306,8 @@ def time_path(p: Path, s: int, threads: int, isa: str | None, repeats: int, othe
     wall, cpu = min(t[0][0] for t in turns), min(t[0][1] for t in turns)
     flops, kv = useful_flops(p, s), kv_bytes(p, s)
     row = {"path": p.name, "s": s, "isa": isa or "native", "best_s": wall, "best_cpu_s": cpu, "runs": len(turns),
-           "gflops": flops / wall * 1e-9, "gflops_cpu": flops / (cpu / threads) * 1e-9, "kv_gbps": kv / wall * 1e-9}
+           "gflops": flops / wall * 1e-9, "gflops_cpu": flops / (cpu / threads) * 1e-9, "kv_gbps": kv / wall * 1e-9,
+           "kv_gbps_cpu": kv / (cpu / threads) * 1e-9}
     if other:
         row["other_best_s"] = min(t[1][0] for t in turns)
         row["other_best_cpu_s"] = min(t[1][1] for t in turns)
@@ -322,12 +323,18 @@ def path_cells(p: Path, r: dict, refs: dict, threads: int, failures: list) -> st
     if p.decode:
         kv_ref = refs["read_kv"].get(max(1, round(kv_bytes(p, DECODE_PAST) / 1e6)))
         dram = refs["read_dram"]
+        # By wall, and by CPU time (bytes over CPU seconds per thread): under load the op often
+        # runs on one core while stream_read's best pass had both.
         r["vs_read_kv"] = r["kv_gbps"] / kv_ref["best"] if kv_ref else None
+        r["vs_read_kv_cpu"] = r["kv_gbps_cpu"] / kv_ref["best"] if kv_ref else None
         r["vs_read_dram"] = r["kv_gbps"] / dram["best"] if dram else None
-        if r["vs_read_kv"] is not None and r["vs_read_kv"] < 0.70 and not p.present and r["isa"] == "native":
-            failures.append(f"{p.name}: {r['vs_read_kv']:.2f} of the read bandwidth on its K/V size (goal 0.70)")
+        if (r["vs_read_kv"] is not None and max(r["vs_read_kv"], r["vs_read_kv_cpu"]) < 0.70 and not p.present
+                and r["isa"] == "native"):
+            failures.append(f"{p.name}: {r['vs_read_kv']:.2f} of the read bandwidth on its K/V size by wall, "
+                            f"{r['vs_read_kv_cpu']:.2f} by CPU time (goal 0.70)")
         return (f"{'':>8} {'':>8} {'':>6} {'':>6} {r['kv_gbps']:6.1f} {r['vs_read_kv'] or 0:7.2f}"
-                f" {r['vs_read_dram'] or 0:7.2f}" + ab)
+                f" {r['vs_read_dram'] or 0:7.2f}" + ab + f"   by CPU: {r['kv_gbps_cpu']:.1f} GB/s,"
+                f" {r['vs_read_kv_cpu'] or 0:.2f} of read")
     r["vs_matmul"] = r["gflops"] / reference_rate(refs, r["s"], "gflops")
     r["vs_matmul_cpu"] = r["gflops_cpu"] / reference_rate(refs, r["s"], "gflops_cpu")
     if max(r["vs_matmul"], r["vs_matmul_cpu"]) < 0.85 and r["isa"] == "native":
