@@ -153,15 +153,15 @@ def _read_cpuinfo_fields(keys) -> dict[str, str]:
     return out
 
 
-def otfuse_isa_path() -> str:
-    """The micro-kernels otfuse's CPU kernels take in this process: the library's own rule
-    (kernels/common/cpu_features.cc, gemm.cc): AVX2 + FMA + F16C when the CPU has all three and
-    OTFUSE_CPU_ISA is not 'baseline'."""
-    if os.environ.get("OTFUSE_CPU_ISA") == "baseline":
-        return "baseline (forced by OTFUSE_CPU_ISA)"
-    if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma", "f16c"} <= cpu_flags():
-        return "avx2+fma"
-    return "baseline"
+def otfuse_isa_path(library: str | None = None) -> str:
+    """The micro-kernels otfuse's CPU kernels take in this process, as the library itself reports
+    them (OtfuseIsaReport: per family, and the measured 512/256-bit FMA rate behind the choice);
+    `library` defaults to otfuse.library_path()."""
+    try:
+        from otfuse.run.library import describe_isa, isa_report
+        return describe_isa(isa_report(library))
+    except Exception as e:  # no library built: the benches still print the rest
+        return f"unknown (no library: {e})"
 
 
 def build_tool(name: str) -> Path | None:

@@ -755,23 +755,9 @@ def matmul_rate(seq: int, vocab: int, intermediate: int, threads: int) -> dict:
             "machine_cores_busy": round((_cpu_busy_seconds() - busy0) / wall, 2)}
 
 
-def otfuse_isa_paths() -> str:
-    """Which micro-kernels otfuse's ops take here, by the library's own rules: the AVX-512 tiles
-    of attention (kernels/cpu/attention.cc: F/VL/BW/DQ) and activations (F), unless their
-    OTFUSE_*_ISA knob says otherwise; AVX2 (or baseline) for the rest (common.otfuse_isa_path)."""
-    flags = common.cpu_flags()
-    rest = common.otfuse_isa_path()
-    wide = "avx2+fma" in rest
-    attention = "avx512" if wide and {"avx512f", "avx512vl", "avx512bw", "avx512dq"} <= flags else rest
-    if os.environ.get("OTFUSE_ATTENTION_ISA") == "avx2" and attention == "avx512":
-        attention = "avx2+fma (OTFUSE_ATTENTION_ISA)"
-    activation = os.environ.get("OTFUSE_ACTIVATION_ISA") or ("avx512" if wide and "avx512f" in flags else rest)
-    return f"attention {attention}, activation {activation}, norm/rope/GEMM {rest}"
-
-
 def machine_references(args, seqs: list[int]) -> dict:
     """CPU, ISA, ORT MatMul's rate per length and read bandwidth, measured in this run."""
-    refs = {"cpu": common.cpu_identity(), "otfuse_isa_path": otfuse_isa_paths(), "matmul": {}}
+    refs = {"cpu": common.cpu_identity(), "otfuse_isa_path": common.otfuse_isa_path(), "matmul": {}}
     bandwidth = common.read_bandwidth(args.threads)
     refs["read_gb_per_s"] = bandwidth
     for seq in seqs:

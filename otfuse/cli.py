@@ -363,6 +363,10 @@ def info_command():
     console.print(f"onnxruntime  {onnxruntime.__version__} ({', '.join(onnxruntime.get_available_providers())})")
     console.print(f"library      {path or 'not found'}")
     console.print(f"loads        {'yes' if loads else 'no'}{'' if loads else ': ' + message}")
+    if loads:
+        from otfuse.run.library import describe_isa, isa_report
+
+        console.print(f"kernels      {describe_isa(isa_report(path))}", soft_wrap=True, markup=False)
     from otfuse.run.ascend import backends
 
     console.print("backends:")

@@ -1,7 +1,16 @@
 #include "common/cpu_features.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+
+#include "ort_glue.h"
+
+#if defined(OTFUSE_HAVE_AVX2_KERNELS)
+#include <immintrin.h>
+#endif
 
 namespace otfuse {
 
@@ -15,5 +24,111 @@ CpuIsa SelectCpuIsa() {
 }
 
 const char* CpuIsaName(CpuIsa isa) { return isa == CpuIsa::kAvx2 ? "avx2" : "baseline"; }
+
+bool CpuHasAvx512() {
+#if defined(OTFUSE_HAVE_AVX2_KERNELS)
+  // libgcc's checks include the OS saving the zmm state (XGETBV).
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
+#else
+  return false;
+#endif
+}
+
+#if defined(OTFUSE_HAVE_AVX2_KERNELS)
+namespace {
+
+constexpr int kRounds = 64;
+constexpr int kSteps = 256;  // x 10 chains x 2 per step: ~2-3 us per round, inside one time slice
+
+double Seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Ten independent chains: enough to cover 4-cycle latency x 2 pipes on every core so far.
+#define OTFUSE_CHAINS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9)
+
+// One round of kSteps x 20 FMAs at each width, in seconds.
+__attribute__((target("avx2,fma"))) double Round256() {
+  const __m256 b = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+#define OTFUSE_DECL(i) __m256 a##i = _mm256_set1_ps(static_cast<float>(i));
+  OTFUSE_CHAINS(OTFUSE_DECL)
+#undef OTFUSE_DECL
+  const double t0 = Seconds();
+  for (int step = 0; step < kSteps; ++step) {
+#define OTFUSE_FMA(i) a##i = _mm256_fmadd_ps(a##i, b, c);
+    OTFUSE_CHAINS(OTFUSE_FMA) OTFUSE_CHAINS(OTFUSE_FMA)
+#undef OTFUSE_FMA
+  }
+  __m256 sum = _mm256_setzero_ps();
+#define OTFUSE_SUM(i) sum = _mm256_add_ps(sum, a##i);
+  OTFUSE_CHAINS(OTFUSE_SUM)
+#undef OTFUSE_SUM
+  volatile float sink = _mm256_cvtss_f32(sum);  // keeps the chains alive
+  (void)sink;
+  return Seconds() - t0;
+}
+
+__attribute__((target("avx512f"))) double Round512() {
+  const __m512 b = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+#define OTFUSE_DECL(i) __m512 a##i = _mm512_set1_ps(static_cast<float>(i));
+  OTFUSE_CHAINS(OTFUSE_DECL)
+#undef OTFUSE_DECL
+  const double t0 = Seconds();
+  for (int step = 0; step < kSteps; ++step) {
+#define OTFUSE_FMA(i) a##i = _mm512_fmadd_ps(a##i, b, c);
+    OTFUSE_CHAINS(OTFUSE_FMA) OTFUSE_CHAINS(OTFUSE_FMA)
+#undef OTFUSE_FMA
+  }
+  __m512 sum = _mm512_setzero_ps();
+#define OTFUSE_SUM(i) sum = _mm512_add_ps(sum, a##i);
+  OTFUSE_CHAINS(OTFUSE_SUM)
+#undef OTFUSE_SUM
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sum);
+  volatile float sink = lanes[0];
+  (void)sink;
+  return Seconds() - t0;
+}
+
+#undef OTFUSE_CHAINS
+
+double MeasureFma512Over256() {
+  if (!CpuHasAvx512() || !__builtin_cpu_supports("fma")) return 0.0;
+  // Some cores run 512-bit ops at a fraction of their rate for tens of microseconds after the
+  // first one (the upper vector halves waking up): 200 us of them first.
+  for (const double start = Seconds(); Seconds() - start < 2e-4;) Round512();
+  // Rounds alternate, so a frequency step or an interruption hits both widths alike; the
+  // fastest of each counts. Same instruction count, twice the lanes: the rate ratio is
+  // 2 * t256 / t512 (2 at full rate, 1 when 512-bit FMAs are split in two).
+  double t256 = 1e30, t512 = 1e30;
+  for (int round = 0; round < kRounds; ++round) {
+    t256 = std::min(t256, Round256());
+    t512 = std::min(t512, Round512());
+  }
+  return t512 > 0 ? 2.0 * t256 / t512 : 0.0;
+}
+
+}  // namespace
+#endif
+
+double Fma512Over256() {
+#if defined(OTFUSE_HAVE_AVX2_KERNELS)
+  static const double ratio = MeasureFma512Over256();  // thread-safe, once per process
+  return ratio;
+#else
+  return 0.0;
+#endif
+}
+
+bool Avx512AtFullRate() {
+  if (!CpuHasAvx512()) return false;
+  if (const char* forced = std::getenv("OTFUSE_AVX512_RATE"); forced != nullptr && *forced != '\0') {
+    if (std::strcmp(forced, "full") == 0) return true;
+    if (std::strcmp(forced, "half") == 0) return false;
+    throw Error(std::string("OTFUSE_AVX512_RATE must be full or half (or unset), got '") + forced + "'");
+  }
+  return Fma512Over256() >= 1.5;
+}
 
 }  // namespace otfuse

@@ -148,13 +148,21 @@ void GemmInPlace(const KernelContext& ctx, GemmIsa isa, int64_t m, int64_t k, co
 GemmIsa SelectGemmIsa() {
 #if defined(OTFUSE_HAVE_AVX2_KERNELS)
   const char* forced = std::getenv("OTFUSE_GEMM_ISA");
-  const bool avx2_only = forced != nullptr && std::strcmp(forced, "avx2") == 0;
-  if (forced != nullptr && *forced != '\0' && !avx2_only) {
-    throw Error(std::string("OTFUSE_GEMM_ISA must be avx2 (or unset), got '") + forced + "'");
+  const bool forced_avx2 = forced != nullptr && std::strcmp(forced, "avx2") == 0;
+  const bool forced_avx512 = forced != nullptr && std::strcmp(forced, "avx512") == 0;
+  if (forced != nullptr && *forced != '\0' && !forced_avx2 && !forced_avx512) {
+    throw Error(std::string("OTFUSE_GEMM_ISA must be avx2 or avx512 (or unset), got '") + forced + "'");
   }
-  if (SelectCpuIsa() != CpuIsa::kAvx2 || !__builtin_cpu_supports("fma")) return GemmIsa::kBaseline;
-  // libgcc's avx512f check includes the OS saving the zmm state.
-  if (!avx2_only && __builtin_cpu_supports("avx512f")) return GemmIsa::kAvx512;
+  if (SelectCpuIsa() != CpuIsa::kAvx2 || !__builtin_cpu_supports("fma")) {
+    if (forced_avx512 || forced_avx2) throw Error(std::string("OTFUSE_GEMM_ISA=") + forced + ": this CPU (or this build) cannot run it");
+    return GemmIsa::kBaseline;
+  }
+  if (forced_avx512) {
+    if (!CpuHasAvx512()) throw Error("OTFUSE_GEMM_ISA=avx512: this CPU (or this build) cannot run it");
+    return GemmIsa::kAvx512;
+  }
+  // AVX-512 only where 512-bit FMAs run at full rate (common/cpu_features.h).
+  if (!forced_avx2 && CpuHasAvx512() && Avx512AtFullRate()) return GemmIsa::kAvx512;
   return GemmIsa::kAvx2;
 #else
   return GemmIsa::kBaseline;

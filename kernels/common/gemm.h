@@ -48,10 +48,11 @@ struct GemmProduct {
   void* y;             // [m, n] row-major, of `type`
 };
 
-// Which micro-kernels run. SelectGemmIsa: AVX-512F when the CPU and OS have it, else AVX2 + FMA,
-// else the portable ones; OTFUSE_CPU_ISA=baseline forces the portable ones, OTFUSE_GEMM_ISA=avx2
-// the AVX2 ones (tests and benchmarks: every variant stays testable on an AVX-512 CPU). Read
-// when a kernel is created; throws Error for any other OTFUSE_GEMM_ISA value.
+// Which micro-kernels run. SelectGemmIsa: AVX-512F when the CPU and OS have it and run it at full
+// rate (Avx512AtFullRate), else AVX2 + FMA, else the portable ones; OTFUSE_CPU_ISA=baseline forces
+// the portable ones, OTFUSE_GEMM_ISA=avx2|avx512 either of the others (tests and benchmarks: every
+// variant stays testable). Read when a kernel is created; throws Error for any other value, or
+// for a variant this CPU cannot run.
 enum class GemmIsa { kBaseline, kAvx2, kAvx512 };
 GemmIsa SelectGemmIsa();
 const char* GemmIsaName(GemmIsa isa);  // "avx512f", "avx2+fma" or "baseline"

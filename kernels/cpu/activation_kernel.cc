@@ -47,7 +47,8 @@ ActivationIsa SelectActivationIsa() {
     throw Error(std::string("OTFUSE_ACTIVATION_ISA=") + forced + " is not baseline, avx2 or avx512");
   }
   if (SelectCpuIsa() == CpuIsa::kBaseline) return ActivationIsa::kBaseline;
-  if (CpuRuns(ActivationIsa::kAvx512)) return ActivationIsa::kAvx512;
+  // AVX-512 only where 512-bit FMAs run at full rate (common/cpu_features.h).
+  if (CpuRuns(ActivationIsa::kAvx512) && Avx512AtFullRate()) return ActivationIsa::kAvx512;
   return CpuRuns(ActivationIsa::kAvx2) ? ActivationIsa::kAvx2 : ActivationIsa::kBaseline;
 }
 

@@ -19,6 +19,7 @@
 #include "common/rotary_params.h"
 #include "common/shape_check.h"
 #include "contract/attention_index.h"
+#include "cpu/attention_isa.h"
 #include "cpu/attention_tiles.h"
 #include "op_registry.h"
 
@@ -131,20 +132,6 @@ Tiles ReadTiles() {
   return tiles;
 }
 
-// The AVX-512 tile kernels run when the CPU has AVX-512 F/VL/BW/DQ (libgcc's check includes the
-// OS saving the zmm state) unless OTFUSE_ATTENTION_ISA=avx2 asks for the AVX2 ones (a test and
-// tuning knob, docs/ops.md).
-bool Avx512Allowed() {
-#if defined(OTFUSE_HAVE_AVX2_KERNELS)
-  const char* isa = std::getenv("OTFUSE_ATTENTION_ISA");
-  if (isa != nullptr && std::strcmp(isa, "avx2") == 0) return false;
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
-#else
-  return false;
-#endif
-}
-
 // k_pos of alibi_positions = "mask_cumsum" (docs/ops.md): (m[b,0] + ... + m[b,j] - 1) * m[b,j]
 // with m the integer mask (all ones without one), as float32. O(B * Skv).
 std::vector<float> CumsumKeyPositions(const void* mask, MaskType type, int64_t batch, int64_t skv) {
@@ -236,7 +223,7 @@ class AttentionKernel {
     if constexpr (kRope) rotary_ = ReadRotaryAttributes(info, "rotary_mode", "rotary_sections");
     const CpuIsa isa = SelectCpuIsa();
     use_avx2_ = isa == CpuIsa::kAvx2 && __builtin_cpu_supports("fma");
-    use_avx512_ = use_avx2_ && Avx512Allowed();
+    use_avx512_ = use_avx2_ && AttentionUsesAvx512();
     tiles_ = ReadTiles();
   }
 

@@ -45,3 +45,32 @@ def library_path() -> str:
         f"{LIBRARY_NAME} not found (not in {Path(__file__).resolve().parent.parent} nor in an installed otfuse): "
         f"build it with `pip install .` or set {ENV_VAR}"
     )
+
+
+def isa_report(path: str | None = None) -> dict:
+    """Which kernel variant each family takes in this process, from the library itself
+    (``OtfuseIsaReport``): ``avx512``, ``fma512_over_256`` (measured), ``avx512_full_rate`` and one
+    entry per family (``attention``, ``gemm``, ``activation``, ``norm``, ``rotary``). A bad
+    ``OTFUSE_*_ISA`` knob comes back as ``{"error": ...}``; a library without the entry point (an
+    older build) as ``{"error": "..."}`` too. Raises OtfuseError only when no library is found."""
+    import ctypes
+    import json
+
+    lib = ctypes.CDLL(path or library_path())
+    try:
+        entry = lib.OtfuseIsaReport
+    except AttributeError:
+        return {"error": "this library has no OtfuseIsaReport (built before it existed)"}
+    entry.restype = ctypes.c_char_p
+    return json.loads(entry().decode())
+
+
+def describe_isa(report: dict) -> str:
+    """One line of isa_report(): 'attention avx512, gemm avx512f, ...; AVX-512 full rate (...)'."""
+    if "error" in report:
+        return report["error"]
+    families = ", ".join(f"{name} {report[name]}" for name in ("attention", "gemm", "activation", "norm", "rotary"))
+    if not report["avx512"]:
+        return families
+    rate = "full" if report["avx512_full_rate"] else "half"
+    return f"{families}; AVX-512 {rate} rate (512/256-bit FMA {report['fma512_over_256']}x measured)"

@@ -11,7 +11,10 @@ when the rope family's q/k rotation feeds only that attention (contract in docs/
     contrib.py          ORT's MultiHeadAttention (com.microsoft), re-targeted
     fused_matmul.py     ORT's FusedMatMul as the chain's scores (alpha joins the scale)
     fold_rope.py        the pass that folds a rotation into any Attention that reads it
-    masks.py            which masks are causal / window / padding, proven by running them
+    masks.py            which masks are causal / window / padding: read from their form, proven
+                        by running them
+    opaque_masks.py     the same claim for a mask of no form masks.py reads, from running it alone
+    mask_probes.py      running a mask's (or ALiBi's) own subgraph at several sizes and paddings
 
 Needs the ``shape_reads`` canonicaliser: TorchScript's Shape reads of the rotated q and the
 repeated v would otherwise keep those interior values alive. It runs after the rope family, whose

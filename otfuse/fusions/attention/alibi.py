@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from otfuse.fusions.attention.masks import input_values_read, probe_session, static_sizes, subgraph_model
+from otfuse.fusions.attention.mask_probes import input_values_read, probe_session, static_sizes, subgraph_model
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.refuse import Refuse
 

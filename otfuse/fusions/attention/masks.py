@@ -4,7 +4,8 @@ adding a materialised ``[B, 1, Sq, Skv]`` bias.
 
 A float mask is ``Where(visible, 0, min)`` or ``Where(masked, min, 0)``, possibly chained
 (``Where(c, inner, min)``: both must hold) with one ``min``. Its condition is read as a
-conjunction (``And``, ``Or`` under ``Not``, ``Not``, ``Cast`` to bool, ``Expand``) of leaves:
+conjunction (``And``, ``Or`` under ``Not``, ``Not``, ``Cast`` to bool, ``Expand``, a ``Slice`` of
+a computed condition: optimum's ``cond[..., :Shape(K)[2]]``) of leaves:
 
 * an **index comparison** (``LessOrEqual``/``Less``/``Greater``/``GreaterOrEqual`` of two values
   computed from shapes only: ``Range``, ``CumSum``, ...): causal; with ``Sub(idx, W)`` or
@@ -17,13 +18,15 @@ conjunction (``And``, ``Or`` under ``Not``, ``Not``, ``Cast`` to bool, ``Expand`
   (BERT's ``q_idx >= 0``), and ``Equal`` of two values computed from shapes only (transformers'
   packed-sequence test when a decoder is exported with ``input_ids`` only): no condition.
 
-Anything else and the mask stays a bias. The claim is then **checked by running the mask's own
-subgraph** in ONNX Runtime at several batch/sequence/cache sizes and paddings (including
-sequences longer than the window and than every offset constant the condition uses) against
-``causal and window and padding`` with bottom-right alignment: the float mask must be exactly 0
-where the claim says visible and exactly ``min`` elsewhere. What the structure suggests must be
-what the graph computes, or nothing is claimed. The mask may read the values of no input but the
-padding mask (others only for their shapes), so what runs here is what runs in the model.
+A float mask of no such form (HF's in-place ``mask[..., :L] = mask[..., :L].masked_fill(...)``,
+a ScatterND) is left to opaque_masks.py, which takes the claim from running it. Any other
+condition and the mask stays a bias. The claim is then **checked by running the mask's own
+subgraph** (mask_probes.py) in ONNX Runtime at several batch/sequence/cache sizes and paddings
+(including sequences longer than the window and than every offset constant the condition uses)
+against ``causal and window and padding`` with bottom-right alignment: the float mask must be
+exactly 0 where the claim says visible and exactly ``min`` elsewhere. What the structure suggests
+must be what the graph computes, or nothing is claimed. The mask may read the values of no input
+but the padding mask (others only for their shapes), so what runs here is what runs in the model.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from otfuse.fusions.attention.mask_probes import (LARGEST_PROBED_OFFSET, SENTINEL, SHAPE_READERS, MaskClaim,
+                                                  input_values_read, static_dims_read, verify_by_running)
+from otfuse.fusions.attention.opaque_masks import claim_by_running
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.pattern import attr
 from otfuse.rewriter.refuse import Refuse
@@ -40,33 +46,22 @@ from otfuse.rewriter.refuse import Refuse
 BOOL = onnx.TensorProto.BOOL
 # A "minimum" at least this negative masks a key for good in float32 and float16 alike.
 _MASKED_BELOW = -1e4
-# Offsets (and windows) up to this size are probed by running at a longer sequence. A larger one
-# cannot be (the [B, 1, S, S] mask would not fit in memory), so no claim is made with it in the
-# condition, except sentinels from INT32_MAX up ("no limit": Slice ends, clamps).
-_LARGEST_PROBED_OFFSET = 8192
-_SENTINEL = 2**31 - 1
 # Ops whose constant operand can shift or bound an index by that much.
 _OFFSETTING = {"Add", "Sub", "Mul", "Div", "Mod", "Min", "Max", "Clip", "Trilu"}
 _COMPARISONS = {"Less", "LessOrEqual", "Greater", "GreaterOrEqual"}
-_SHAPE_READERS = {"Shape", "Size"}
 # Ops that move a mask's entries into another shape without changing which keys it masks (which
 # entry lands where is what the run checks).
 _RESHAPING = {"Expand", "Identity", "Unsqueeze", "Reshape", "Squeeze"}
-
-
-@dataclass(frozen=True)
-class MaskClaim:
-    causal: bool
-    window: int  # 0 = none
-    key_padding: str | None  # the graph input holding the [B, Skv] padding mask
-    empty_rows: str  # "uniform" for a finite minimum (HF), "zero" for -inf
 
 
 def classify_mask(graph: GraphIndex, mask: str, memo: dict) -> MaskClaim:
     """A verified claim for the float additive ``mask``; raises Refuse saying why none can be made.
     Memoised per pass: the claim, or the refusal's text (every layer reads the same mask)."""
     def claim() -> MaskClaim:
-        conditions, fill = _float_mask_conditions(graph, mask)
+        try:
+            conditions, fill = _float_mask_conditions(graph, mask)
+        except Refuse as unread:  # no form read: what it computes may still be proven by running it
+            return claim_by_running(graph, mask, str(unread))
         fill = _in_type_of(graph, mask, fill)  # float32's minimum is -inf in float16
         empty_rows = "uniform" if np.isfinite(fill) else "zero"
         return _claim(graph, mask, conditions, empty_rows, lambda got: _visible_where_zero(got, fill))
@@ -129,7 +124,7 @@ def _float_mask_conditions(graph: GraphIndex, mask: str) -> tuple[list[tuple[str
         return [pair for conditions, _ in found for pair in conditions], found[0][1]
     if node is None or node.op_type != "Where":
         raise Refuse("the mask is not Where(condition, 0, minimum)")
-    keep, fill = graph.scalar_value(node.input[1]), graph.scalar_value(node.input[2])
+    keep, fill = _filled_value(graph, node.input[1]), _filled_value(graph, node.input[2])
     if _masks(fill):  # Where(visible, 0 | inner mask, min)
         negated, inner, fill_value = False, node.input[1], fill
     elif _masks(keep):  # Where(masked, min, 0 | inner mask)
@@ -137,12 +132,22 @@ def _float_mask_conditions(graph: GraphIndex, mask: str) -> tuple[list[tuple[str
     else:
         raise Refuse(f"the mask adds {keep} / {fill}, not 0 / a large negative minimum")
     conditions = [(node.input[0], negated)]
-    if graph.scalar_value(inner) == 0.0:
+    if _filled_value(graph, inner) == 0.0:
         return conditions, fill_value
     more, inner_fill = _float_mask_conditions(graph, inner)
     if inner_fill != fill_value:
         raise Refuse(f"chained masks fill {fill_value} and {inner_fill}: fully masked rows would differ")
     return conditions + more, fill_value
+
+
+def _filled_value(graph: GraphIndex, value: str) -> float | None:
+    """The one number of a scalar constant, or of ``Expand(scalar constant, shape)``: the
+    unoptimised dynamo export's ``torch.zeros(())`` (which of the two broadcasts is what the run
+    checks); None for anything else."""
+    node = graph.producer.get(value)
+    if node is not None and node.op_type == "Expand" and node.domain in ("", "ai.onnx"):
+        return graph.scalar_value(node.input[0])
+    return graph.scalar_value(value)
 
 
 def zero_filled(graph: GraphIndex, value: str) -> bool:
@@ -180,6 +185,10 @@ def _conjuncts(graph: GraphIndex, value: str, negated: bool) -> list[tuple[str, 
         return _conjuncts(graph, compared, not negated)
     if node.op_type in _RESHAPING or (node.op_type == "Cast" and attr(node, "to") == BOOL):
         return _conjuncts(graph, node.input[0], negated)
+    if node.op_type == "Slice" and not graph.is_constant(node.input[0]):
+        # optimum's cond[..., :Shape(K)[2]]: a slice keeps the condition of each entry it keeps (a
+        # constant buffer's slice is a leaf of its own)
+        return _conjuncts(graph, node.input[0], negated)
     picked = _picks_zero_or_not(graph, node)
     if picked is not None:  # a float mask read as a condition (MPT: Cast(Where(visible, 0, min), bool))
         return _conjuncts(graph, node.input[0], negated if picked else not negated)
@@ -205,27 +214,6 @@ def _compared_with_zero(graph: GraphIndex, node: onnx.NodeProto) -> str | None:
         if graph.scalar_value(node.input[other]) == 0.0 and not graph.is_constant(node.input[this]):
             return node.input[this]
     return None
-
-
-def input_values_read(graph: GraphIndex, value: str, memo: dict) -> frozenset[str]:
-    """The graph inputs whose values (not just shapes) ``value`` depends on."""
-    key = ("reads", value)
-    if key in memo:
-        return memo[key]
-    found, seen, stack = set(), set(), [value]
-    while stack:
-        name = stack.pop()
-        if name in seen or graph.is_constant(name):
-            continue
-        seen.add(name)
-        if name in graph.graph_inputs:
-            found.add(name)
-            continue
-        node = graph.producer.get(name)
-        if node is not None and node.op_type not in _SHAPE_READERS:
-            stack.extend(i for i in node.input if i)
-    memo[key] = frozenset(found)
-    return memo[key]
 
 
 def _leaf_kind(graph: GraphIndex, value: str, negated: bool, memo: dict) -> tuple[str, object]:
@@ -351,7 +339,7 @@ def _offset_constants(graph: GraphIndex, value: str) -> set[int]:
     while stack:
         name = stack.pop()
         node = graph.producer.get(name)
-        if name in seen or node is None or node.op_type in _SHAPE_READERS:
+        if name in seen or node is None or node.op_type in SHAPE_READERS:
             continue
         seen.add(name)
         if node.op_type in _COMPARISONS | _OFFSETTING | {"Equal"}:
@@ -392,158 +380,13 @@ def _claim(graph: GraphIndex, output: str, conditions: list[tuple[str, bool]], e
     offsets = set()
     for condition, _ in conditions:
         offsets |= _offset_constants(graph, condition)
-    unprobed = sorted(c for c in offsets | {window} if _LARGEST_PROBED_OFFSET < c < _SENTINEL)
+    unprobed = sorted(c for c in offsets | {window} if LARGEST_PROBED_OFFSET < c < SENTINEL)
     if unprobed:
         raise Refuse(f"the mask uses {unprobed[0]}, longer than the sequences otfuse runs it at "
-                       f"({_LARGEST_PROBED_OFFSET})")
-    _verify_by_running(graph, output, claim, visible_of, offsets)
+                       f"({LARGEST_PROBED_OFFSET})")
+    # and past each fixed size it reads off a shape (a head size read where the key count belongs)
+    verify_by_running(graph, output, claim, visible_of, offsets | static_dims_read(graph, output))
     return claim
-
-
-# -- verification -------------------------------------------------------------------------------
-def _read_for_shape_only(graph: GraphIndex, value: str, needed_by: dict) -> bool:
-    """Whether the mask subgraph reads ``value`` only through Shape: it can then enter the check
-    as an input of that shape (e.g. the token embeddings TorchScript takes batch and seq from),
-    without computing it from the weights."""
-    users = needed_by.get(value, [])
-    return bool(users) and all(user.op_type in _SHAPE_READERS for user in users)
-
-
-def _input_dim_names(graph: GraphIndex, inputs: list[onnx.ValueInfoProto]) -> tuple[list, dict[str, str]]:
-    """The mask model's inputs, each dim a number or a name feeds.py sizes (the declared name;
-    for an unnamed one, its class by position: ``batch``, ``seq``, ...), and the map from the
-    engine's dims to those names, so inputs the check adds for their shapes agree with them."""
-    from otfuse.run.feeds import InputSpec, has_past_inputs, position_class
-
-    specs = [InputSpec(vi.name, vi.type.tensor_type.elem_type, tuple(d.dim_value if d.HasField("dim_value") else
-                                                                     (d.dim_param or None)
-                                                                     for d in vi.type.tensor_type.shape.dim))
-             for vi in inputs]
-    has_past = has_past_inputs(specs)
-    names: dict[str, str] = {}
-    declared = []
-    for vi, spec in zip(inputs, specs):
-        shape = graph.shape(vi.name)
-        if shape is None or len(shape) != len(spec.shape):
-            declared.append(vi)
-            continue
-        dims = []
-        for axis, (dim, stated) in enumerate(zip(shape, spec.shape)):
-            if isinstance(dim, int):
-                dims.append(dim)
-                continue
-            name = stated if isinstance(stated, str) and stated else position_class(spec, axis, has_past)
-            names.setdefault(str(dim), name)
-            dims.append(names[str(dim)])
-        declared.append(onnx.helper.make_tensor_value_info(vi.name, spec.elem_type, dims))
-    return declared, names
-
-
-def subgraph_model(graph: GraphIndex, output: str) -> onnx.ModelProto:
-    """The nodes computing ``output`` as a model of their own (only small constants allowed)."""
-    needed, needed_by, stack = set(), {}, [output]
-    shaped_inputs: set[str] = set()
-    while stack:
-        value = stack.pop()
-        node = graph.producer.get(value)
-        if node is None or id(node) in needed:
-            continue
-        needed.add(id(node))
-        for name in node.input:
-            if name:
-                needed_by.setdefault(name, []).append(node)
-                stack.append(name)
-    graph_inputs = [vi for vi in graph.graph.input if vi.name in needed_by and vi.name not in graph.initializers]
-    inputs, dim_names = _input_dim_names(graph, graph_inputs)
-    # Values read only for their shape become inputs when their shape is stated in the inputs' dims.
-    for value in list(needed_by):
-        shape = graph.shape(value)
-        node = graph.producer.get(value)
-        if node is not None and _read_for_shape_only(graph, value, needed_by) and shape is not None and \
-                all(isinstance(d, int) or str(d) in dim_names for d in shape) and graph.elem_type(value):
-            shaped_inputs.add(value)
-    needed, stack = set(), [output]
-    while stack:  # again, stopping at the shape-only values
-        value = stack.pop()
-        node = graph.producer.get(value)
-        if node is None or id(node) in needed or value in shaped_inputs:
-            continue
-        needed.add(id(node))
-        stack.extend(name for name in node.input if name)
-    order = [node for node in graph.graph.node if id(node) in needed]
-    reads = {name for node in order for name in node.input if name}
-    inputs = [vi for vi in inputs if vi.name in reads]
-    inputs += [onnx.helper.make_tensor_value_info(
-        name, graph.elem_type(name), [d if isinstance(d, int) else dim_names[str(d)] for d in graph.shape(name)])
-        for name in sorted(shaped_inputs & reads)]
-    initializers = []
-    for name in sorted(reads & set(graph.initializers)):
-        if (graph.constant_size(name) or 0) > 4096:
-            raise Refuse("the mask is computed from large weights")
-        initializers.append(onnx.numpy_helper.from_array(graph.constant_value(name), name))
-    out = onnx.helper.make_tensor_value_info(output, graph.elem_type(output) or BOOL, None)
-    model = onnx.helper.make_model(onnx.helper.make_graph(order, "mask", inputs, [out], initializers),
-                                   opset_imports=[e for e in graph.model.opset_import if e.domain in ("", "ai.onnx")])
-    model.ir_version = graph.model.ir_version
-    return model
-
-
-def _sequence_lengths(claim: MaskClaim, offsets: set[int]) -> list[int]:
-    seqs = {1, 5, 12}
-    for offset in offsets | {claim.window}:
-        if offset + 3 > 12 and offset <= _LARGEST_PROBED_OFFSET:
-            seqs |= {offset + 3, 2 * offset + 1} if offset <= 1024 else {offset + 3}
-    return sorted(seqs)
-
-
-def static_sizes(model: onnx.ModelProto) -> tuple[int, int] | None:
-    """(batch, seq) when every input of the subgraph ``model`` has fixed dims (a static export can
-    run at its own size only), read from its [B, S] inputs; None when some dim is symbolic."""
-    shapes = [[d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
-              for vi in model.graph.input]
-    if any(None in shape for shape in shapes):
-        return None
-    pairs = {tuple(shape) for shape in shapes if len(shape) == 2}
-    if len(pairs) != 1:
-        raise Refuse(f"a static subgraph whose [B, S] size cannot be told from its inputs {shapes}")
-    return next(iter(pairs))
-
-
-def _fixed_length(model: onnx.ModelProto) -> tuple[int, int] | None:
-    """(Sq, Skv) of the mask when no input dim of its subgraph varies with the sequence (only the
-    batch is free: a static-length export sized by [B, N, S, D] values), read from one run; None
-    when the inputs follow the sequence length."""
-    from otfuse.run.feeds import make_feeds
-
-    shapes = [{name: value.shape for name, value in make_feeds(model, {"batch": 2, "seq": seq, "past": 0}).items()}
-              for seq in (5, 12)]
-    if shapes[0] != shapes[1]:
-        return None
-    session, _ = probe_session(model, "mask")
-    try:
-        (got,) = session.run(None, make_feeds(model, {"batch": 2, "seq": 5, "past": 0}))
-    except Exception:  # noqa: BLE001 - the configurations' own runs then say why
-        return None
-    return (int(got.shape[-2]), int(got.shape[-1])) if got.ndim >= 2 else None
-
-
-def _configurations(claim: MaskClaim, has_past: bool, offsets: set[int], static: tuple[int, int] | None):
-    if static is not None:  # the sequences past the offsets cannot be run: the export fixed its size
-        yield static[0], static[1], 0
-        return
-    pasts = [0, 3] if has_past else [0]
-    for seq in _sequence_lengths(claim, offsets):
-        for past in pasts:
-            yield 2, seq, past
-
-
-def _padding_patterns(batch: int, total: int, rng) -> list[np.ndarray]:
-    ones = np.ones((batch, total), dtype=np.int64)
-    left = ones.copy()
-    left[0, : total // 2] = 0
-    # Any non-zero value attends (docs/ops.md): a graph testing mask == 1 must not pass for padding.
-    random = rng.choice(np.array([0, 1, 3], dtype=np.int64), size=(batch, total), p=[0.3, 0.5, 0.2])
-    return [ones, left, random]
 
 
 def _visible_where_zero(got: np.ndarray, fill: float) -> np.ndarray | None:
@@ -551,96 +394,3 @@ def _visible_where_zero(got: np.ndarray, fill: float) -> np.ndarray | None:
     visible = got == 0
     masked = got == np.asarray(fill, dtype=got.dtype)
     return visible if np.all(visible | masked) else None
-
-
-def probe_session(model: onnx.ModelProto, what: str):
-    """(an ORT session of the subgraph ``model``, whether it has past inputs); refuses if it does
-    not run on its own. Graph optimisations off: what runs is what the model computes."""
-    import onnxruntime as ort
-
-    names = {vi.name for vi in model.graph.input}
-    has_past = any("past" in name or "cache" in name or "key_values" in name for name in names)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    try:
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # noqa: BLE001 - any failure means: no claim
-        raise Refuse(f"the {what} subgraph does not run on its own ({type(exc).__name__})") from None
-    return session, has_past
-
-
-def _verify_by_running(graph: GraphIndex, output: str, claim: MaskClaim, visible_of, offsets: set[int]) -> None:
-    from otfuse.run.feeds import make_feeds
-
-    model = subgraph_model(graph, output)
-    session, has_past = probe_session(model, "mask")
-    if _sized_by_output(model):
-        return _verify_at_own_size(model, session, claim, visible_of)
-    rng = np.random.default_rng(0)
-    fixed_length = _fixed_length(model)
-    for batch, seq, past in _configurations(claim, has_past, offsets, static_sizes(model)):
-        feeds = make_feeds(model, {"batch": batch, "seq": seq, "past": past})
-        if fixed_length is not None:  # the export fixed the length, the batch stays free
-            seq, past = fixed_length[0], fixed_length[1] - fixed_length[0]
-        total = past + seq
-        for padding in _padding_patterns(batch, total, rng):
-            if claim.key_padding:
-                feeds[claim.key_padding] = padding.astype(feeds[claim.key_padding].dtype)
-            try:
-                (got,) = session.run(None, feeds)
-            except Exception as exc:  # noqa: BLE001
-                raise Refuse(f"the mask subgraph failed at seq {seq}, past {past} ({type(exc).__name__})") from None
-            expected = _expected(claim, batch, seq, past, padding)
-            if 2 <= got.ndim < 4:  # added to the [B, N, Sq, Skv] scores right-aligned (SDPA's 2-D attn_mask)
-                got = got.reshape((1,) * (4 - got.ndim) + got.shape)
-            visible = visible_of(got) if got.ndim == 4 and got.shape[-2:] == (seq, total) else None
-            if visible is None or not _broadcasts_to_equal(visible, expected):
-                raise Refuse(f"running the mask (seq {seq}, past {past}) contradicts "
-                               f"causal={claim.causal}, window={claim.window}, padding={claim.key_padding}")
-
-
-def _sized_by_output(model: onnx.ModelProto) -> bool:
-    """A static mask subgraph with no [B, S] input to size it (ONNX Attention's body at static
-    shapes reads only Q / K / past shapes, or nothing): it runs at its one size, read off its output."""
-    shapes = [[d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
-              for vi in model.graph.input]
-    return not any(None in shape for shape in shapes) and not any(len(shape) == 2 for shape in shapes)
-
-
-def _verify_at_own_size(model: onnx.ModelProto, session, claim: MaskClaim, visible_of) -> None:
-    """No padding input here (it would be [B, S]): the output's last two dims are Sq and Skv."""
-    from otfuse.run.feeds import make_feeds
-
-    try:
-        (got,) = session.run(None, make_feeds(model, {}))
-    except Exception as exc:  # noqa: BLE001
-        raise Refuse(f"the mask subgraph failed at its own size ({type(exc).__name__})") from None
-    seq, total = got.shape[-2:] if got.ndim >= 2 else (0, 0)
-    visible = visible_of(got) if got.ndim >= 2 and 0 < seq <= total and not claim.key_padding else None
-    batch = got.shape[0] if got.ndim == 4 else 1
-    expected = _expected(claim, batch, seq, total - seq, np.ones((batch, total), np.int64)) if visible is not None \
-        else None
-    if visible is None or not _broadcasts_to_equal(visible, expected):
-        raise Refuse(f"running the mask at its own size {list(got.shape)} contradicts causal={claim.causal}, "
-                     f"window={claim.window} (bottom-right aligned)")
-
-
-def _broadcasts_to_equal(visible: np.ndarray, expected: np.ndarray) -> bool:
-    try:
-        return bool(np.array_equal(np.broadcast_to(visible, expected.shape), expected))
-    except ValueError:  # a shape that does not broadcast to [B, 1, Sq, Skv]
-        return False
-
-
-def _expected(claim: MaskClaim, batch: int, seq: int, past: int, padding: np.ndarray) -> np.ndarray:
-    t = past + np.arange(seq)[:, None]  # query positions, bottom-right aligned
-    j = np.arange(past + seq)[None, :]
-    visible = np.ones((seq, past + seq), dtype=bool)
-    if claim.causal:
-        visible &= j <= t
-    if claim.window:
-        visible &= j > t - claim.window
-    visible = np.broadcast_to(visible, (batch, 1, seq, past + seq)).copy()
-    if claim.key_padding:
-        visible &= padding[:, None, None, :] != 0
-    return visible

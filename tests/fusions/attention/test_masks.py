@@ -338,3 +338,111 @@ def test_a_mask_given_as_an_input_is_not_reported(tmp_path):
     report = otfuse.fuse(src, out)
     assert report.fusions.get("Attention") == 1
     assert not [m for m in report.near_misses if "mask kept" in m["pattern"]], report.near_misses
+
+
+# -- masks of no Where form, claimed from running them (opaque_masks.py) ----------------------------
+def _trilu_of_min(k: int, keys_below: int | None = None, fill=MIN):
+    """``Trilu(full([S, S], min), k, upper)``: min on and above diagonal k, 0 below, with no Where
+    (the form of HF's causal mask before its in-place padding); ``keys_below``: times
+    ``j < keys_below``, which makes the keys from there on visible to every query."""
+    def build(node, const, seq):
+        square = node("Concat", [seq, seq], axis=0)
+        full = node("ConstantOfShape", [square], value=numpy_helper.from_array(np.array([fill], dtype=np.float32)))
+        mask = node("Trilu", [full, const(k)], upper=1)
+        if keys_below is not None:
+            keys = node("Range", [const(0), node("Squeeze", [seq, const([0])]), const(1)])
+            mask = node("Mul", [mask, node("Cast", [node("Less", [keys, const(keys_below)])], to=TensorProto.FLOAT)])
+        return node("Unsqueeze", [mask, const([0, 1])])
+    return build
+
+
+def test_a_causal_mask_of_no_where_form_is_claimed_by_running_it(tmp_path):
+    assert _claimed(tmp_path, _trilu_of_min(k=1), "trilu_of_min") == (1, 0, False, "")
+
+
+@pytest.mark.parametrize("name,build", [
+    ("diagonal_masked", _trilu_of_min(k=0)),
+    # causal up to 20 keys: the run goes past the constant (23 and 41 keys) and sees key 20 visible
+    ("causal_below_20_keys", _trilu_of_min(k=1, keys_below=20)),
+    # -1e4 does not absorb the scores: a row that sees no key would be softmax(s), not uniform
+    ("small_fill", _trilu_of_min(k=1, fill=np.float32(-1e4))),
+])
+def test_masks_of_no_where_form_that_are_not_causal_stay_a_bias(tmp_path, name, build):
+    assert _claimed(tmp_path, build, name) == (0, 0, True, "")
+    src = tmp_path / f"{name}.onnx"
+    report = otfuse.fuse(src, tmp_path / "again.onnx")
+    (miss,) = [m for m in report.near_misses if "mask kept" in m["pattern"]]
+    assert "matches no causal / padding claim" in miss["reason"], miss
+
+
+def test_a_padding_mask_scaled_by_the_mask_value_is_not_claimed(tmp_path):
+    """``(1 - m) * min`` hides m == 0, but (1 - 3) * min overflows to +inf (the check feeds 3s):
+    an additive padding mask of no Where form that is no "non-zero attends" padding stays a bias."""
+    def scaled(model):
+        graph = GraphIndex(model)
+        where = next(n for n in model.graph.node
+                     if n.op_type == "Where" and graph.elem_type(n.output[0]) in FLOAT_TYPES)
+        model.graph.initializer.extend([numpy_helper.from_array(np.array(1.0, np.float32), "one_f"),
+                                        numpy_helper.from_array(MIN, "min_f")])
+        nodes = [helper.make_node("Cast", ["attention_mask"], ["m_f"], to=TensorProto.FLOAT),
+                 helper.make_node("Sub", ["one_f", "m_f"], ["unmasked"]),
+                 helper.make_node("Mul", ["unmasked", "min_f"], ["scaled_padding"]),
+                 helper.make_node("Unsqueeze", ["scaled_padding", "axes_12"], ["scaled_padding_4d"])]
+        model.graph.initializer.append(numpy_helper.from_array(np.array([1, 2], np.int64), "axes_12"))
+        for user in [n for n in model.graph.node if where.output[0] in n.input]:
+            user.input[:] = ["scaled_padding_4d" if i == where.output[0] else i for i in user.input]
+        for node in reversed(nodes):
+            model.graph.node.insert(0, node)
+    out = _fuse_and_diff(tmp_path, _mutated("bert", scaled), "scaled_padding")
+    attrs, (bias, padding) = _attention_attrs(out)
+    assert bias and not padding
+    report = otfuse.fuse(tmp_path / "scaled_padding.onnx", tmp_path / "again.onnx")
+    assert all("matches no causal / padding claim" in m["reason"] for m in report.near_misses), report.near_misses
+
+
+# -- optimum's masks: the causal-and-padding condition sliced to the keys, cond[..., :Shape(K)[2]] --
+def _optimum(tmp_path, key: str) -> onnx.ModelProto:
+    from models.test_export_matrix import COVERAGE, ENTRIES, MATRIX
+
+    return onnx.load(COVERAGE.materialise(MATRIX / ENTRIES[key]["file"], tmp_path))
+
+
+def _fuse_and_diff_padded(tmp_path, model: onnx.ModelProto, name: str):
+    """Fused, and diffed with row 0 left-padded (query rows that see no key) and a hole and a 3 in
+    row 1, after a cache of 3 where the model takes one."""
+    from otfuse.run.feeds import make_feeds
+
+    src, out = tmp_path / f"{name}.onnx", tmp_path / f"{name}_fused.onnx"
+    onnx.save(model, src, save_as_external_data=True, location=f"{name}.bin")
+    report = otfuse.fuse(src, out)
+    feeds = make_feeds(src, {"batch": 2, "seq": 7, "past": 3})
+    mask = feeds["attention_mask"]
+    mask[0, :4], mask[1, 1], mask[1, -2] = 0, 0, 3
+    result = otfuse.diff(src, out, inputs=feeds)
+    assert result.ok, [row.to_dict() for row in result.outputs]
+    return out, report
+
+
+@pytest.mark.parametrize("key", ["llama/optimum_nopast", "llama/optimum_past", "gpt2/optimum_nopast",
+                                 "qwen2/optimum_past"])
+def test_optimum_masks_sliced_to_the_keys_become_causal_and_padding(tmp_path, key):
+    out, report = _fuse_and_diff_padded(tmp_path, _optimum(tmp_path, key), key.replace("/", "_"))
+    assert not [m for m in report.near_misses if "mask kept" in m["pattern"]], report.near_misses
+    attrs, (bias, padding) = _attention_attrs(out)
+    assert attrs["causal"] == 1 and padding == "attention_mask" and not bias
+    assert not _float_wheres(out), "the S x S mask is gone"
+
+
+def test_an_optimum_mask_sliced_by_the_head_size_stays_a_bias(tmp_path):
+    """cond[..., :Shape(K)[3]]: the head size (16) where the key count belongs, the same below 16
+    keys; the check runs past the sizes the mask reads off shapes (19 and 33 keys)."""
+    model = _optimum(tmp_path, "llama/optimum_nopast")
+    model.graph.initializer.append(numpy_helper.from_array(np.array(3, np.int64), "head_size_axis"))
+    for layer in (0, 1):
+        next(n for n in model.graph.node if n.name == f"/model/layers.{layer}/self_attn/Gather_12").input[1] = \
+            "head_size_axis"
+    out, report = _fuse_and_diff_padded(tmp_path, model, "head_size")
+    kept = [m for m in report.near_misses if "mask kept" in m["pattern"]]
+    assert len(kept) == 2 and all("seq 19" in m["reason"] for m in kept), report.near_misses
+    attrs, (bias, padding) = _attention_attrs(out)
+    assert bias and not padding

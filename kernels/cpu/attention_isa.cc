@@ -1,0 +1,25 @@
+#include "cpu/attention_isa.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "common/cpu_features.h"
+#include "ort_glue.h"
+
+namespace otfuse::cpu {
+
+bool AttentionUsesAvx512() {
+  const char* forced = std::getenv("OTFUSE_ATTENTION_ISA");
+  if (forced != nullptr && *forced != '\0') {
+    if (std::strcmp(forced, "avx2") == 0) return false;
+    if (std::strcmp(forced, "avx512") != 0) {
+      throw Error(std::string("OTFUSE_ATTENTION_ISA must be avx2 or avx512 (or unset), got '") + forced + "'");
+    }
+    if (!CpuHasAvx512()) throw Error("OTFUSE_ATTENTION_ISA=avx512: this CPU (or this build) cannot run it");
+    return true;
+  }
+  return CpuHasAvx512() && Avx512AtFullRate();
+}
+
+}  // namespace otfuse::cpu

@@ -1,0 +1,98 @@
+"""Which kernel variant each family takes (OtfuseIsaReport), and the knobs that force them.
+
+The default is decided by measurement: AVX-512 variants only where the library measured 512-bit
+FMAs at full rate (docs/building.md). The report is read through ctypes in this process, so the
+knobs are set in os.environ (the library reads them with getenv at each call)."""
+import os
+
+import pytest
+
+from otfuse.run.library import isa_report
+
+FLOP_BOUND = ("attention", "gemm", "activation")
+
+
+def _has(flag: str) -> bool:
+    with open("/proc/cpuinfo") as f:
+        return any(flag in line.split() for line in f if line.startswith("flags"))
+
+
+AVX2 = _has("avx2") and _has("fma") and _has("f16c")
+AVX512 = all(_has(f) for f in ("avx512f", "avx512vl", "avx512bw", "avx512dq"))
+
+
+@pytest.fixture
+def report(library, monkeypatch):
+    for knob in ("OTFUSE_AVX512_RATE", "OTFUSE_ATTENTION_ISA", "OTFUSE_GEMM_ISA", "OTFUSE_ACTIVATION_ISA",
+                 "OTFUSE_CPU_ISA"):
+        monkeypatch.delenv(knob, raising=False)
+
+    def read(**knobs):
+        for name, value in knobs.items():
+            monkeypatch.setenv(name, value)
+        return isa_report(library)
+    return read
+
+
+def test_report_names_every_family(report):
+    got = report()
+    assert set(got) >= {"avx512", "fma512_over_256", "avx512_full_rate", *FLOP_BOUND, "norm", "rotary"}
+    assert got["avx512"] == AVX512
+
+
+@pytest.mark.skipif(not AVX512, reason="no AVX-512 here")
+def test_measured_ratio_is_one_of_the_two_kinds(report):
+    # Two full-width pipes give ~2, split 512-bit FMAs ~1: a measurement near 1.5 would make the
+    # default flip between runs.
+    ratio = report()["fma512_over_256"]
+    assert ratio < 1.35 or ratio > 1.65, ratio
+
+
+@pytest.mark.skipif(not AVX512, reason="no AVX-512 here")
+def test_default_follows_the_measured_rate(report):
+    got = report()
+    want = "avx512" if got["avx512_full_rate"] else "avx2"
+    assert got["attention"] == want and got["activation"] == want
+    assert got["gemm"] == ("avx512f" if got["avx512_full_rate"] else "avx2+fma")
+
+
+@pytest.mark.skipif(not AVX512, reason="no AVX-512 here")
+def test_half_rate_takes_the_avx2_variants(report):
+    got = report(OTFUSE_AVX512_RATE="half")
+    assert (got["attention"], got["gemm"], got["activation"]) == ("avx2", "avx2+fma", "avx2")
+
+
+@pytest.mark.skipif(not AVX512, reason="no AVX-512 here")
+def test_family_knobs_force_avx512_at_half_rate(report):
+    got = report(OTFUSE_AVX512_RATE="half", OTFUSE_ATTENTION_ISA="avx512", OTFUSE_GEMM_ISA="avx512",
+                 OTFUSE_ACTIVATION_ISA="avx512")
+    assert (got["attention"], got["gemm"], got["activation"]) == ("avx512", "avx512f", "avx512")
+
+
+@pytest.mark.skipif(not AVX2, reason="no AVX2 here")
+def test_family_knobs_force_avx2(report):
+    got = report(OTFUSE_AVX512_RATE="full", OTFUSE_ATTENTION_ISA="avx2", OTFUSE_GEMM_ISA="avx2",
+                 OTFUSE_ACTIVATION_ISA="avx2")
+    assert (got["attention"], got["gemm"], got["activation"]) == ("avx2", "avx2+fma", "avx2")
+
+
+def test_baseline_knob_reaches_every_family(report):
+    got = report(OTFUSE_CPU_ISA="baseline")
+    assert (got["attention"], got["gemm"], got["activation"], got["norm"]) == ("baseline",) * 4
+
+
+@pytest.mark.parametrize("knob", ["OTFUSE_AVX512_RATE", "OTFUSE_ATTENTION_ISA", "OTFUSE_GEMM_ISA",
+                                  "OTFUSE_ACTIVATION_ISA"])
+def test_a_bad_knob_is_one_clear_error(report, knob):
+    got = report(**{knob: "sse9"})
+    assert set(got) == {"error"} and knob in got["error"] and "sse9" in got["error"]
+
+
+@pytest.mark.skipif(AVX512, reason="this CPU runs AVX-512")
+def test_forcing_avx512_without_it_is_an_error(report):
+    got = report(OTFUSE_ATTENTION_ISA="avx512")
+    assert "error" in got and "cannot run" in got["error"]
+
+
+def test_the_library_reports_no_error_by_default(report):
+    assert "error" not in report(), os.environ.get("OTFUSE_LIBRARY")
