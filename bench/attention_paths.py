@@ -244,13 +244,19 @@ def session(model, threads: int, isa: str | None, library: str):
             os.environ["OTFUSE_ATTENTION_ISA"] = old
 
 
-def attention_isa(flags: set[str], forced: str | None) -> str:
-    """The tile kernels otfuse's Attention runs here (attention.cc's Avx512Allowed rule)."""
-    if not {"avx2", "fma", "f16c"} <= flags or os.environ.get("OTFUSE_CPU_ISA") == "baseline":
-        return "baseline"
-    if forced == "avx2" or not {"avx512f", "avx512vl", "avx512bw", "avx512dq"} <= flags:
-        return "avx2 (8-lane ymm, 6x16 tiles)"
-    return "avx512 (16-lane zmm, 14x32 tiles)"
+def isa_line(library: str, forced: str | None) -> str:
+    """The kernel variants `library` reports for this process (OtfuseIsaReport, through
+    common.otfuse_isa_path), with OTFUSE_ATTENTION_ISA = `forced` when given."""
+    old = os.environ.get("OTFUSE_ATTENTION_ISA")
+    if forced:
+        os.environ["OTFUSE_ATTENTION_ISA"] = forced
+    try:
+        return common.otfuse_isa_path(library)
+    finally:
+        if forced and old is None:
+            os.environ.pop("OTFUSE_ATTENTION_ISA", None)
+        elif forced:
+            os.environ["OTFUSE_ATTENTION_ISA"] = old
 
 
 # ---- the run ---------------------------------------------------------------------------------------
@@ -367,7 +373,8 @@ def main(argv=None) -> int:
     print(f"{machine['date']}: {common.cpu_identity()}, {machine['nproc']} cores, ORT threads {args.threads}, "
           f"best of {args.repeats}, loadavg {machine['loadavg_start']}")
     print(f"library: {our_library()}" + (f"; A/B against {args.ab}" if args.ab else ""))
-    print("attention tile kernels: " + " / ".join(attention_isa(common.cpu_flags(), i) for i in isas))
+    for isa in isas:
+        print(f"kernels{' (OTFUSE_ATTENTION_ISA=' + isa + ')' if isa else ''}: {isa_line(our_library(), isa)}")
     refs = references(args.sizes, decode, args.threads)
     ab = f" {'B/ours':>6} {'(wall)':>6}" if args.ab else ""
     print(f"\n{'path':<26} {'S':>6} {'ISA':>6} {'ms':>9} {'CPU ms':>9} {'GFLOP/s':>8} {'by CPU':>8} {'vs MM':>6}"
