@@ -27,19 +27,7 @@ Peak memory: the child's VmHWM (= ru_maxrss) and the growth of its RSS over the 
 Exits non-zero when a goal of the issue fails: otfuse >= 10x the unfused subgraph, >= 1.0x
 GroupQueryAttention, and otfuse's working memory growing linearly in S.
 
---paths (issue #12) instead times every path of the kernel in this one process (bench/attention_paths.py:
-dense, causal, window, key padding, BERT bias, ALiBi, softcap, GQA, MQA, KV cache, fp16; decoding one
-query over a 4k cache) next to the machine references of the same run: ORT MatMul's GFLOP/s on the
-attention's own Q·Kᵀ shape at that S ([S, 128] x [128, S]) and on a LLaMA projection ([2048, 2048] x
-[2048, 6144]), the read bandwidth (bench/stream_read.c) and the FMA peak per vector width. Per path:
-useful GFLOP/s (only the visible query-key pairs) / the better of the two MatMul rates (goal >= 0.85),
-by wall time and by CPU time (both sides timed alike: best of --repeats; on this shared VM a run
-loses its cores for whole stretches, CPU seconds count only the time it ran); decoding: K/V bytes /
-time / read bandwidth (goal >= 0.70). --isa avx2 (or both) also runs the AVX2 tile kernels
-(OTFUSE_ATTENTION_ISA=avx2). Exits non-zero when a goal fails.
-
-    python bench/attention_kernel.py --paths --sizes 2048        # S = 2048 and the decode paths
-    python bench/attention_kernel.py --paths --sizes 8192 --no-decode --isa both
+Every other path of the kernel (issue #12): bench/attention_paths.py.
 """
 
 from __future__ import annotations
@@ -54,7 +42,6 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import attention_paths  # noqa: E402
 import common  # noqa: E402
 
 common.use_checkout()
@@ -214,10 +201,6 @@ def main() -> int:
                         help="skip the unfused case where [1,16,S,S] float32 exceeds this (GB)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per case")
     parser.add_argument("--json", help="write every figure to this file")
-    parser.add_argument("--paths", action="store_true", help="time every kernel path (issue #12) instead")
-    parser.add_argument("--isa", choices=("native", "avx2", "both"), default="native", help="with --paths")
-    parser.add_argument("--only", nargs="+", help="with --paths: the paths whose name starts with one of these")
-    parser.add_argument("--no-decode", action="store_true", help="with --paths: skip the decode paths")
     parser.add_argument("--child", nargs=2, metavar=("CASE", "S"), help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -225,8 +208,6 @@ def main() -> int:
         print(json.dumps(run_child(args.child[0], int(args.child[1]), args.threads, args.repeats)))
         return 0
 
-    if args.paths:
-        return run_paths(args)
     machine = common.machine_info()
     machine["loadavg_start"] = [round(x, 2) for x in os.getloadavg()]
     print(f"{machine['cpu_model']}, {machine['nproc']} cores, {machine['memory_gib']} GiB, "
@@ -309,86 +290,6 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": machine, "results": results, "failures": failures},
                                               indent=2) + "\n")
-    return 1 if failures else 0
-
-
-def path_references(sizes, threads: int) -> dict:
-    """The machine references of this run: ORT MatMul GFLOP/s (Q·Kᵀ shape per S, a LLaMA
-    projection), read bandwidth and FMA peak."""
-    mm = attention_paths.matmul_reference
-    refs = {"qk_matmul": {s: mm(s, attention_paths.HEAD_SIZE, s, threads) for s in sizes},
-            "proj_matmul": mm(2048, 2048, 6144, threads),
-            "read": common.read_bandwidth(threads), "fma": common.fma_peak(threads)}
-    read = refs["read"]["best"] if refs["read"] else None
-    for r in list(refs["qk_matmul"].values()) + [refs["proj_matmul"]]:
-        print(f"ORT MatMul {r['shape']}: {r['gflops']:.0f} GFLOP/s (by CPU time: {r['gflops_cpu']:.0f})")
-    print(f"read bandwidth ({threads} threads, stream_read 461 MB): {read} GB/s; FMA peak: "
-          + ", ".join(f"{bits}-bit {g:.0f}" for bits, g in sorted(refs["fma"].items())) + " GFLOP/s")
-    return refs
-
-
-def reference_rate(refs: dict, s: int, key: str) -> float:
-    """The better MatMul rate of the run at S (the Q·Kᵀ shape at S, the projection)."""
-    qk = refs["qk_matmul"].get(s)
-    return max(qk[key] if qk else 0.0, refs["proj_matmul"][key])
-
-
-def time_path(p, s: int, threads: int, isa: str | None, repeats: int) -> dict:
-    model, feeds = attention_paths.build(p, s)
-    sess = attention_paths.session(model, threads, isa)
-    wall, cpu, runs = attention_paths.best_seconds(lambda: sess.run(None, feeds), repeats, budget_s=8.0)
-    flops, kv = attention_paths.useful_flops(p, s), attention_paths.kv_bytes(p, s)
-    return {"path": p.name, "s": s, "isa": isa or "native", "best_s": wall, "best_cpu_s": cpu, "runs": runs,
-            "gflops": flops / wall * 1e-9, "gflops_cpu": flops / (cpu / threads) * 1e-9, "kv_gbps": kv / wall * 1e-9}
-
-
-def path_row(p, r: dict, refs: dict, read: float | None, failures: list) -> str:
-    """The table cells of one timed path; a missed goal goes to `failures`."""
-    if p.decode:
-        r["vs_read"] = r["kv_gbps"] / read if read else None
-        if read and r["vs_read"] < 0.70 and not p.present and r["isa"] == "native":
-            failures.append(f"{p.name} ({r['isa']}): {r['vs_read']:.2f} of the read bandwidth (goal 0.70)")
-        return f"{'':>8} {'':>9} {'':>6} {r['kv_gbps']:6.1f} {r['vs_read'] or 0:7.2f}"
-    r["vs_matmul"] = r["gflops"] / reference_rate(refs, r["s"], "gflops")
-    r["vs_matmul_cpu"] = r["gflops_cpu"] / reference_rate(refs, r["s"], "gflops_cpu")
-    # The goal is the dispatched kernels' (a forced AVX2 run on an AVX-512 CPU faces MLAS's AVX-512 GEMM).
-    if max(r["vs_matmul"], r["vs_matmul_cpu"]) < 0.85 and r["isa"] == "native":
-        failures.append(f"{p.name} S={r['s']} ({r['isa']}): {r['vs_matmul']:.2f}x MatMul by wall, "
-                        f"{r['vs_matmul_cpu']:.2f}x by CPU time (goal 0.85)")
-    return f"{r['gflops']:8.1f} {r['vs_matmul']:9.2f} {r['vs_matmul_cpu']:6.2f} {'':>6} {'':>7}"
-
-
-def run_paths(args) -> int:
-    """--paths: every kernel path against the references of this same run (issue #12)."""
-    machine = common.machine_info()
-    isas = {"native": [None], "avx2": ["avx2"], "both": [None, "avx2"]}[args.isa]
-    print(f"{machine['date']}: {common.cpu_identity()}, {machine['nproc']} cores, loadavg "
-          f"{os.getloadavg()[0]:.2f}, threads {args.threads}, best of {args.repeats}")
-    print("attention tile kernels: " + " / ".join(attention_paths.attention_isa(common.cpu_flags(), i) for i in isas))
-    refs = path_references(args.sizes, args.threads)
-    read = refs["read"]["best"] if refs["read"] else None
-
-    def chosen(paths):
-        return [p for p in paths if not args.only or any(p.name.startswith(o) for o in args.only)]
-
-    jobs = [(p, s) for s in args.sizes for p in chosen(attention_paths.PATHS)]
-    if not args.no_decode:
-        jobs += [(p, attention_paths.DECODE_PAST) for p in chosen(attention_paths.DECODE_PATHS)]
-    rows, failures = [], []
-    print(f"\n{'path':<26} {'S':>6} {'ISA':>6} {'ms':>9} {'GFLOP/s':>8} {'vs MatMul':>9} {'by CPU':>6}"
-          f" {'GB/s':>6} {'vs read':>7}")
-    for p, s in jobs:
-        for isa in isas:
-            r = time_path(p, s, args.threads, isa, args.repeats)
-            cells = path_row(p, r, refs, read, failures)
-            rows.append(r)
-            print(f"{p.name:<26} {s:>6} {r['isa']:>6} {r['best_s'] * 1e3:9.2f} {cells}", flush=True)
-    print(f"loadavg at the end: {os.getloadavg()[0]:.2f}")
-    for f in failures:
-        print("GOAL FAILED:", f)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"machine": machine, "references": refs, "rows": rows,
-                                               "failures": failures}, indent=2, default=str) + "\n")
     return 1 if failures else 0
 
 

@@ -205,6 +205,24 @@ def test_window_one_sees_only_itself(library):
     np.testing.assert_allclose(y, inputs["V"], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("tiles", ["64x128", "28x32", "20x48"])
+@pytest.mark.parametrize("dtype", [F32, F16], ids=lambda d: d.name)
+def test_edge_tiles_skip_what_no_row_block_sees(library, monkeypatch, dtype, tiles):
+    # On the tiles crossing the diagonal or the window's lower edge the tile kernels skip, per row
+    # block (14 or 6 rows), the key panels and keys none of its rows sees. Float32 values of 32
+    # lanes are read in place, split where the past meets the new rows; float16 ones are packed.
+    monkeypatch.setenv("OTFUSE_ATTENTION_PATH", "packed")
+    monkeypatch.setenv("OTFUSE_ATTENTION_TILES", tiles)
+    rng = seeded("band", dtype.name, tiles)
+    for sq, past, window in [(90, 0, 0), (90, 0, 37), (61, 45, 0), (61, 45, 50), (33, 100, 17)]:
+        inputs = qkv(rng, 1, 2, 2, sq, sq, 32, dtype)
+        if past:
+            inputs["past_key"] = rand(rng, (1, 2, past, 32), dtype)
+            inputs["past_value"] = rand(rng, (1, 2, past, 32), dtype)
+        check(library, inputs, {"num_heads": 2, "causal": 1, "window": window})
+
+
+
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])
 @pytest.mark.parametrize("layout", ["BNSD", "BSND"])
 def test_grouped_query_heads(library, layout, kv_heads):
