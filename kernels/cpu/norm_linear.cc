@@ -4,11 +4,12 @@
 // A run normalises the rows with the norm family's row kernels (cpu/norm_rows.h: same math, same
 // rounding to T as the standalone norm ops) into float32 rows A, then multiplies A by each weight
 // exactly as ORT holds it (the initializer: never copied, never packed beyond one block per task
-// in flight, so fusing costs no memory): one float32 row goes through ORT's own Gemm
-// (cpu/ort_gemm.h: MLAS's single-row kernel, which reads a weight in place as fast as the unfused
-// graph's prepacked copy), everything else through common/gemm.h, which reads W in the orders
-// that stream fastest and takes float16 / bfloat16 weights as they are (ORT's CPU Gemm has no
-// 16-bit kernel: the unfused graph multiplies float32 copies). bench/README.md has the figures.
+// in flight, so fusing costs no memory): one float32 row on a CPU without AVX-512 goes through
+// ORT's own Gemm (cpu/ort_gemm.h: MLAS's single-row kernel, which reads a weight in place as fast
+// as the unfused graph's prepacked copy), everything else through common/gemm.h, which reads W
+// in the orders that stream fastest and takes float16 / bfloat16 weights as they are (ORT's CPU
+// Gemm has no 16-bit kernel: the unfused graph multiplies float32 copies). bench/README.md has
+// the figures.
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -87,6 +88,7 @@ class NormLinearKernel {
     isa_ = SelectCpuIsa();
     gemm_isa_ = SelectGemmIsa();
     forced_ = ForcedGemmPath();
+    one_row_own_ = CpuHasAvx512();
     // ORT's Gemm, one per (layout, bias) the projections use (created for every T: the kernel
     // does not know its T yet; only float32 runs them).
     for (size_t i = 0; i < params_.count(); ++i) {
@@ -167,11 +169,15 @@ class NormLinearKernel {
     GemmInPlace(ctx, gemm_isa_, rows, d, a, products);
   }
 
-  // float32: one row through MLAS (M = 1: 1.12-1.20x the unfused time, ours 0.98-1.16x; from two
-  // rows on ours, MLAS then packing W on every call: 0.44x at M = 16, 0.96x at 512, 0.75x at 2048).
+  // float32 from two rows on: ours (MLAS on the unpacked initializer packs W on every call:
+  // 0.37-0.44x the unfused time at M = 16, 0.81-0.86x at 512, 0.80x at 2048). One row: both
+  // stream W, and which reads it faster depends on the CPU (bench/README.md): MLAS's single-row kernel on the
+  // Zen 3 measured (ours 0.83x in CPU time), ours on the AVX-512 Xeon (ours 1.10-1.56x, MLAS
+  // 0.89-1.10x). The CPU class decides (CpuHasAvx512), not the forced micro-kernels nor the
+  // AVX-512 FMA rate: one row is bound by reading W.
   GemmPath ChooseGemm(int64_t rows) const {
     if (forced_) return *forced_;
-    return rows == 1 ? GemmPath::kOrt : GemmPath::kOwn;
+    return rows == 1 && !one_row_own_ ? GemmPath::kOrt : GemmPath::kOwn;
   }
 
   // Rows of the norm into y (T; and S), then widened to float32 into a unless T is float32 (a == y).
@@ -220,6 +226,7 @@ class NormLinearKernel {
   CpuIsa isa_ = CpuIsa::kBaseline;
   GemmIsa gemm_isa_ = GemmIsa::kBaseline;
   std::optional<GemmPath> forced_;
+  bool one_row_own_ = false;  // float32 with one row through ours (ChooseGemm)
   std::unique_ptr<OrtGemm> gemm_[2][2];  // [transposed][with bias]
 };
 

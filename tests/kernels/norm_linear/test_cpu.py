@@ -2,7 +2,7 @@
 
 Weights are constant initializers or graph inputs; the kernel reads both in place, so they must
 give the same bits. The products take one of three paths (kernels/cpu/norm_linear.cc): ORT's own
-Gemm (float32, one row), our GEMM reading W in place (up to 64 rows) or packing it per task (more
+Gemm (float32, one row, CPUs without AVX-512), our GEMM reading W in place (up to 64 rows) or packing it per task (more
 rows); OTFUSE_NORM_LINEAR_GEMM=ort / own forces ORT's or ours for float32, OTFUSE_CPU_ISA=baseline
 the portable micro-kernels, OTFUSE_GEMM_ISA=avx2 the AVX2 ones on an AVX-512 CPU. The shapes below reach every path, layout and edge (partial tiles,
 k blocks, row chunks, column ranges) on every path the machine has. bfloat16 crosses the graph
