@@ -14,9 +14,10 @@ default 8192 x 5632, an MLP's intermediate at 8192 tokens):
   buffer as large as the fused kernel's traffic, its best pass.
 
 They take turns, ``--repeat`` rounds, so each sees the same machine load; the best of each is
-compared. The kernel's traffic is what it must move: its inputs read and Y written, so
-"of read bandwidth" = (bytes read + bytes written) / time / stream_read's GB/s. Goal (issue 14):
->= 70%. The header names the CPU and the activation variant the kernels take (the library's rule,
+compared; "CPU ms" is the process's CPU time (all threads) in the fused kernel's best round
+(about threads x wall when the kernel had the cores to itself). The kernel's traffic is what it
+must move: its inputs read and Y written, so "of read bandwidth" = (bytes read + bytes written) /
+time / stream_read's GB/s. Goal (issue 14): >= 70%. The header names the CPU and the activation variant the kernels take (the library's rule,
 or OTFUSE_ACTIVATION_ISA).
 
     python bench/activation_kernel.py [--shape 8192 5632] [--dtype float32 float16] [--threads 1 2]
@@ -161,10 +162,11 @@ def activation_isa() -> str:
     return "avx512 (16 lanes)" if "avx512f" in flags else "avx2 (8 lanes)"
 
 
-def _timed(run) -> float:
-    start = time.perf_counter()
+def _timed(run) -> tuple[float, float]:
+    """(wall, CPU) seconds of one run; CPU is this process's, every thread's."""
+    start, cpu = time.perf_counter(), time.process_time()
     run()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu
 
 
 def bench_op(op: str, dtype: str, shape: tuple[int, int], threads: int, repeat: int, library: str,
@@ -182,11 +184,13 @@ def bench_op(op: str, dtype: str, shape: tuple[int, int], threads: int, repeat: 
     runs = [r for r in (fused, unfused) if r is not None]
     for run in runs + runs:
         run()  # warm up: pages touched, thread pools started
-    times = {"fused": [], "unfused": [], "stream_read_gbps": []}
+    times = {"fused": [], "fused_cpu": [], "unfused": [], "stream_read_gbps": []}
     for _ in range(repeat):
-        times["fused"].append(_timed(fused))
+        wall, cpu = _timed(fused)
+        times["fused"].append(wall)
+        times["fused_cpu"].append(cpu)
         if unfused is not None:
-            times["unfused"].append(_timed(unfused))
+            times["unfused"].append(_timed(unfused)[0])
         times["stream_read_gbps"].append(stream())
     # The outputs against the unfused graph's, or (--no-unfused) the first rows against numpy's
     # float64 formula.
@@ -202,6 +206,7 @@ def bench_op(op: str, dtype: str, shape: tuple[int, int], threads: int, repeat: 
         "op": op, "dtype": dtype, "shape": list(shape), "read_bytes": read_bytes, "written_bytes": written_bytes,
         "traffic_bytes": traffic, "threads": threads,
         "fused_ms": best_fused * 1e3, "fused_median_ms": statistics.median(times["fused"]) * 1e3,
+        "fused_cpu_ms": times["fused_cpu"][times["fused"].index(best_fused)] * 1e3,
         "unfused_ms": best_unfused * 1e3, "speedup": best_unfused / best_fused,
         "fused_gbps": fused_gbps, "read_gbps": best_read, "read_fraction": fused_gbps / best_read,
         "read_gbps_all": times["stream_read_gbps"], "outputs_agree": agree, "max_abs_diff": float(err.max()),
@@ -227,7 +232,7 @@ def main(argv=None) -> int:
     print(f"activation kernels: {info['activation_isa']}; {info['date']}")
     print(f"Y [{shape[0]}, {shape[1]}], best of {args.repeat} rounds; GB/s = (bytes read + bytes written) / time, "
           f"'of read' = that / stream_read's best GB/s (same threads, same bytes, same rounds)\n")
-    header = f"{'op':13} {'dtype':8} {'thr':>3} {'MB r+w':>10} {'fused ms':>9} {'unfused ms':>10} {'speed-up':>8} " \
+    header = f"{'op':13} {'dtype':8} {'thr':>3} {'MB r+w':>10} {'fused ms':>9} {'CPU ms':>7} {'unfused ms':>10} {'speed-up':>8} " \
              f"{'fused GB/s':>10} {'read GB/s':>9} {'of read':>8}  outputs"
     print(header)
     rows = []
@@ -239,7 +244,8 @@ def main(argv=None) -> int:
                     rows.append(row)
                     mark = "" if row["read_fraction"] >= GOAL_READ_FRACTION else "  (< 70%)"
                     rw = f"{row['read_bytes'] // 10**6}+{row['written_bytes'] // 10**6}"
-                    print(f"{op:13} {dtype:8} {threads:3} {rw:>10} {row['fused_ms']:9.1f} {row['unfused_ms']:10.1f} "
+                    print(f"{op:13} {dtype:8} {threads:3} {rw:>10} {row['fused_ms']:9.1f} {row['fused_cpu_ms']:7.1f} "
+                          f"{row['unfused_ms']:10.1f} "
                           f"{row['speedup']:7.2f}x {row['fused_gbps']:10.1f} {row['read_gbps']:9.1f} "
                           f"{row['read_fraction']:8.0%}  {'agree' if row['outputs_agree'] else 'DIFFER'}{mark}",
                           flush=True)

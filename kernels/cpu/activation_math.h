@@ -254,5 +254,84 @@ static OTFUSE_MATH_INLINE VF GeluErf(VF x) {
   return x == -__builtin_inff() ? Splat(-0.0f) : y;  // the limit
 }
 
+// ---- float16 results (activation_rows.inc takes these for float16 rows) ----
+// A float16 result is rounded to 11 bits, and float16 inputs are at most 65504 with 11-bit
+// mantissas: the math below is accurate to ~2^-17 (docs/ops.md states the bounds; the tests check
+// every float16 value), with lower-degree polynomials, a reciprocal in place of the division
+// (AVX-512's divider is ~10 cycles a vector, most of SiLU's time) and no exact tail: every result
+// the tails keep accurate in float32 is below float16's smallest subnormal.
+
+// 2^u for u in [-125, 125] (callers clamp): u = k + f, |f| <= 1/2, 2^f by a degree-4 polynomial
+// fitted for relative error (2.6e-6).
+static OTFUSE_MATH_INLINE VF Exp2Half(VF u) {
+#if defined(__AVX512F__)
+  const VF k = _mm512_roundscale_ps(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+  const float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const VF shifted = u + kRound;
+  const VF k = shifted - kRound;
+#endif
+  const VF f = u - k;
+  const VF f2 = f * f;
+  const VF low = Fma(Splat(0.6931217908859253f), f, Splat(0.9999992847442627f));
+  const VF high = Fma(Fma(Splat(0.009570079855620861f), f, Splat(0.05591783672571182f)), f, Splat(0.240247443318367f));
+  const VF p = Fma(high, f2, low);
+#if defined(__AVX512F__)
+  return _mm512_scalef_ps(p, k);
+#else
+  return p * (VF)(((VI)shifted - (VI)Splat(kRound) + 127) << 23);
+#endif
+}
+
+// x / d for normal d. With AVX-512, the reciprocal estimate (relative error 2^-14) and one Newton
+// step (~2^-22): the divider takes ~10 cycles a 16-lane vector, most of SiLU's time. Narrower
+// dividers are fast enough (AVX2: ~5 cycles for 8 lanes, hidden behind the other work).
+static OTFUSE_MATH_INLINE VF Divide(VF x, VF d) {
+#if defined(__AVX512F__)
+  const VF r = _mm512_rcp14_ps(d);
+  return x * Fma(Fma(-d, r, Splat(1.0f)), r, r);
+#else
+  return x / d;
+#endif
+}
+
+// x * sigmoid(t) = x / (1 + 2^(-t log2 e)). Below t = -80 the sigmoid is under 2e-35 and every
+// float16 x times it rounds to a zero of x's sign; 2^-100 stands for it (a tiny value, not 0, so
+// that a gated product with an infinite up gives the limit, not NaN).
+static OTFUSE_MATH_INLINE VF TimesSigmoidHalf(VF x, VF t) {
+  const VF u = Min(Max(t * -1.44269504088896341f, Splat(-125.0f)), Splat(125.0f));  // NaN t: NaN stays
+  const VF y = Divide(x, Exp2Half(u) + 1.0f);
+  return t < -80.0f ? CopySign(Splat(0x1p-100f), x) : y;
+}
+
+static OTFUSE_MATH_INLINE VF SiluHalf(VF x) { return TimesSigmoidHalf(x, x); }
+
+static OTFUSE_MATH_INLINE VF QuickGeluHalf(VF x, float alpha) { return TimesSigmoidHalf(x, x * alpha); }
+
+// t = 2 sqrt(2/pi) (x + 0.044715 x^3) has no overflow for |x| <= 65504 (x^3 < 2^48).
+static OTFUSE_MATH_INLINE VF GeluTanhHalf(VF x) {
+  const float kC1 = 1.5957691216057307f;    // 2 sqrt(2/pi)
+  const float kC2 = 0.071354816272869261f;  // 2 sqrt(2/pi) * 0.044715
+  return TimesSigmoidHalf(x, x * Fma(x * x, Splat(kC2), Splat(kC1)));
+}
+
+// x * Phi(x) with h = erfc(|x|/sqrt2) / 2 = t Q(t) e^(-x^2/2), t = 1 / (1 + 0.3 |x|), Q of degree
+// 5 fitted for relative error on |x| in [0, 7.5] (1.6e-6). x^2 is exact for float16 x. Past
+// |x| = 7.5, h < 4e-14: x * h rounds to a float16 zero and x * (1 - h) to x, so |x| is clamped
+// in h, and x below -7.5.
+static OTFUSE_MATH_INLINE VF GeluErfHalf(VF x) {
+  const VF ax = Min(Abs(x), Splat(7.5f));  // NaN -> 7.5 (x carries the NaN)
+  const VF e = Exp2Half(ax * ax * -0.72134752044448170f);  // e^(-x^2/2), exponent in [-41, 0]
+  const VF t = Divide(Splat(1.0f), Fma(ax, Splat(0.3f), Splat(1.0f)));
+  const VF t2 = t * t;
+  const VF q01 = Fma(Splat(0.11072283983230591f), t, Splat(0.12037979066371918f));
+  const VF q23 = Fma(Splat(-0.03706541657447815f), t, Splat(0.15550397336483002f));
+  const VF q45 = Fma(Splat(-0.08264702558517456f), t, Splat(0.23310504853725433f));
+  const VF q = Fma(Fma(q45, t2, q23), t2, q01);
+  const VF h = (t * q) * e;
+  const VF cx = Max(Splat(-7.5f), x);  // -inf -> -7.5, so its result is the limit -0; NaN stays
+  return cx * (x < 0.0f ? h : 1.0f - h);
+}
+
 }  // namespace activation_math
 }  // namespace otfuse::cpu

@@ -23,6 +23,8 @@ MIN_NORMAL = 2.0 ** -126
 # exact formula; the tanh form's grows with its sigmoid argument t (float32 rounding of t, which
 # the function amplifies by |t| for x < 0).
 RELATIVE_BOUND = {"gelu_none": 2.0 ** -20, "gelu_tanh": 2.0 ** -21, "silu": 2.0 ** -21, "quick_gelu": 2.0 ** -21}
+# float16 rows take the float16-result math (activation_math.h, *Half): one flat bound for every op.
+HALF_MATH_BOUND = 2.0 ** -16
 # Half an ulp of the output type (the final rounding) and the absolute floor below its normals.
 HALF_ULP = {F32: 0.0, F16: 2.0 ** -11, BF16: 2.0 ** -8}
 ABS_FLOOR = {F32: MIN_NORMAL, F16: 2.0 ** -25, BF16: MIN_NORMAL}
@@ -34,7 +36,9 @@ def tanh_argument(x: np.ndarray) -> np.ndarray:
         return 2.0 * np.sqrt(2.0 / np.pi) * (x64 + 0.044715 * x64 ** 3)
 
 
-def relative_bound(kind: str, gate: np.ndarray) -> np.ndarray | float:
+def relative_bound(kind: str, gate: np.ndarray, dtype=F32) -> np.ndarray | float:
+    if dtype == F16:
+        return HALF_MATH_BOUND
     if kind == "gelu_tanh":
         return RELATIVE_BOUND[kind] * (1.0 + np.minimum(np.abs(tanh_argument(gate)), 1e30))
     return RELATIVE_BOUND[kind]
@@ -123,7 +127,7 @@ def test_every_half_value(library, monkeypatch, kind, dtype, isa):
     x = every_value(dtype)
     (y,) = run_op(library, op, [x], attrs=attrs)
     assert y.dtype == dtype
-    assert_within_bound(y, exact(x.astype(np.float32)), relative_bound(kind, x.astype(np.float32)), dtype)
+    assert_within_bound(y, exact(x.astype(np.float32)), relative_bound(kind, x.astype(np.float32), dtype), dtype)
 
 
 @pytest.mark.parametrize("isa", ALL_ISAS)
@@ -136,8 +140,21 @@ def test_quick_gelu_alpha(library, monkeypatch, alpha, isa):
     assert_within_bound(y, reference.quick_gelu_exact(x, alpha), RELATIVE_BOUND["quick_gelu"], F32)
 
 
-def test_signed_zero_and_limits(library):
-    x = np.array([0.0, -0.0, np.inf, -np.inf], np.float32)
+@pytest.mark.parametrize("isa", ALL_ISAS)
+@pytest.mark.parametrize("alpha", [1.702, -0.37, 0.0, 2.5e-3, 40.0])
+def test_quick_gelu_alpha_every_float16(library, monkeypatch, alpha, isa):
+    # The float16 math's sigmoid cut-off (t < -80) and clamps, for either sign of alpha * x.
+    use_isa(monkeypatch, isa)
+    x = every_value(F16)
+    (y,) = run_op(library, "QuickGelu", [x], attrs={"alpha": alpha})
+    assert_within_bound(y, reference.quick_gelu_exact(x.astype(np.float32), alpha), HALF_MATH_BOUND, F16)
+
+
+@pytest.mark.parametrize("isa", ALL_ISAS)
+@pytest.mark.parametrize("dtype", [F32, F16], ids=lambda d: d.name)
+def test_signed_zero_and_limits(library, monkeypatch, dtype, isa):
+    use_isa(monkeypatch, isa)
+    x = np.array([0.0, -0.0, np.inf, -np.inf], dtype)
     for op, attrs in [("Gelu", {}), ("Gelu", {"approximate": "tanh"}), ("SiLU", {}), ("QuickGelu", {})]:
         (y,) = run_op(library, op, [x], attrs=attrs)
         np.testing.assert_array_equal(y, [0.0, -0.0, np.inf, -0.0])
@@ -168,7 +185,7 @@ def test_gated_two_inputs(library, monkeypatch, name, shape, dtype, isa):
     (y,) = run_op(library, name.split("/")[0], [a, b], attrs=attrs)
     assert y.shape == shape and y.dtype == dtype
     a32, b32 = a.astype(np.float32), b.astype(np.float32)
-    assert_within_bound(y, exact(a32, b32, 0), relative_bound(kind, a32), dtype, gated=True)
+    assert_within_bound(y, exact(a32, b32, 0), relative_bound(kind, a32, dtype), dtype, gated=True)
 
 
 @pytest.mark.parametrize("isa", ALL_ISAS)
@@ -185,7 +202,7 @@ def test_gated_halves_of_one_input(library, monkeypatch, name, shape, gate_half,
     assert y.shape == shape[:-1] + (shape[-1] // 2,) and y.dtype == dtype
     a32 = a.astype(np.float32)
     gate = np.split(a32, 2, axis=-1)[gate_half]
-    assert_within_bound(y, exact(a32, None, gate_half), relative_bound(kind, gate), dtype, gated=True)
+    assert_within_bound(y, exact(a32, None, gate_half), relative_bound(kind, gate, dtype), dtype, gated=True)
 
 
 def test_gate_half_selects_the_gate(library):
