@@ -35,6 +35,20 @@ class MaskClaim:
     empty_rows: str  # "uniform" for a finite minimum (HF), "zero" for -inf
 
 
+def computing_nodes(graph: GraphIndex, value: str):
+    """The nodes that compute ``value`` from its values, each once: upstream through every
+    non-constant operand, not past a shape read (what a Shape gives is probed by the sequences)."""
+    seen, stack = set(), [value]
+    while stack:
+        name = stack.pop()
+        node = graph.producer.get(name)
+        if name in seen or node is None or node.op_type in SHAPE_READERS:
+            continue
+        seen.add(name)
+        yield node
+        stack.extend(i for i in node.input if i and not graph.is_constant(i))
+
+
 def input_values_read(graph: GraphIndex, value: str, memo: dict) -> frozenset[str]:
     """The graph inputs whose values (not just shapes) ``value`` depends on."""
     key = ("reads", value)

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from otfuse.fusions.attention.mask_probes import (LARGEST_PROBED_OFFSET, SENTINEL, SHAPE_READERS, MaskClaim,
+from otfuse.fusions.attention.mask_probes import (LARGEST_PROBED_OFFSET, SENTINEL, MaskClaim,
+                                                  computing_nodes,
                                                   input_values_read, static_dims_read, verify_by_running)
 from otfuse.fusions.attention.opaque_masks import claim_by_running
 from otfuse.rewriter.graph import GraphIndex
@@ -335,19 +336,13 @@ def _offset_constants(graph: GraphIndex, value: str) -> set[int]:
     """Scalar constants combined with or compared to anything in the condition's computation
     (shape reads excluded): a band, shift or bound of that size shows only at sequences longer
     than it, so the check runs there too."""
-    found, seen, stack = set(), set(), [value]
-    while stack:
-        name = stack.pop()
-        node = graph.producer.get(name)
-        if name in seen or node is None or node.op_type in SHAPE_READERS:
-            continue
-        seen.add(name)
+    found = set()
+    for node in computing_nodes(graph, value):
         if node.op_type in _COMPARISONS | _OFFSETTING | {"Equal"}:
             for operand in node.input[1:] if node.op_type == "Trilu" else node.input:
                 c = graph.scalar_value(operand) if operand else None
                 if c is not None and np.isfinite(c):
                     found.add(int(abs(c)))
-        stack.extend(i for i in node.input if i and not graph.is_constant(i))
     return found
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from otfuse.fusions.attention.mask_probes import (LARGEST_PROBED_OFFSET, SENTINEL, SHAPE_READERS, MaskClaim,
+from otfuse.fusions.attention.mask_probes import (LARGEST_PROBED_OFFSET, SENTINEL, MaskClaim, computing_nodes,
                                                   input_values_read, static_dims_read, verify_by_running)
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.refuse import Refuse
@@ -98,17 +98,11 @@ def _numbers(graph: GraphIndex, mask: str) -> set[int]:
     """|c| of every finite entry of the small constants the mask's computation uses, and the dims
     of every constant (a buffer sliced to the sequence shows its length only past it); its shape
     reads excluded: what they give is probed by the sequences themselves."""
-    found, seen, stack = set(), set(), [mask]
-    while stack:
-        name = stack.pop()
-        node = graph.producer.get(name)
-        if name in seen or node is None or node.op_type in SHAPE_READERS:
-            continue
-        seen.add(name)
+    found = set()
+    for node in computing_nodes(graph, mask):
         for operand in (i for i in node.input if i and graph.is_constant(i)):
             found |= set(graph.constant_shape(operand) or ())
             if (graph.constant_size(operand) or 0) <= _SMALL_CONSTANT:
                 values = np.asarray(graph.constant_value(operand), dtype=np.float64).reshape(-1)
                 found |= {int(abs(v)) for v in values if np.isfinite(v)}
-        stack.extend(i for i in node.input if i and not graph.is_constant(i))
     return found
