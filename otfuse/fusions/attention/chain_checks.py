@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 
 from otfuse.fusions.attention.fused_matmul import fused_alpha
+from otfuse.fusions.attention.constant_masks import looks_like_mask
 from otfuse.fusions.attention.masks import classify_bool_mask, classify_mask, zero_filled
 from otfuse.rewriter import checks
 from otfuse.rewriter.builder import Helpers, Value
@@ -246,16 +247,17 @@ def require_mask(graph: GraphIndex, mask: str, target: tuple) -> None:
         raise Refuse(f"the mask {mask!r} is not a float tensor")
 
 
-def mask_inputs(ctx: RewriteContext, match: Match, attributes: dict, helpers: Helpers) -> tuple[Value, Value]:
+def mask_inputs(ctx: RewriteContext, match: Match, attributes: dict, helpers: Helpers,
+                scores: tuple) -> tuple[Value, Value]:
     """(attn_bias, key_padding_mask): the graph's mask as causal/window/padding when masks.py
-    can prove what it computes (``attributes`` updated), else as an additive bias (reported);
-    ONNX Attention's all-zero bias is none."""
+    can prove what it computes for these ``scores`` (their [B, N, Sq, Skv]; ``attributes``
+    updated), else as an additive bias (reported); ONNX Attention's all-zero bias is none."""
     if match.has("fill_where"):
-        return _filled_mask_inputs(ctx, match, attributes, helpers)
+        return _filled_mask_inputs(ctx, match, attributes, helpers, scores)
     if not match.has("mask") or zero_filled(ctx.graph, match.value("mask")):
         return "", ""
     try:
-        claim = classify_mask(ctx.graph, match.value("mask"), ctx.memo)
+        claim = classify_mask(ctx.graph, match.value("mask"), ctx.memo, scores)
     except Refuse as refusal:
         _report_unclaimed(ctx, match.value("mask"), refusal)
         return match.value("mask"), ""
@@ -266,14 +268,16 @@ def mask_inputs(ctx: RewriteContext, match: Match, attributes: dict, helpers: He
 def _report_unclaimed(ctx: RewriteContext, mask: str, refusal: Refuse) -> None:
     """A mask the graph computes but masks.py could not prove causal / window / padding becomes a
     materialised bias: the kernel then reads it and computes every tile. A mask that is a graph
-    input or a constant is what the model states, not a lost claim."""
-    if mask in ctx.graph.graph_inputs or ctx.graph.is_constant(mask):
+    input, or a constant that holds no mask (a learned bias), is what the model states, not a
+    lost claim; a constant of 0 / one minimum (or bool) is reported like a computed mask."""
+    graph = ctx.graph
+    if mask in graph.graph_inputs or (graph.is_constant(mask) and not looks_like_mask(graph.constant_value(mask))):
         return
     ctx.fused_less_than_fully("mask kept as a materialised attn_bias", str(refusal))
 
 
 def _filled_mask_inputs(ctx: RewriteContext, match: Match, attributes: dict,
-                        helpers: Helpers) -> tuple[Value, Value]:
+                        helpers: Helpers, scores: tuple) -> tuple[Value, Value]:
     """``Where(cond, s, fill)``: with no other mask, a condition masks.py proves causal /
     window / padding becomes those attributes (the fill masks for good, see ``fill``: a row
     with every key masked is uniform for a finite fill, 0 for -inf behind the NaN guard).
@@ -286,7 +290,7 @@ def _filled_mask_inputs(ctx: RewriteContext, match: Match, attributes: dict,
     swapped = match.node("fill_where").input[1] == match.value("fill")
     if not swapped and not match.has("mask"):
         try:
-            claim = classify_bool_mask(graph, cond, ctx.memo)
+            claim = classify_bool_mask(graph, cond, ctx.memo, scores)
         except Refuse as refusal:
             _report_unclaimed(ctx, cond, refusal)
             claim = None

@@ -126,11 +126,12 @@ def _analyse(ctx: RewriteContext, match: Match) -> Fusion:
         raise Refuse(f"scale {scale}")
     if scale:
         attributes["scale"] = scale
+    scores = (g["batch"], g["heads"], g["q_len"], total)
     if match.has("mask"):
-        chain.require_mask(graph, match.value("mask"), (g["batch"], g["heads"], g["q_len"], total))
+        chain.require_mask(graph, match.value("mask"), scores)
     helpers = Helpers(match.root)
     q, k, v = _bias_inputs(graph, match, g, helpers)
-    bias, padding = chain.mask_inputs(ctx, match, attributes, helpers)
+    bias, padding = chain.mask_inputs(ctx, match, attributes, helpers, scores)
     past = {"past_key": match.value("past_k"), "past_value": match.value("past_v")} if match.has("past_k") else {}
     present = dict(zip(("present_key", "present_value"), node.output[1:3]))
     call = ops.Attention(Q=q, K=k, V=v, attn_bias=bias, key_padding_mask=padding, **past, Y=node.output[0],

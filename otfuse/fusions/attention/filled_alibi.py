@@ -24,8 +24,8 @@ from otfuse.rewriter.refuse import Refuse
 from otfuse.rewriter.rule import RewriteContext
 
 
-def alibi_before_fill(ctx: RewriteContext, match: Match, attributes: dict,
-                      helpers: Helpers) -> tuple[Value, Value] | None:
+def alibi_before_fill(ctx: RewriteContext, match: Match, attributes: dict, helpers: Helpers,
+                      scores: tuple) -> tuple[Value, Value] | None:
     """(alibi_slopes, key_padding_mask) for ``Where(cond, s + m, fill)`` when m is a proven ALiBi
     and cond a proven causal / window / padding condition (``attributes`` updated), else None."""
     if not (match.has("fill_where") and match.has("mask_add")):
@@ -34,7 +34,7 @@ def alibi_before_fill(ctx: RewriteContext, match: Match, attributes: dict,
     swapped = match.node("fill_where").input[1] == match.value("fill")
     try:
         filler = fill(graph, match)
-        claim = classify_bool_mask(graph, match.value("fill_cond"), ctx.memo, masked=swapped)
+        claim = classify_bool_mask(graph, match.value("fill_cond"), ctx.memo, scores, masked=swapped)
         alibi = classify_alibi(graph, match.value("mask"), attributes["num_heads"], claim.key_padding,
                                ctx.memo, row_offsets=True)
     except Refuse as refusal:

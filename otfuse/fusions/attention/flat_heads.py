@@ -97,12 +97,13 @@ def _analyse(ctx: RewriteContext, match: Match) -> Fusion:
         alibi = graph.shape(match.value("alibi"))
         if alibi is None or len(alibi) != 3 or alibi[1] != 1:
             raise Refuse(f"the ALiBi bias has shape {alibi}, not [B*N, 1, Skv]")
+    scores = (dims["B"], dims["N"], dims["Sq"], dims["Skv"])
     if match.has("mask"):
-        chain.require_mask(graph, match.value("mask"), (dims["B"], dims["N"], dims["Sq"], dims["Skv"]))
+        chain.require_mask(graph, match.value("mask"), scores)
     attributes = {"num_heads": dims["N"], "kv_num_heads": dims["N"], "scale": chain.scale(graph, match),
                   "layout": "BNSD", "output_layout": "BSND" if match.has("out_transpose") else "BNSD"}
     helpers = Helpers(match.root)
-    mask, padding = chain.mask_inputs(ctx, match, attributes, helpers)
+    mask, padding = chain.mask_inputs(ctx, match, attributes, helpers, scores)
     bias, slopes, partial = _alibi_inputs(ctx, match, dims["N"], padding, attributes, helpers)
     if mask:
         bias = helpers.node("Add", [bias, mask]) if bias else mask

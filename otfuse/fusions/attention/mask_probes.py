@@ -25,6 +25,8 @@ BOOL = onnx.TensorProto.BOOL
 LARGEST_PROBED_OFFSET = 8192
 SENTINEL = 2**31 - 1
 SHAPE_READERS = {"Shape", "Size"}
+# A "minimum" at least this negative masks a key for good in float32 and float16 alike.
+MASKED_BELOW = -1e4
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,20 @@ class MaskClaim:
     window: int  # 0 = none
     key_padding: str | None  # the graph input holding the [B, Skv] padding mask
     empty_rows: str  # "uniform" for a finite minimum (HF), "zero" for -inf
+    # (Sq, Skv) when the mask could run at that one size only (a static export): the claim holds
+    # there, so the attention's query / key lengths must be those numbers (require_lengths).
+    lengths: tuple[int, int] | None = None
+
+
+def require_lengths(claim: MaskClaim, scores: tuple) -> None:
+    """Refuse a claim proven at one fixed size for scores whose query / key lengths are not
+    provably that size: the op would apply it at lengths no run checked."""
+    if claim.lengths is None:
+        return
+    if len(scores) < 2 or tuple(scores[-2:]) != claim.lengths or \
+            not all(isinstance(d, int) for d in scores[-2:]):
+        raise Refuse(f"the mask was proven at its one size {claim.lengths[0]} x {claim.lengths[1]} (Sq x Skv), "
+                     f"and the scores' query / key lengths are {' x '.join(str(d) for d in scores[-2:])}")
 
 
 def computing_nodes(graph: GraphIndex, value: str):
@@ -205,7 +221,7 @@ def subgraph_model(graph: GraphIndex, output: str) -> onnx.ModelProto:
     inputs += [onnx.helper.make_tensor_value_info(name, graph.elem_type(name), declared_dims[name])
                for name in sorted(set(declared_dims) & reads)]
     initializers = []
-    for name in sorted(reads & set(graph.initializers)):
+    for name in sorted((reads | {output}) & set(graph.initializers)):  # the output itself: a constant mask
         if (graph.constant_size(name) or 0) > 4096:
             raise Refuse("the mask is computed from large weights")
         initializers.append(onnx.numpy_helper.from_array(graph.constant_value(name), name))
@@ -305,10 +321,11 @@ def _sized_by(model: onnx.ModelProto, dim: str) -> bool:
 
 
 def verify_by_running(graph: GraphIndex, output: str, claim: MaskClaim, visible_of, offsets: set[int],
-                      batches: tuple[int, ...] = (2,)) -> None:
+                      batches: tuple[int, ...] = (2,)) -> tuple[int, int] | None:
     """Refuse unless running the subgraph computing ``output`` gives, by ``visible_of`` (the keys
     it leaves visible, or None for a value that is no mask), what ``claim`` says, at sequences
-    past every one of ``offsets``, with and without a cache when it has one, at each of ``batches``."""
+    past every one of ``offsets``, with and without a cache when it has one, at each of ``batches``.
+    Returns (Sq, Skv) when the subgraph runs at that one length only (the claim's ``lengths``)."""
     from otfuse.run.feeds import make_feeds
 
     model = subgraph_model(graph, output)
@@ -317,8 +334,10 @@ def verify_by_running(graph: GraphIndex, output: str, claim: MaskClaim, visible_
         return _verify_at_own_size(model, session, claim, visible_of)
     rng = np.random.default_rng(0)
     fixed_length = _fixed_length(model)
+    static = static_sizes(model)
     batches = batches if _sized_by(model, "batch") else (2,)
-    for batch, seq, past in _configurations(claim, has_past, offsets, static_sizes(model), batches):
+    lengths = None
+    for batch, seq, past in _configurations(claim, has_past, offsets, static, batches):
         feeds = make_feeds(model, {"batch": batch, "seq": seq, "past": past})
         if fixed_length is not None:  # the export fixed the length, the batch stays free
             seq, past = fixed_length[0], fixed_length[1] - fixed_length[0]
@@ -337,6 +356,8 @@ def verify_by_running(graph: GraphIndex, output: str, claim: MaskClaim, visible_
             if visible is None or not _broadcasts_to_equal(visible, expected):
                 raise Refuse(f"running the mask (seq {seq}, past {past}) contradicts "
                                f"causal={claim.causal}, window={claim.window}, padding={claim.key_padding}")
+        lengths = (seq, total)
+    return lengths if static is not None or fixed_length is not None else None
 
 
 def _sized_by_output(model: onnx.ModelProto) -> bool:
@@ -347,7 +368,7 @@ def _sized_by_output(model: onnx.ModelProto) -> bool:
     return not any(None in shape for shape in shapes) and not any(len(shape) == 2 for shape in shapes)
 
 
-def _verify_at_own_size(model: onnx.ModelProto, session, claim: MaskClaim, visible_of) -> None:
+def _verify_at_own_size(model: onnx.ModelProto, session, claim: MaskClaim, visible_of) -> tuple[int, int]:
     """No padding input here (it would be [B, S]): the output's last two dims are Sq and Skv."""
     from otfuse.run.feeds import make_feeds
 
@@ -363,6 +384,7 @@ def _verify_at_own_size(model: onnx.ModelProto, session, claim: MaskClaim, visib
     if visible is None or not _broadcasts_to_equal(visible, expected):
         raise Refuse(f"running the mask at its own size {list(got.shape)} contradicts causal={claim.causal}, "
                      f"window={claim.window} (bottom-right aligned)")
+    return int(seq), int(total)
 
 
 def _broadcasts_to_equal(visible: np.ndarray, expected: np.ndarray) -> bool:

@@ -31,22 +31,21 @@ but the padding mask (others only for their shapes), so what runs here is what r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx
 
-from otfuse.fusions.attention.mask_probes import (LARGEST_PROBED_OFFSET, SENTINEL, MaskClaim,
-                                                  computing_nodes,
-                                                  input_values_read, static_dims_read, verify_by_running)
+from otfuse.fusions.attention.constant_masks import band_window, bias_fill, constant_part, static_value
+from otfuse.fusions.attention.mask_probes import (LARGEST_PROBED_OFFSET, MASKED_BELOW, SENTINEL, MaskClaim,
+                                                  computing_nodes, input_values_read, require_lengths,
+                                                  static_dims_read, verify_by_running)
 from otfuse.fusions.attention.opaque_masks import claim_by_running
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.pattern import attr
 from otfuse.rewriter.refuse import Refuse
 
 BOOL = onnx.TensorProto.BOOL
-# A "minimum" at least this negative masks a key for good in float32 and float16 alike.
-_MASKED_BELOW = -1e4
 # Ops whose constant operand can shift or bound an index by that much.
 _OFFSETTING = {"Add", "Sub", "Mul", "Div", "Mod", "Min", "Max", "Clip", "Trilu"}
 _COMPARISONS = {"Less", "LessOrEqual", "Greater", "GreaterOrEqual"}
@@ -55,29 +54,39 @@ _COMPARISONS = {"Less", "LessOrEqual", "Greater", "GreaterOrEqual"}
 _RESHAPING = {"Expand", "Identity", "Unsqueeze", "Reshape", "Squeeze"}
 
 
-def classify_mask(graph: GraphIndex, mask: str, memo: dict) -> MaskClaim:
-    """A verified claim for the float additive ``mask``; raises Refuse saying why none can be made.
-    Memoised per pass: the claim, or the refusal's text (every layer reads the same mask)."""
+def classify_mask(graph: GraphIndex, mask: str, memo: dict, scores: tuple) -> MaskClaim:
+    """A verified claim for the float additive ``mask`` added to ``scores`` (their shape); raises
+    Refuse saying why none can be made. Memoised per pass: the claim, or the refusal's text (every
+    layer reads the same mask)."""
     def claim() -> MaskClaim:
+        leaves: dict = {}
         try:
-            conditions, fill = _float_mask_conditions(graph, mask)
+            conditions, fill = _float_mask_conditions(graph, mask, leaves)
         except Refuse as unread:  # no form read: what it computes may still be proven by running it
             return claim_by_running(graph, mask, str(unread))
         fill = _in_type_of(graph, mask, fill)  # float32's minimum is -inf in float16
         empty_rows = "uniform" if np.isfinite(fill) else "zero"
-        return _claim(graph, mask, conditions, empty_rows, lambda got: _visible_where_zero(got, fill))
+        return _claim(graph, mask, conditions, empty_rows, lambda got: _visible_where_zero(got, fill), leaves)
 
-    return _memoised(memo, ("mask", mask), claim)
+    found = _memoised(memo, ("mask", mask), claim)
+    require_lengths(found, scores)
+    return found
 
 
-def classify_bool_mask(graph: GraphIndex, condition: str, memo: dict, masked: bool = False) -> MaskClaim:
+def classify_bool_mask(graph: GraphIndex, condition: str, memo: dict, scores: tuple,
+                       masked: bool = False) -> MaskClaim:
     """As ``classify_mask`` for a bool mask (True = attend, or with ``masked`` True = masked, as
     ``masked_fill`` reads it; masked keys count as -inf)."""
     if masked:
-        return _memoised(memo, ("masked_bool_mask", condition),
-                         lambda: _claim(graph, condition, [(condition, True)], "zero", lambda got: ~got.astype(bool)))
-    return _memoised(memo, ("bool_mask", condition),
-                     lambda: _claim(graph, condition, [(condition, False)], "zero", lambda got: got.astype(bool)))
+        found = _memoised(memo, ("masked_bool_mask", condition),
+                          lambda: _claim(graph, condition, [(condition, True)], "zero",
+                                         lambda got: ~got.astype(bool), {}))
+    else:
+        found = _memoised(memo, ("bool_mask", condition),
+                          lambda: _claim(graph, condition, [(condition, False)], "zero",
+                                         lambda got: got.astype(bool), {}))
+    require_lengths(found, scores)
+    return found
 
 
 def _in_type_of(graph: GraphIndex, mask: str, fill: float) -> float:
@@ -107,24 +116,29 @@ class _Refused:
 
 
 # -- structure ----------------------------------------------------------------------------------
-def _float_mask_conditions(graph: GraphIndex, mask: str) -> tuple[list[tuple[str, bool]], float]:
+def _float_mask_conditions(graph: GraphIndex, mask: str, memo: dict) -> tuple[list[tuple[str, bool]], float]:
     """The (condition, negated) pairs a float mask requires for a key to be visible, and its fill.
-    Through reshapes, Casts between float types and sums: ``Add(m, zeros)`` is m, ``Add(m1, m2)``
-    of two masks with one fill hides what either hides (ONNX Attention's body adds the causal,
-    window and padding masks it builds); what the sum computes is checked by running it."""
+    Through reshapes, Casts between float types, sums and minimums: ``Add(m, zeros)`` is m,
+    ``Add(m1, m2)`` / ``Min(m1, m2)`` of two masks with one fill hides what either hides (ONNX
+    Attention's body adds the causal, window and padding masks it builds); what the sum computes
+    is checked by running it. A part that reads no input's values at a fixed size (a constant
+    [1, 1, S, S] bias of 0 / min) is its own condition, ``(part, True)``: visible where it is 0."""
     node = graph.producer.get(mask)
     while node is not None and (node.op_type in _RESHAPING or (node.op_type == "Cast" and attr(node, "to") != BOOL)):
         node = graph.producer.get(node.input[0])
-    if node is not None and node.op_type == "Add":
+    if node is not None and node.op_type in ("Add", "Min"):
         parts = [name for name in node.input if not zero_filled(graph, name)]
         if not parts:
             raise Refuse("the mask is all zeros")
-        found = [_float_mask_conditions(graph, name) for name in parts]
+        found = [_float_mask_conditions(graph, name, memo) for name in parts]
         if len({fill for _, fill in found}) != 1:
             raise Refuse(f"a sum of masks filling {sorted({fill for _, fill in found})}")
         return [pair for conditions, _ in found for pair in conditions], found[0][1]
     if node is None or node.op_type != "Where":
-        raise Refuse("the mask is not Where(condition, 0, minimum)")
+        values = static_value(graph, mask, memo)
+        if values is None:
+            raise Refuse("the mask is not Where(condition, 0, minimum)")
+        return [(mask, True)], bias_fill(values, f"the constant mask {mask!r}")
     keep, fill = _filled_value(graph, node.input[1]), _filled_value(graph, node.input[2])
     if _masks(fill):  # Where(visible, 0 | inner mask, min)
         negated, inner, fill_value = False, node.input[1], fill
@@ -135,7 +149,7 @@ def _float_mask_conditions(graph: GraphIndex, mask: str) -> tuple[list[tuple[str
     conditions = [(node.input[0], negated)]
     if _filled_value(graph, inner) == 0.0:
         return conditions, fill_value
-    more, inner_fill = _float_mask_conditions(graph, inner)
+    more, inner_fill = _float_mask_conditions(graph, inner, memo)
     if inner_fill != fill_value:
         raise Refuse(f"chained masks fill {fill_value} and {inner_fill}: fully masked rows would differ")
     return conditions + more, fill_value
@@ -168,7 +182,7 @@ def zero_filled(graph: GraphIndex, value: str) -> bool:
 
 
 def _masks(value: float | None) -> bool:
-    return value is not None and value <= _MASKED_BELOW
+    return value is not None and value <= MASKED_BELOW
 
 
 def _conjuncts(graph: GraphIndex, value: str, negated: bool) -> list[tuple[str, bool]]:
@@ -224,19 +238,6 @@ def _leaf_kind(graph: GraphIndex, value: str, negated: bool, memo: dict) -> tupl
         if len(reads) == 1 and graph.rank(name) == 2:
             return "padding", name
         return "unknown", f"a condition reading the values of {sorted(reads)}"
-    if graph.is_constant(value):
-        const = np.asarray(graph.constant_value(value)).astype(bool)
-        if const.size and (const.all() if not negated else not const.any()):
-            return "true", None
-        if _triangular_constant(graph, value):  # a causal comparison folded at static shapes
-            return "causal", None
-        band = _band_constant(graph, value, negated)
-        if band is not None:
-            return ("band", band) if band else ("causal", None)
-        if _band_constant(graph, value, negated, aligned="any") is not None:
-            return "unknown", ("a causal mask aligned to the past length, not to the bottom right (ONNX is_causal "
-                               "with a query count other than the new keys')")
-        return "unknown", "a constant condition"
     node = graph.producer.get(value)
     if node is None:
         return "unknown", f"graph input {value!r}"
@@ -297,28 +298,6 @@ def _filled_with_nonzero(graph: GraphIndex, value: str) -> bool:
     return False
 
 
-def _band_constant(graph: GraphIndex, value: str, negated: bool, aligned: str = "bottom_right") -> int | None:
-    """The window W (0: none) of a constant [Sq, Skv] condition equal to the bottom-right causal
-    band ``t - W < j <= t`` (t = Skv - Sq + i): comparisons of ONNX Attention's body folded at
-    static shapes. None for any other constant (the top-left causal mask of Sq != Skv included);
-    ``aligned="any"``: the band for any row offset t = P + i (to name that in a refusal)."""
-    if not graph.is_constant(value):
-        return None
-    const = np.asarray(graph.constant_value(value))
-    if const.ndim < 2 or const.size != np.prod(const.shape[-2:]) or 0 in const.shape:
-        return None
-    visible = (const.reshape(const.shape[-2:]) != 0) != negated  # negated: the condition masks
-    rows, keys = visible.shape
-    j = np.arange(keys)[None, :]
-    for offset in [keys - rows] if aligned == "bottom_right" else range(-rows, keys + 1):
-        t = offset + np.arange(rows)[:, None]
-        for window in [0, *range(1, keys + 1)]:
-            band = (j <= t) & ((j > t - window) if window else True)
-            if np.array_equal(visible, band):
-                return window
-    return None
-
-
 def _triangular_constant(graph: GraphIndex, value: str) -> bool:
     """A precomputed causal buffer: a square constant equal to tril(ones) or its complement."""
     if not graph.is_constant(value):
@@ -347,23 +326,29 @@ def _offset_constants(graph: GraphIndex, value: str) -> set[int]:
 
 
 def _claim(graph: GraphIndex, output: str, conditions: list[tuple[str, bool]], empty_rows: str,
-           visible_of) -> MaskClaim:
-    memo: dict = {}
+           visible_of, memo: dict) -> MaskClaim:
     causal, windows, paddings = False, set(), set()
+    constants = []  # (values, negated) of the leaves that read no input at a fixed size
     for condition, negated in conditions:
         for leaf, leaf_negated in _conjuncts(graph, condition, negated):
+            values = static_value(graph, leaf, memo)
+            if values is not None:
+                constants.append((values, leaf_negated))
+                continue
             kind, value = _leaf_kind(graph, leaf, leaf_negated, memo)
             if kind == "causal":
                 causal = True
-            elif kind == "band":  # causal with a window, folded
-                causal = True
-                windows.add(value)
             elif kind == "window":
                 windows.add(value)
             elif kind == "padding":
                 paddings.add(value)
             elif kind not in ("true", "versus_constant", "shape_equal"):
                 raise Refuse(f"the mask has a condition otfuse does not know ({value})")
+    if constants:  # read off together, entry by entry: a causal band of one window, or all visible
+        visible = constant_part(constants, graph.shape(output))
+        if not visible.all():
+            causal = True
+            windows |= {band_window(visible)} - {0}
     if len(windows) > 1 or len(paddings) > 1:
         raise Refuse(f"the mask has several windows {sorted(windows)} or padding inputs {sorted(paddings)}")
     window, padding = (windows or {0}).pop(), (paddings or {None}).pop()
@@ -380,8 +365,8 @@ def _claim(graph: GraphIndex, output: str, conditions: list[tuple[str, bool]], e
         raise Refuse(f"the mask uses {unprobed[0]}, longer than the sequences otfuse runs it at "
                        f"({LARGEST_PROBED_OFFSET})")
     # and past each fixed size it reads off a shape (a head size read where the key count belongs)
-    verify_by_running(graph, output, claim, visible_of, offsets | static_dims_read(graph, output))
-    return claim
+    lengths = verify_by_running(graph, output, claim, visible_of, offsets | static_dims_read(graph, output))
+    return replace(claim, lengths=lengths)
 
 
 def _visible_where_zero(got: np.ndarray, fill: float) -> np.ndarray | None:

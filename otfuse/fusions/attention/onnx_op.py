@@ -138,8 +138,9 @@ def _scores_attributes(node: onnx.NodeProto, elem: int) -> dict:
     return attributes
 
 
-def _geometry(graph: GraphIndex, match: Match) -> dict:
-    """The fused node's attributes (masks aside), after every check that can refuse."""
+def _geometry(graph: GraphIndex, match: Match) -> tuple[dict, tuple]:
+    """The fused node's attributes (masks aside), after every check that can refuse, and the
+    scores' [B, N, Sq, Skv]."""
     node = match.node("attention")
     require_allowed(graph, node, ATTENTION_OP)
     if match.has("nonpad_kv_seqlen"):
@@ -165,10 +166,10 @@ def _geometry(graph: GraphIndex, match: Match) -> dict:
         attributes["causal"] = 1
     if window:
         attributes["window"] = window
+    scores = (h["batch"], h["heads"], h["q_len"], _total(past_len, h["kv_len"]))
     if match.has("mask"):
-        _check_mask(graph, match.value("mask"), h["elem"],
-                    (h["batch"], h["heads"], h["q_len"], _total(past_len, h["kv_len"])))
-    return attributes
+        _check_mask(graph, match.value("mask"), h["elem"], scores)
+    return attributes, scores
 
 
 def _causal_window(node) -> tuple[bool, int]:
@@ -252,14 +253,15 @@ def _check_mask(graph, mask, elem, target) -> None:
             raise Refuse(f"attn_mask shape {list(shape)} does not broadcast to {list(target)}")
 
 
-def _mask_inputs(ctx: RewriteContext, match: Match, attributes: dict, helpers: Helpers) -> tuple[Value, Value]:
+def _mask_inputs(ctx: RewriteContext, match: Match, attributes: dict, helpers: Helpers,
+                 scores: tuple) -> tuple[Value, Value]:
     """(attn_bias, key_padding_mask), updating causal/window/empty_rows for a proven mask."""
     if not match.has("mask"):
         return "", ""
     graph, mask = ctx.graph, match.value("mask")
     boolean = graph.elem_type(mask) == onnx.TensorProto.BOOL
     try:
-        claim = (classify_bool_mask if boolean else classify_mask)(graph, mask, ctx.memo)
+        claim = (classify_bool_mask if boolean else classify_mask)(graph, mask, ctx.memo, scores)
     except Refuse:
         claim = None
     if claim is not None:
@@ -275,9 +277,9 @@ def _mask_inputs(ctx: RewriteContext, match: Match, attributes: dict, helpers: H
 
 
 def _analyse(ctx: RewriteContext, match: Match) -> Fusion:
-    attributes = _geometry(ctx.graph, match)
+    attributes, scores = _geometry(ctx.graph, match)
     helpers = Helpers(match.root)
-    bias, padding = _mask_inputs(ctx, match, attributes, helpers)
+    bias, padding = _mask_inputs(ctx, match, attributes, helpers, scores)
     past = {name: match.value(key) for name, key in (("past_key", "past_k"), ("past_value", "past_v"))
             if match.has(key)}
     present = dict(zip(("present_key", "present_value"), match.node("attention").output[1:3]))

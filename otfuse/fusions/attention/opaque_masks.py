@@ -51,8 +51,8 @@ def claim_by_running(graph: GraphIndex, mask: str, unread: str) -> MaskClaim:
     for causal, key_padding in ((True, padding), (False, padding)) if padding else ((True, None),):
         fill = _Fill()
         try:
-            verify_by_running(graph, mask, MaskClaim(causal, 0, key_padding, "uniform"), fill.visible, numbers,
-                              _BATCHES)
+            lengths = verify_by_running(graph, mask, MaskClaim(causal, 0, key_padding, "uniform"), fill.visible,
+                                        numbers, _BATCHES)
         except Refuse as refusal:
             refusals.append(str(refusal))
             continue
@@ -60,7 +60,7 @@ def claim_by_running(graph: GraphIndex, mask: str, unread: str) -> MaskClaim:
         if unprobed or fill.value is None:
             raise Refuse(f"{unread}, and it holds {unprobed[0] if unprobed else 'no fill'}, longer than the sequences "
                          f"otfuse runs it at ({LARGEST_PROBED_OFFSET})")
-        return MaskClaim(causal, 0, key_padding, "uniform")
+        return MaskClaim(causal, 0, key_padding, "uniform", lengths)
     raise Refuse(f"{unread}, and running it matches no causal / padding claim ({refusals[0]})")
 
 

@@ -99,9 +99,10 @@ def _analyse(ctx: RewriteContext, match: Match) -> Fusion:
         raise Refuse(f"scale {scale}")
     if scale:
         attributes["scale"] = scale
+    scores = (shape[0], heads, shape[1], shape[1])
     if match.has("mask"):
-        chain.require_mask(graph, match.value("mask"), (shape[0], heads, shape[1], shape[1]))
-    bias_input, padding = chain.mask_inputs(ctx, match, attributes, helpers)
+        chain.require_mask(graph, match.value("mask"), scores)
+    bias_input, padding = chain.mask_inputs(ctx, match, attributes, helpers, scores)
     call = ops.Attention(Q=q, K=k, V=v, attn_bias=bias_input, key_padding_mask=padding, Y=node.output[0],
                          **attributes)
     return Fusion(call, match.covered, helpers)

@@ -170,11 +170,12 @@ def analyse_sdpa(layout: Layout, ctx: RewriteContext, match: Match) -> Fusion:
         perm = [0, 2, 1, 3] if _key_layout(layout, match) == "BSND" else [0, 1, 3, 2]
         named["K"] = helpers.node("Transpose", [named["K"]], Fresh(f"{root.output[0]}/k_to_bnsd"),
                                   name=OutputName(), perm=perm)
-    slopes = alibi_before_fill(ctx, match, attributes_, helpers)
+    scores = (dims["B"], dims["N"], dims["Sq"], dims["Skv"])
+    slopes = alibi_before_fill(ctx, match, attributes_, helpers, scores)
     if slopes is not None:
         named["alibi_slopes"], named["key_padding_mask"] = slopes
     else:
-        named["attn_bias"], named["key_padding_mask"] = chain.mask_inputs(ctx, match, attributes_, helpers)
+        named["attn_bias"], named["key_padding_mask"] = chain.mask_inputs(ctx, match, attributes_, helpers, scores)
     outputs = {"Y": root.output[0]}
     if match.has("k_cache"):
         named.update(past_key=match.value("past_k"), past_value=match.value("past_v"))

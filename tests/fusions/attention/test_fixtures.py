@@ -154,20 +154,46 @@ def test_softmax_in_float32_between_casts_is_fused(tmp_path, name, casts_dropped
     assert not [n for n in after if n.op_type == "Softmax" or n.name in casts]
 
 
-def test_where_filled_scores_become_a_bias_that_the_diff_checks(tmp_path):
-    """legacy_where_causal: torch.where(tril[:S, :S], scores, finfo.min) (the condition a constant
-    after export) -> attn_bias = Where(cond, 0, finfo.min) in float32; the same bias with its
-    branches swapped fails the diff."""
-    import numpy as np
-
+def test_where_filled_scores_with_a_constant_causal_condition_become_causal(tmp_path):
+    """legacy_where_causal: torch.where(tril[:S, :S], scores, finfo.min), the condition a constant
+    [1, 1, 8, 8] after export (S fixed): read off entry by entry, it is the causal mask -> causal = 1,
+    no attn_bias; the diff catches the attribute dropped."""
     out = tmp_path / "legacy_where_causal_fused.onnx"
     otfuse.fuse(fixture_path("legacy_where_causal"), out)
+    fused = onnx.load(out)
+    (node,) = [n for n in fused.graph.node if n.op_type == "Attention"]
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs["causal"] == 1 and attrs["window"] == 0 and attrs["empty_rows"] == b"uniform"
+    assert len(node.input) <= 3 or not node.input[3]
+    assert otfuse.diff(fixture_path("legacy_where_causal"), out, dims={"batch": 2}).ok
+    next(a for a in node.attribute if a.name == "causal").i = 0
+    onnx.save(fused, tmp_path / "not_causal.onnx")
+    assert not otfuse.diff(fixture_path("legacy_where_causal"), tmp_path / "not_causal.onnx", dims={"batch": 2}).ok
+
+
+def test_where_filled_scores_become_a_bias_that_the_diff_checks(tmp_path):
+    """The same condition with one entry below the diagonal flipped is no causal mask -> attn_bias =
+    Where(cond, 0, finfo.min) in float32, reported with the row that breaks it; the same bias with
+    its branches swapped fails the diff."""
+    import numpy as np
+
+    model = onnx.load(fixture_path("legacy_where_causal"))
+    cond = next(t for t in model.graph.initializer if t.name == "slice_4")
+    values = onnx.numpy_helper.to_array(cond).copy()
+    values[0, 0, 5, 2] = False
+    cond.CopyFrom(onnx.numpy_helper.from_array(values, cond.name))
+    src, out = tmp_path / "flipped.onnx", tmp_path / "flipped_fused.onnx"
+    onnx.save(model, src)
+    report = otfuse.fuse(src, out)
+    assert any("query row 5 sees keys 0..5 except key 2" in m["reason"] for m in report.near_misses), \
+        report.near_misses
     fused = onnx.load(out)
     (node,) = [n for n in fused.graph.node if n.op_type == "Attention"]
     where = next(n for n in fused.graph.node if n.output[0] == node.input[3])
     assert where.op_type == "Where"
     fill = next(t for t in fused.graph.initializer if t.name == where.input[2])
     assert onnx.numpy_helper.to_array(fill) == np.finfo(np.float32).min
+    assert otfuse.diff(src, out, dims={"batch": 2}).ok
     where.input[1], where.input[2] = where.input[2], where.input[1]
     onnx.save(fused, tmp_path / "swapped.onnx")
-    assert not otfuse.diff(fixture_path("legacy_where_causal"), tmp_path / "swapped.onnx", dims={"batch": 2}).ok
+    assert not otfuse.diff(src, tmp_path / "swapped.onnx", dims={"batch": 2}).ok

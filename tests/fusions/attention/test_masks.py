@@ -122,7 +122,7 @@ def test_claims_are_explained_when_refused():
     node.input[0], node.input[1] = node.input[1], node.input[0]
     graph = GraphIndex(model)
     with pytest.raises(Refuse, match="contradicts"):
-        classify_mask(graph, where.output[0], {})
+        classify_mask(graph, where.output[0], {}, ())
 
 
 def test_torchscript_window_that_differs_from_its_constant_is_not_claimed(tmp_path):
@@ -316,7 +316,7 @@ def test_a_window_too_long_to_check_is_not_claimed():
     where = next(n for n in model.graph.node if n.op_type == "Where" and graph.scalar_value(n.input[2]) is not None
                  and graph.scalar_value(n.input[2]) < -1e4)
     with pytest.raises(Refuse, match="10000.*8192"):
-        classify_mask(graph, where.output[0], {})
+        classify_mask(graph, where.output[0], {}, ())
 
 
 def test_a_computed_mask_kept_as_a_bias_is_reported(tmp_path):
