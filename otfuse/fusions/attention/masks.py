@@ -3,7 +3,7 @@
 adding a materialised ``[B, 1, Sq, Skv]`` bias.
 
 A float mask is ``Where(visible, 0, min)`` or ``Where(masked, min, 0)``, possibly chained
-(``Where(c, inner, min)``: both must hold) with one ``min``. Its condition is read as a
+(``Where(c, inner, min)``: both must hold) or summed (``Add``, ``Min``) with one ``min``. Its condition is read as a
 conjunction (``And``, ``Or`` under ``Not``, ``Not``, ``Cast`` to bool, ``Expand``, a ``Slice`` of
 a computed condition: optimum's ``cond[..., :Shape(K)[2]]``) of leaves:
 
@@ -11,6 +11,12 @@ a computed condition: optimum's ``cond[..., :Shape(K)[2]]``) of leaves:
   computed from shapes only: ``Range``, ``CumSum``, ...): causal; with ``Sub(idx, W)`` or
   ``Add(idx, W)`` on one side: a sliding window of ``W``;
 * ``Trilu`` of a constant-filled tensor, or a ``Slice`` of a constant triangular buffer: causal;
+* every leaf that reads the values of no input at a fixed size (a constant, or computed from
+  constants and fixed shapes: static-shape exports fold the causal comparison and the window
+  overlay into such constants) joins the **constant part**, read off entry by entry by
+  constant_masks.py: exactly the bottom-right band of one window W, row by row, or refused
+  naming the row that breaks it. A constant float part of a sum / minimum / ``Where`` (a
+  ``[1, 1, S, S]`` bias of 0 and one fill) is such a leaf too, visible where it is 0;
 * anything reading the **values of one [B, Skv] graph input** (and shapes only otherwise, e.g.
   ``GatherND(Cast(attention_mask, bool), ...)`` or TorchScript's ``Gather(Flatten(...))``):
   key padding by that input;
@@ -27,6 +33,8 @@ against ``causal and window and padding`` with bottom-right alignment: the float
 exactly 0 where the claim says visible and exactly ``min`` elsewhere. What the structure suggests
 must be what the graph computes, or nothing is claimed. The mask may read the values of no input
 but the padding mask (others only for their shapes), so what runs here is what runs in the model.
+A mask that can run at one size only (a static export) is proven at that size, and the claim
+holds for scores of that Sq x Skv only (``MaskClaim.lengths``, checked against the scores).
 """
 
 from __future__ import annotations
@@ -59,14 +67,13 @@ def classify_mask(graph: GraphIndex, mask: str, memo: dict, scores: tuple) -> Ma
     Refuse saying why none can be made. Memoised per pass: the claim, or the refusal's text (every
     layer reads the same mask)."""
     def claim() -> MaskClaim:
-        leaves: dict = {}
-        try:
-            conditions, fill = _float_mask_conditions(graph, mask, leaves)
+        try:  # the pass memo also keeps the constant parts' values: every layer's mask reads the same
+            conditions, fill = _float_mask_conditions(graph, mask, memo)
         except Refuse as unread:  # no form read: what it computes may still be proven by running it
             return claim_by_running(graph, mask, str(unread))
         fill = _in_type_of(graph, mask, fill)  # float32's minimum is -inf in float16
         empty_rows = "uniform" if np.isfinite(fill) else "zero"
-        return _claim(graph, mask, conditions, empty_rows, lambda got: _visible_where_zero(got, fill), leaves)
+        return _claim(graph, mask, conditions, empty_rows, lambda got: _visible_where_zero(got, fill), memo)
 
     found = _memoised(memo, ("mask", mask), claim)
     require_lengths(found, scores)
@@ -80,11 +87,11 @@ def classify_bool_mask(graph: GraphIndex, condition: str, memo: dict, scores: tu
     if masked:
         found = _memoised(memo, ("masked_bool_mask", condition),
                           lambda: _claim(graph, condition, [(condition, True)], "zero",
-                                         lambda got: ~got.astype(bool), {}))
+                                         lambda got: ~got.astype(bool), memo))
     else:
         found = _memoised(memo, ("bool_mask", condition),
                           lambda: _claim(graph, condition, [(condition, False)], "zero",
-                                         lambda got: got.astype(bool), {}))
+                                         lambda got: got.astype(bool), memo))
     require_lengths(found, scores)
     return found
 
