@@ -3,9 +3,9 @@
 adding a materialised ``[B, 1, Sq, Skv]`` bias.
 
 A float mask is ``Where(visible, 0, min)`` or ``Where(masked, min, 0)``, possibly chained
-(``Where(c, inner, min)``: both must hold) or summed (``Add``, ``Min``) with one ``min``. Its condition is read as a
-conjunction (``And``, ``Or`` under ``Not``, ``Not``, ``Cast`` to bool, ``Expand``, a ``Slice`` of
-a computed condition: optimum's ``cond[..., :Shape(K)[2]]``) of leaves:
+(``Where(c, inner, min)``: both must hold) or combined (``Add``, ``Min``) with one ``min``. Its
+condition is read as a conjunction (``And``, ``Or`` under ``Not``, ``Not``, ``Cast`` to bool,
+``Expand``, a ``Slice`` of a computed condition: optimum's ``cond[..., :Shape(K)[2]]``) of leaves:
 
 * an **index comparison** (``LessOrEqual``/``Less``/``Greater``/``GreaterOrEqual`` of two values
   computed from shapes only: ``Range``, ``CumSum``, ...): causal; with ``Sub(idx, W)`` or
@@ -139,7 +139,7 @@ def _float_mask_conditions(graph: GraphIndex, mask: str, memo: dict) -> tuple[li
             raise Refuse("the mask is all zeros")
         found = [_float_mask_conditions(graph, name, memo) for name in parts]
         if len({fill for _, fill in found}) != 1:
-            raise Refuse(f"a sum of masks filling {sorted({fill for _, fill in found})}")
+            raise Refuse(f"masks combined by {node.op_type} filling {sorted({fill for _, fill in found})}")
         return [pair for conditions, _ in found for pair in conditions], found[0][1]
     if node is None or node.op_type != "Where":
         values = static_value(graph, mask, memo)

@@ -285,3 +285,16 @@ def test_a_constant_mask_proven_at_one_size_is_not_applied_at_others(tmp_path):
     ((a, inputs),) = _attentions(out)
     assert a.get("causal", 0) == 0 and inputs["attn_bias"]
     assert otfuse.diff(src, out).ok
+
+
+def test_a_constant_part_that_differs_between_heads_stays_a_bias(tmp_path):
+    """The op applies one causal band and window to every head: a [1, 4, S, S] mask whose head 1
+    keeps a window of 4 is no such mask, though each head alone is a band."""
+    heads = np.stack([_band(4 if h == 1 else W) for h in range(HEADS)])[None]
+    src, out, report = _fuse_small(tmp_path, _static_model("values", constant_values=np.where(heads, 0.0, MIN)),
+                                   "per_head")
+    kept = [m for m in report.near_misses if m.get("pattern", "").endswith(KEPT)]
+    assert len(kept) == 1 and "differs between batch rows or heads" in kept[0]["reason"], report.near_misses
+    ((a, inputs),) = _attentions(out)
+    assert a.get("causal", 0) == 0 and inputs["attn_bias"]
+    assert otfuse.diff(src, out).ok
