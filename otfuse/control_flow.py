@@ -21,8 +21,8 @@ import onnx
 from otfuse import ops
 from otfuse.domain import OP_DOMAIN
 from otfuse.rewriter.graph import GraphIndex, forget_indexes
-from otfuse.rewriter.scopes import (Body, Scope, bodies, close_scope, defined_names, open_scope, _outer_constant,
-                                    _outer_value_info)
+from otfuse.rewriter.scopes import (Body, Scope, bodies, close_scope, defined_names, open_scope, outer_constant,
+                                    outer_value_info, reads)
 from otfuse.targets import opset
 from otfuse.targets.lowering import Ledger, lower
 
@@ -57,6 +57,7 @@ def _fuse_level(root: onnx.ModelProto, model: onnx.ModelProto, families, base_di
         return
     index = GraphIndex(model, base_dir)  # the graph around these bodies, as fused
     visible = visible | defined_names(model.graph)
+    released: set[str] = set()
     for body in found:
         scope = open_scope(root, index, body)
         original = _copy(scope.model)
@@ -71,7 +72,21 @@ def _fuse_level(root: onnx.ModelProto, model: onnx.ModelProto, families, base_di
         if +fusions:
             outcome.by_body[body.label] = dict(sorted((+fusions).items()))
         outcome.near_misses += [_in_body(miss, body) for miss in misses]
+        released.update(scope.outer_constants)
+    _drop_released_initializers(model.graph, released)
     forget_indexes()
+
+
+def _drop_released_initializers(graph: onnx.GraphProto, released: set[str]) -> None:
+    """The enclosing graph's initializers that only the fused bodies' nodes read (an epsilon, now
+    an attribute): dropped. Nothing else is: the input's own dead code is not ours to touch."""
+    if not released:
+        return
+    read = reads(graph) | {i.name for i in graph.input}
+    kept = [t for t in graph.initializer if t.name not in released or t.name in read]
+    if len(kept) != len(graph.initializer):
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
 
 
 def _fuse_scope(root, scope_model, original, families, base_dir, fuse_families, target):
@@ -133,11 +148,11 @@ def _straddling_sites(root, index: GraphIndex, enclosing: onnx.GraphProto, scope
         for name in node.input:
             if name and name not in made and name not in declared:
                 declared.add(name)
-                tensor = _outer_constant(index, name)
+                tensor = outer_constant(index, name)
                 if tensor is not None:
                     dry.graph.initializer.append(tensor)
                 else:
-                    dry.graph.input.insert(0, _outer_value_info(index, name))
+                    dry.graph.input.insert(0, outer_value_info(index, name))
     copies = [_copy_node(node) for node in inlined]
     nodes = copies + list(dry.graph.node)
     del dry.graph.node[:]

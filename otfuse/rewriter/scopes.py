@@ -99,12 +99,12 @@ def open_scope(model: onnx.ModelProto, outer, body: Body) -> Scope:
     scope = Scope(scope_model, body, original_names=_all_names(body.graph))
     declared_inputs = []
     for name in free_values(body.graph):
-        tensor = _outer_constant(outer, name)
+        tensor = outer_constant(outer, name)
         if tensor is not None:
             scope_model.graph.initializer.append(tensor)
             scope.outer_constants.append(name)
         else:
-            declared_inputs.append(_outer_value_info(outer, name))
+            declared_inputs.append(outer_value_info(outer, name))
             scope.outer_inputs.append(name)
     # Outer values first: a Loop's or Scan's formal inputs stay where the body put them, after.
     formal = list(scope_model.graph.input)
@@ -113,7 +113,7 @@ def open_scope(model: onnx.ModelProto, outer, body: Body) -> Scope:
     return scope
 
 
-def _outer_constant(outer, name: str) -> onnx.TensorProto | None:
+def outer_constant(outer, name: str) -> onnx.TensorProto | None:
     if outer is None or not outer.is_constant(name):
         return None
     tensor = outer.constant_tensor(name)
@@ -128,7 +128,7 @@ def _outer_constant(outer, name: str) -> onnx.TensorProto | None:
     return None if value is None else numpy_helper.from_array(np.asarray(value), name)
 
 
-def _outer_value_info(outer, name: str) -> onnx.ValueInfoProto:
+def outer_value_info(outer, name: str) -> onnx.ValueInfoProto:
     """The outer value's type: its element type and its shape in the enclosing graph's terms (a
     dim the engine only knows by a symbol of its own keeps that symbol's name, so values that
     share the dim still share it in the body)."""
@@ -153,7 +153,7 @@ def close_scope(model: onnx.ModelProto, scope: Scope, visible_outside: set[str])
         raise InternalError(f"{scope.body.label}: a pass changed the body's inputs or outputs")
     _rename_clashes(graph, scope.original_names | added, visible_outside)
     own = defined_names(graph) - added
-    missing = sorted({name for name in _reads(graph) if name not in own and name not in visible_outside})
+    missing = sorted({name for name in reads(graph) if name not in own and name not in visible_outside})
     if missing:
         raise InternalError(f"{scope.body.label}: the fused body would read {missing[:3]}, which it cannot see")
     initializers = [t for t in graph.initializer if t.name not in added]
@@ -171,7 +171,7 @@ def close_scope(model: onnx.ModelProto, scope: Scope, visible_outside: set[str])
             model.opset_import.append(onnx.helper.make_opsetid(entry.domain, entry.version))
 
 
-def _reads(graph: onnx.GraphProto) -> set[str]:
+def reads(graph: onnx.GraphProto) -> set[str]:
     """Every name ``graph``'s nodes, nested bodies and outputs read."""
     names = {o.name for o in graph.output}
     for node in graph.node:
