@@ -261,3 +261,31 @@ def test_targets_lower_body_sites(tmp_path, target):
         assert ops(then) == ["RMSNormalization"]
         onnx.checker.check_model(fused)
     assert otfuse.diff(src, dst, dims={"seq": 5}).ok
+
+
+def test_rms_norm_in_a_scan_body_fuses(tmp_path):
+    # Scan over the first axis of x: each [seq, hidden] slice normed; a running sum as the state.
+    n = Nodes()
+    y = rms_rest(n, "row", mean_square(n, "row"))
+    total = n("Add", ["acc", y])
+    kept = n("Identity", [y])
+    body = helper.make_graph(n.nodes, "scan_body",
+                             [helper.make_tensor_value_info("acc", F32, ["seq", HIDDEN]),
+                              helper.make_tensor_value_info("row", F32, ["seq", HIDDEN])],
+                             [helper.make_tensor_value_info(total, F32, ["seq", HIDDEN]),
+                              helper.make_tensor_value_info(kept, F32, ["seq", HIDDEN])])
+    inits, _ = outer_constants()
+    scan = helper.make_node("Scan", ["zeros", "x"], ["acc_final", "rows"], name="rows_scan", body=body,
+                            num_scan_inputs=1)
+    zeros = helper.make_node("ConstantOfShape", ["row_shape"], ["zeros"], name="zeros",
+                             value=numpy_helper.from_array(np.zeros(1, np.float32)))
+    shape = helper.make_node("Shape", ["x"], ["row_shape"], name="row_shape", start=1)
+    graph = helper.make_graph([shape, zeros, scan], "g", [helper.make_tensor_value_info("x", F32, [2, "seq", HIDDEN])],
+                              [helper.make_tensor_value_info("acc_final", F32, ["seq", HIDDEN]),
+                               helper.make_tensor_value_info("rows", F32, [2, "seq", HIDDEN])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    src, dst, report = fuse_file(tmp_path, model, only=["norm"])
+    assert report.bodies == {"Scan 'rows_scan' body": {"RMSNorm": 1}}
+    assert otfuse.diff(src, dst, dims={"seq": 5}).ok
