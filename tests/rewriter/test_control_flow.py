@@ -289,3 +289,33 @@ def test_rms_norm_in_a_scan_body_fuses(tmp_path):
     src, dst, report = fuse_file(tmp_path, model, only=["norm"])
     assert report.bodies == {"Scan 'rows_scan' body": {"RMSNorm": 1}}
     assert otfuse.diff(src, dst, dims={"seq": 5}).ok
+
+
+def test_outer_values_are_declared_with_the_enclosing_graphs_shapes():
+    # t = Transpose(x) has no value_info: its shape comes from the dimension engine.
+    from otfuse.rewriter.graph import GraphIndex
+    from otfuse.rewriter.scopes import bodies, open_scope
+
+    main = Nodes()
+    t = main("Transpose", ["x"], perm=[1, 0, 2])
+    n = Nodes()
+    model = if_model(branch(n, [n("Neg", [t])], "then"), identity_branch("else"), main=main)
+    body = next(b for b in bodies(model.graph) if b.attribute == "then_branch")
+    scope = open_scope(model, GraphIndex(model), body)
+    assert scope.outer_inputs == [t] and not scope.outer_constants
+    declared = next(i for i in scope.model.graph.input if i.name == t).type.tensor_type
+    assert declared.elem_type == F32
+    assert [d.dim_value or d.dim_param for d in declared.shape.dim] == ["seq", 2, HIDDEN]
+
+
+def test_closing_a_scope_refuses_a_body_reading_what_it_cannot_see():
+    from otfuse.errors import InternalError
+    from otfuse.rewriter.graph import GraphIndex
+    from otfuse.rewriter.scopes import bodies, close_scope, defined_names, open_scope
+
+    model = if_model(rms_branch("then"), identity_branch("else"))
+    body = next(b for b in bodies(model.graph) if b.attribute == "then_branch")
+    scope = open_scope(model, GraphIndex(model), body)
+    scope.model.graph.node[0].input[0] = "ghost"
+    with pytest.raises(InternalError, match="ghost"):
+        close_scope(model, scope, defined_names(model.graph))
