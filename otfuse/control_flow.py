@@ -29,6 +29,7 @@ from otfuse.targets.lowering import Ledger, lower
 # (model, families, base_dir, after_family) -> (fusions, near misses): pipeline.fuse_families
 FuseFamilies = Callable[..., tuple[Counter, list[dict]]]
 
+CONTROL_FLOW = ("If", "Loop", "Scan")
 # How far up the enclosing graph a dry run follows a body's inputs to find a site the boundary cuts.
 STRADDLE_DEPTH = 8
 STRADDLE_MAX_NODES = 256
@@ -52,7 +53,14 @@ def fuse_bodies(model: onnx.ModelProto, families: list[str], base_dir: Path | No
 
 def _fuse_level(root: onnx.ModelProto, model: onnx.ModelProto, families, base_dir, fuse_families, target,
                 visible: set[str], enclosing: str, outcome: BodyOutcome) -> None:
-    found = list(bodies(model.graph, enclosing))
+    found = []
+    for body in bodies(model.graph, enclosing):
+        if body.owner.op_type in CONTROL_FLOW and body.owner.domain in ("", "ai.onnx"):
+            found.append(body)
+        else:  # another op's graph (ORT's BeamSearch decoder, ...): its meaning is that op's
+            outcome.near_misses.append({"pattern": "body", "location": body.label, "family": "", "body": body.label,
+                                        "reason": f"a graph attribute of {body.owner.domain or 'ai.onnx'}."
+                                                  f"{body.owner.op_type}: only If, Loop and Scan bodies are fused"})
     if not found:
         return
     index = GraphIndex(model, base_dir)  # the graph around these bodies, as fused

@@ -319,3 +319,15 @@ def test_closing_a_scope_refuses_a_body_reading_what_it_cannot_see():
     scope.model.graph.node[0].input[0] = "ghost"
     with pytest.raises(InternalError, match="ghost"):
         close_scope(model, scope, defined_names(model.graph))
+
+
+def test_graph_of_another_op_is_reported_not_fused():
+    from otfuse.pipeline import fuse_families
+    from otfuse.control_flow import fuse_bodies
+
+    model = if_model(rms_branch("then"), identity_branch("else"))
+    model.graph.node[0].domain = "com.example"
+    outcome = fuse_bodies(model, ["norm"], None, fuse_families)
+    assert not outcome.fusions
+    assert {m["location"] for m in outcome.near_misses} == {"If 'branches' then_branch", "If 'branches' else_branch"}
+    assert all("only If, Loop and Scan bodies" in m["reason"] for m in outcome.near_misses)
