@@ -36,7 +36,7 @@ class FuseReport:
     input_path: str
     output_path: str | None
     families: list[str]
-    nodes_before: int
+    nodes_before: int  # every graph's nodes, control-flow bodies included
     nodes_after: int
     fusions: dict[str, int]
     seconds: float
@@ -84,7 +84,7 @@ def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = 
     loaded = load_model(model_path)
     _check_output_paths(loaded, output_path, report_path)
     model = loaded.model  # our in-memory copy: the input file is never touched
-    nodes_before = len(model.graph.node)
+    nodes_before = _node_count(model.graph)
 
     ledger = Ledger(model) if target != "otfuse" else None
     fusions, near_misses = fuse_families(model, families, loaded.base_dir,
@@ -119,7 +119,7 @@ def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = 
         output_path=str(output_path) if output_path is not None else None,
         families=families,
         nodes_before=nodes_before,
-        nodes_after=len(model.graph.node),
+        nodes_after=_node_count(model.graph),
         fusions=dict(sorted(fusions.items())),
         seconds=0.0,
         near_misses=near_misses,
@@ -209,6 +209,11 @@ def fuse_families(model: onnx.ModelProto, families: list[str], base_dir: Path | 
 
 def _fused_op_census(model: onnx.ModelProto) -> Counter:
     return Counter(node.op_type for node in model.graph.node if node.domain == OP_DOMAIN)
+
+
+def _node_count(graph: onnx.GraphProto) -> int:
+    return len(graph.node) + sum(_node_count(sub) for node in graph.node for a in node.attribute
+                                 for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs))
 
 
 def _record_otfuse_version(model: onnx.ModelProto) -> None:
