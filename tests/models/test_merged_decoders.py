@@ -77,3 +77,19 @@ def test_targets_write_valid_merged_decoders(tmp_path, name, target):
     result = otfuse.diff(src, dst, dims=DIMS)
     assert result.branches == ["use_cache_branch=False"]
     assert result.ok, [row.to_dict() for row in result.outputs if not row.ok]
+
+
+def test_weights_in_external_data_are_read_from_outer_scope(tmp_path):
+    # The branches read the shared weights from the main graph; with those weights in a data
+    # file, a body's copy of them still points into that file (nothing is loaded whole).
+    model = onnx.load(unpacked("t5", tmp_path))
+    folder = tmp_path / "external"
+    folder.mkdir()
+    src = folder / "t5.onnx"
+    onnx.save(model, src, save_as_external_data=True, all_tensors_to_one_file=True, location="t5.data",
+              size_threshold=0)
+    out = tmp_path / "fused"
+    out.mkdir()
+    report = otfuse.fuse(src, out / "t5.onnx")
+    assert sorted(report.bodies) == sorted(BRANCHES)
+    assert otfuse.diff(src, out / "t5.onnx", dims=DIMS).ok
