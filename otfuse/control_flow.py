@@ -71,7 +71,7 @@ def _fuse_level(root: onnx.ModelProto, model: onnx.ModelProto, families, base_di
         original = _copy(scope.model)
         fusions, misses, target_ops = _fuse_scope(root, scope.model, original, families, base_dir, fuse_families,
                                                   target)
-        misses += _straddling_sites(root, index, model.graph, scope, original, families, base_dir, fuse_families)
+        misses += _straddling_sites(index, model.graph, scope, original, families, base_dir, fuse_families)
         # Nested bodies live in the scope's nodes: fuse them before the scope goes back.
         _fuse_level(root, scope.model, families, base_dir, fuse_families, target, visible, body.label, outcome)
         close_scope(root, scope, visible)
@@ -137,7 +137,7 @@ def _in_body(miss: dict, body: Body) -> dict:
     return located
 
 
-def _straddling_sites(root, index: GraphIndex, enclosing: onnx.GraphProto, scope: Scope,
+def _straddling_sites(index: GraphIndex, enclosing: onnx.GraphProto, scope: Scope,
                       original: onnx.ModelProto, families, base_dir, fuse_families) -> list[dict]:
     """Sites cut by the body's boundary: the families run (dry, on a copy) over the body with the
     enclosing nodes that compute its inputs copied in; a fused node there that takes any of those
@@ -181,7 +181,7 @@ def _straddling_sites(root, index: GraphIndex, enclosing: onnx.GraphProto, scope
         if node.domain != OP_DOMAIN or (node.op_type, node.name) in fused_really:
             continue
         reads_outer = any(name in made for name in node.input)
-        if not reads_outer and not _reads_taken(node, dry.graph, taken):
+        if not reads_outer and not _reads_taken(node, taken):
             continue
         found.append({"pattern": f"{ops.get(node.op_type).family} site", "family": ops.get(node.op_type).family,
                       "location": f"{node.op_type} {node.name!r}",
@@ -191,7 +191,7 @@ def _straddling_sites(root, index: GraphIndex, enclosing: onnx.GraphProto, scope
     return found
 
 
-def _reads_taken(node: onnx.NodeProto, graph: onnx.GraphProto, taken) -> bool:
+def _reads_taken(node: onnx.NodeProto, taken) -> bool:
     # A fused node that replaced the outer nodes reads what they read (their inputs).
     outer_inputs = {name for n in taken for name in n.input if name}
     return any(name in outer_inputs for name in node.input)
