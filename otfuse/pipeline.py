@@ -107,6 +107,8 @@ def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = 
     target_ops = dict(sorted(target_ops.items()))
     if inside.fusions:  # the main graph's sites all went back, but some in a body did not
         notes = [note for note in notes if not note.startswith("no fused site is expressible")]
+    elif not fusions and not notes and any(m["pattern"].endswith(f"(target {target})") for m in inside.near_misses):
+        notes.append(f"no fused site is expressible in target {target} (the near misses say why)")
 
     if fusions:
         _record_otfuse_version(model)

@@ -331,3 +331,23 @@ def test_graph_of_another_op_is_reported_not_fused():
     assert not outcome.fusions
     assert {m["location"] for m in outcome.near_misses} == {"If 'branches' then_branch", "If 'branches' else_branch"}
     assert all("only If, Loop and Scan bodies" in m["reason"] for m in outcome.near_misses)
+
+
+def test_onnx_target_keeps_body_sites_when_the_model_opset_cannot_be_raised(tmp_path):
+    # The main graph also runs a DequantizeLinear, changed in opsets 19-23 in ways otfuse does not
+    # carry over: the branch's RMSNormalization-23 would need the whole model raised.
+    main = Nodes()
+    model = if_model(rms_branch("then"), identity_branch("else"), main=main)
+    model.graph.initializer.extend([numpy_helper.from_array(np.array([1, 2], np.int8), "q"),
+                                    numpy_helper.from_array(np.float32(0.5), "q_scale")])
+    model.graph.node.append(helper.make_node("DequantizeLinear", ["q", "q_scale"], ["dq"], name="dq"))
+    model.graph.output.append(helper.make_tensor_value_info("dq", F32, [2]))
+    src, dst, report = fuse_file(tmp_path, model, only=["norm"], target="onnx")
+    assert report.fusions == {} and report.bodies == {}
+    assert report.notes == ["no fused site is expressible in target onnx (the near misses say why); "
+                            "the output is an unchanged copy"]
+    refused = [m for m in report.near_misses if m.get("body") == "If 'branches' then_branch"]
+    assert any("cannot be raised" in m["reason"] and "DequantizeLinear" in m["reason"] for m in refused), refused
+    fused = onnx.load(dst)
+    assert ops(body_of(fused, "then_branch")) == ops(body_of(model, "then_branch"))
+    assert fused.opset_import[0].version == 18
