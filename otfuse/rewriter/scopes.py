@@ -114,6 +114,8 @@ def open_scope(model: onnx.ModelProto, outer, body: Body) -> Scope:
 
 
 def outer_constant(outer, name: str) -> onnx.TensorProto | None:
+    """The outer value as an initializer of the scope when the enclosing graph knows it before run
+    time (an initializer that no input overrides; a small Constant or folded shape), else None."""
     if outer is None or not outer.is_constant(name):
         return None
     tensor = outer.constant_tensor(name)
