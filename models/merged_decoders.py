@@ -10,8 +10,8 @@ Run with the export venv (torch, transformers 4.57, optimum-onnx; no hub access)
 Each model is built from a config, its weights redrawn from a generator seeded by its name (as
 export_fixtures.py does: norm weights 1 + 0.1 randn), saved with ``save_pretrained`` and exported
 by ``optimum.exporters.onnx.main_export`` with the ``*-with-past`` task; only
-``decoder_model_merged.onnx`` is kept, metadata stripped, gzip-compressed (mtime 0: byte for
-byte reproducible). Before writing, onnxruntime must reproduce torch's logits on both branches:
+``decoder_model_merged.onnx`` is kept, metadata stripped, gzip-compressed (mtime 0; each model
+exported in a process of its own: byte for byte reproducible). Before writing, onnxruntime must reproduce torch's logits on both branches:
 without cache (``use_cache_branch = False``: the whole prefix) and with it (one new token after
 the first step's ``present.*`` fed back as ``past_key_values.*``).
 """
@@ -22,6 +22,8 @@ import argparse
 import gzip
 import hashlib
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import warnings
@@ -190,17 +192,27 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", choices=sorted(MODELS))
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--one", choices=sorted(MODELS), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     args.out.mkdir(parents=True, exist_ok=True)
     manifest_path = args.out / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {"fixtures": {}, "failed": {}}
+    if args.one:  # the child: one export, its manifest entry on the last line of stdout
+        print(json.dumps(export(args.one, args.out)))
+        return 0
     for name in args.only or sorted(MODELS):
-        try:
-            manifest["fixtures"][name] = export(name, args.out)
+        # A process of its own per model: the TorchScript exporter numbers weight names
+        # (onnx::MatMul_500) by a process-wide counter, so a file must not depend on what ran before.
+        # PYTHONHASHSEED fixed too: optimum's merge walks sets of names, whose order is the hash's.
+        done = subprocess.run([sys.executable, __file__, "--one", name, "--out", str(args.out)],
+                              capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
+        if done.returncode == 0:
+            manifest["fixtures"][name] = json.loads(done.stdout.strip().splitlines()[-1])
             manifest["failed"].pop(name, None)
-        except Exception as exc:  # recorded, never dropped
-            manifest["failed"][name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        else:  # recorded, never dropped
+            lines = done.stderr.strip().splitlines()
+            manifest["failed"][name] = (lines[-1] if lines else f"exit {done.returncode}")[:300]
         print(name, manifest["failed"].get(name, "ok"), flush=True)
     manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return 1 if manifest["failed"] else 0
