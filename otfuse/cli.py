@@ -220,6 +220,9 @@ def _print_fuse_report(console: Console, model: Path, report, verbose: bool) -> 
     table.add_section()
     table.add_row("total", str(sum(report.fusions.values())))
     console.print(table)
+    for body, fused in report.bodies.items():  # counted in the table too
+        ops = ", ".join(f"{count} {op}" for op, count in fused.items())
+        console.print(f"in {body}: {ops}", soft_wrap=True, markup=False)
     misses = len(report.near_misses)
     hint = "" if verbose or not misses else " (-v lists them)"
     console.print(f"nodes {report.nodes_before} -> {report.nodes_after}, {report.seconds:.2f} s, "

@@ -1,7 +1,9 @@
-"""``otfuse.fuse``: load -> canonicalise -> fuse families -> validate -> stage -> verify -> commit.
+"""``otfuse.fuse``: load -> canonicalise -> fuse families -> lower -> fuse bodies -> validate -> stage
+-> verify -> commit.
 
 Each selected family (``otfuse/fusions/``, in registry order) runs its passes; before them, the
 canonicalisers it needs that have not run yet (``Family.canonicalise``, ``otfuse/canonicalise/``).
+Then the same families and lowering run on every control-flow body (``otfuse/control_flow.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import onnx
 
+from otfuse.control_flow import fuse_bodies
 from otfuse.domain import OP_DOMAIN, VERSION
 from otfuse.errors import OtfuseError, OutputWriteError
 from otfuse.fusions import FAMILIES, select_families
@@ -33,7 +36,7 @@ class FuseReport:
     input_path: str
     output_path: str | None
     families: list[str]
-    nodes_before: int
+    nodes_before: int  # every graph's nodes, control-flow bodies included
     nodes_after: int
     fusions: dict[str, int]
     seconds: float
@@ -42,6 +45,8 @@ class FuseReport:
     otfuse_version: str = VERSION
     target: str = "otfuse"  # whose ops the fused sites are written in (otfuse/targets/)
     target_ops: dict[str, int] = field(default_factory=dict)  # ort/onnx: "domain.op" -> nodes written
+    # Control-flow bodies: "If 'name' then_branch" -> fused ops there (also counted in ``fusions``).
+    bodies: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def fused_count(self) -> int:
@@ -79,7 +84,7 @@ def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = 
     loaded = load_model(model_path)
     _check_output_paths(loaded, output_path, report_path)
     model = loaded.model  # our in-memory copy: the input file is never touched
-    nodes_before = len(model.graph.node)
+    nodes_before = _node_count(model.graph)
 
     ledger = Ledger(model) if target != "otfuse" else None
     fusions, near_misses = fuse_families(model, families, loaded.base_dir,
@@ -95,6 +100,16 @@ def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = 
             model.CopyFrom(load_model(model_path).model)
             notes.append(f"no fused site is expressible in target {target} (the near misses say why)")
 
+    inside = fuse_bodies(model, families, loaded.base_dir, fuse_families, target)
+    fusions, near_misses = fusions + inside.fusions, near_misses + inside.near_misses
+    for op, count in inside.target_ops.items():
+        target_ops[op] = target_ops.get(op, 0) + count
+    target_ops = dict(sorted(target_ops.items()))
+    if inside.fusions:  # the main graph's sites all went back, but some in a body did not
+        notes = [note for note in notes if not note.startswith("no fused site is expressible")]
+    elif not fusions and not notes and any(m["pattern"].endswith(f"(target {target})") for m in inside.near_misses):
+        notes.append(f"no fused site is expressible in target {target} (the near misses say why)")
+
     if fusions:
         _record_otfuse_version(model)
         notes += validate_fused(model, loaded, ort_ops=target == "ort")
@@ -106,13 +121,14 @@ def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = 
         output_path=str(output_path) if output_path is not None else None,
         families=families,
         nodes_before=nodes_before,
-        nodes_after=len(model.graph.node),
+        nodes_after=_node_count(model.graph),
         fusions=dict(sorted(fusions.items())),
         seconds=0.0,
         near_misses=near_misses,
         notes=notes,
         target=target,
         target_ops=target_ops,
+        bodies=inside.by_body,
     )
     _write_outputs(loaded, model, report, output_path, report_path, data_mode, verify, start)
     return report
@@ -195,6 +211,11 @@ def fuse_families(model: onnx.ModelProto, families: list[str], base_dir: Path | 
 
 def _fused_op_census(model: onnx.ModelProto) -> Counter:
     return Counter(node.op_type for node in model.graph.node if node.domain == OP_DOMAIN)
+
+
+def _node_count(graph: onnx.GraphProto) -> int:
+    return len(graph.node) + sum(_node_count(sub) for node in graph.node for a in node.attribute
+                                 for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs))
 
 
 def _record_otfuse_version(model: onnx.ModelProto) -> None:

@@ -12,11 +12,13 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "otfuse"
 MAX_FUNCTION_LINES = 120
 
-# cli -> __init__ -> pipeline -> {verify, fusions, targets} -> {run, canonicalise} -> rewriter -> {errors, domain, ops}
+# cli -> __init__ -> pipeline -> control_flow -> {verify, fusions, targets} -> {run, canonicalise} -> rewriter
+#   -> {errors, domain, ops}
 LAYERS = {
     "otfuse.cli": 6,
     "otfuse": 5, "otfuse.ascend_ep": 5,  # the package face and its public alias of run.ascend
     "otfuse.pipeline": 4,
+    "otfuse.control_flow": 3.5,  # the pipeline's steps repeated in every body: targets and rewriter below it
     "otfuse.verify": 3, "otfuse.fusions": 3, "otfuse.targets": 3,
     "otfuse.run": 2, "otfuse.canonicalise": 2,
     "otfuse.rewriter": 1,

@@ -73,6 +73,9 @@ class DiffResult:
     # The execution providers of the fused model's session (the original always runs on CPU).
     fused_providers: list[str] = field(default_factory=list)
     opt_level: str = "disabled"  # ORT's graph optimisation level, the same for both models
+    # The branch-selector settings run besides the generated inputs ("use_cache_branch=False");
+    # their rows are named "<output> [<setting>]".
+    branches: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -99,6 +102,7 @@ class DiffResult:
             "unmatched": self.unmatched,
             "fused_providers": self.fused_providers,
             "ort_opt_level": self.opt_level,
+            "branches": self.branches,
         }
 
 
@@ -189,27 +193,56 @@ def diff(original, fused, *, inputs=None, dims=None, rtol=None, atol=None, seed=
     else:
         feeds = check_feeds(dict(inputs), specs)
     described = {k: f"{np.dtype(v.dtype).name}{list(v.shape)}" for k, v in feeds.items()}
+    # Generated inputs take each control-flow branch a selector input picks (a merged decoder's
+    # use_cache_branch): one run as generated, one per selector flipped.
+    settings = [("", feeds)] + (branch_settings(orig_model, feeds) if inputs is None else [])
 
     output_names = [o.name for o in orig_model.graph.output]
     probes, unmatched = _fused_tensors(fused_model, orig_model) if per_fusion else ([], [])
     extra = [t for _, _, t in probes if t not in output_names]
-
-    with with_outputs(orig_loaded, extra) as orig_path, with_outputs(fused_loaded, extra) as fused_path:
-        got_orig, _ = _run(orig_path, original, feeds, output_names + extra, opt_level=opt_level,
-                           library=uses_otfuse_ops(orig_model))
-        got_fused, fused_providers = _run(fused_path, fused, feeds, output_names + extra, opt_level=opt_level,
-                                          providers=providers, library=uses_otfuse_ops(fused_model))
     computed_in = _computed_types(orig_model, orig_loaded.base_dir)
+    outputs, fusions, fused_providers = [], [], []
+    with with_outputs(orig_loaded, extra) as orig_path, with_outputs(fused_loaded, extra) as fused_path:
+        for setting, these in settings:
+            got_orig, _ = _run(orig_path, original, these, output_names + extra, opt_level=opt_level,
+                               library=uses_otfuse_ops(orig_model))
+            got_fused, fused_providers = _run(fused_path, fused, these, output_names + extra, opt_level=opt_level,
+                                              providers=providers, library=uses_otfuse_ops(fused_model))
 
-    def row(name, **where):
-        dtype = computed_in.get(name, got_orig[name].dtype)
-        r, a = tolerance_for(dtype if got_orig[name].dtype.kind == "f" else got_orig[name].dtype, rtol, atol)
-        return replace(compare_arrays(name, got_orig[name], got_fused[name], r, a), **where)
+            def row(name, **where):
+                dtype = computed_in.get(name, got_orig[name].dtype)
+                r, a = tolerance_for(dtype if got_orig[name].dtype.kind == "f" else got_orig[name].dtype, rtol, atol)
+                shown = f"{name} [{setting}]" if setting else name
+                return replace(compare_arrays(shown, got_orig[name], got_fused[name], r, a), **where)
 
-    outputs = [row(name) for name in output_names]
-    fusions = [row(tensor, node=node, op_type=op) for node, op, tensor in probes]
+            outputs += [row(name) for name in output_names]
+            fusions += [row(tensor, node=node, op_type=op) for node, op, tensor in probes]
     return DiffResult(outputs=outputs, fusions=fusions, inputs=described, seed=seed, unmatched=unmatched,
-                      fused_providers=fused_providers, opt_level=opt_level)
+                      fused_providers=fused_providers, opt_level=opt_level,
+                      branches=[setting for setting, _ in settings[1:]])
+
+
+def branch_selectors(model: onnx.ModelProto) -> list[str]:
+    """The boolean graph inputs that are an ``If``'s condition as they are (optimum's
+    ``use_cache_branch``): which branch runs is the caller's choice."""
+    bools = {vi.name for vi in model.graph.input if vi.type.tensor_type.elem_type == onnx.TensorProto.BOOL}
+    found = []
+    for node in model.graph.node:
+        if node.op_type == "If" and node.input and node.input[0] in bools and node.input[0] not in found:
+            found.append(node.input[0])
+    return found
+
+
+def branch_settings(model: onnx.ModelProto, feeds: dict) -> list[tuple[str, dict]]:
+    """(label, feeds) with each branch selector of ``model`` flipped, one at a time."""
+    settings = []
+    for name in branch_selectors(model):
+        if name not in feeds or feeds[name].size != 1:
+            continue
+        flipped = dict(feeds)
+        flipped[name] = np.logical_not(feeds[name])
+        settings.append((f"{name}={bool(flipped[name].reshape(-1)[0])}", flipped))
+    return settings
 
 
 # Ops that move or reinterpret values without computing: a value's precision is that of their input.
@@ -303,7 +336,18 @@ def with_outputs(loaded: LoadedModel, names: list[str]):
 def uses_otfuse_ops(model: onnx.ModelProto) -> bool:
     """Whether ``model`` needs otfuse's library; models without otfuse ops (the original, an
     ``ort``/``onnx``-target model) run in stock onnxruntime, as their users run them."""
-    return any(node.domain == OP_DOMAIN for node in model.graph.node)
+    return _holds_otfuse_op(model.graph)
+
+
+def _holds_otfuse_op(graph: onnx.GraphProto) -> bool:
+    for node in graph.node:
+        if node.domain == OP_DOMAIN:
+            return True
+        for attribute in node.attribute:
+            subgraphs = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs
+            if any(_holds_otfuse_op(sub) for sub in subgraphs):
+                return True
+    return False
 
 
 def _open(path: Path, shown_as: Path, providers, *, opt_level: str, library: bool = True):
