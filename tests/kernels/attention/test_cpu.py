@@ -194,7 +194,7 @@ def test_cpu_variants_agree(library, monkeypatch, dtype, path, softcap):
 @pytest.mark.parametrize("head_size", [128, 20])
 @pytest.mark.parametrize("group", [4, 6])
 def test_cpu_variants_agree_decoding(library, monkeypatch, dtype, head_size, group):
-    # The direct path's block kernels (AVX-512: 4 query rows x 4 keys, AVX2: 4 x 2, their scores
+    # The direct path's block kernels (AVX-512, float16 / bfloat16: 4 query rows x 4 keys; AVX2: 4 x 2; scores
     # summed across lanes together; values widened in registers on AVX-512) against the baseline,
     # on a decode step of grouped heads: 4 or 6 query rows per kv head (6: a 4-row block and 2
     # rows left), 301 keys (a key block left over), D = 128 or 20 (a masked tail; AVX2 takes the
