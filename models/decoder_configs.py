@@ -107,6 +107,13 @@ def apertus_config():  # xIELU activation, q/k RMSNorm, llama3 rope
                                                       bos_token_id=1, eos_token_id=2))
 
 
+# The MoE decoders' routing (which tokens each expert takes) is data: dynamo refuses it
+# (GuardOnDataDependentSymNode on nonzero), TorchScript bakes the traced routing into constants.
+# GraniteMoE's parallel experts export with dynamo.
+MOE_TRACE = {"torchscript": "the traced routing (tokens per expert) is baked in as constants; qwen2_moe's "
+                            "ts17 export passed the two checked inputs and fails on a third (Split sizes)"}
+
+
 def mixtral_config():  # SwiGLU in 4 experts, top-2 routing
     return transformers.MixtralConfig(**ef._gqa_sizes(head_dim=ef.HEAD_DIM, rms_norm_eps=1e-5, num_local_experts=4,
                                                       num_experts_per_tok=2, sliding_window=None,
