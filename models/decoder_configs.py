@@ -140,13 +140,15 @@ def qwen2_vl_text_config():  # multimodal rope (mrope sections t/h/w over 3 posi
 
 
 def deepseek_v3_config():  # MLA: low-rank q and kv, rope on a separate 8-dim slice, interleaved
+    # Both layers dense (first_k_dense_replace = layers): the routed experts export with neither
+    # exporter (MOE_TRACE), and MLA is what this architecture spells differently.
     return transformers.DeepseekV3Config(
         hidden_size=ef.HIDDEN, num_hidden_layers=ef.LAYERS, num_attention_heads=ef.HEADS,
         num_key_value_heads=ef.HEADS, intermediate_size=ef.INTERMEDIATE, moe_intermediate_size=32,
         vocab_size=ef.VOCAB, max_position_embeddings=ef.MAX_POS, use_cache=False, attention_dropout=0.0,
         q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
         n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=1,
-        first_k_dense_replace=1, rope_interleave=True, rms_norm_eps=1e-6)
+        first_k_dense_replace=ef.LAYERS, rope_interleave=True, rms_norm_eps=1e-6)
 
 
 def persimmon_config():  # partial rotary, q/k LayerNorm per head, relu² MLP, fused QKV

@@ -46,7 +46,8 @@ def is_wide_scale(graph: GraphIndex, form, match: Match, x: str, axis: int) -> b
     dims = checks.row_shape(graph, x, axis)
     if dims is None or not graph.is_constant(scale):
         return False
-    return _broadcasts_along_rows(graph.constant_shape(scale), graph.shape(x), dims)
+    # proven_shape: a batch dim the scale broadcast against is not taken as the scale's own dim
+    return _broadcasts_along_rows(graph.constant_shape(scale), graph.proven_shape(x), dims)
 
 
 def _upstream_of(match: Match, value: str) -> list[onnx.NodeProto]:
