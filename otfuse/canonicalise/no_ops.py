@@ -10,10 +10,6 @@ reading the input instead, so that one tensor is one value again for the pattern
   once per use: the rotated and the passed-through lanes of one x then hang off two different,
   equal values).
 
-- ``Concat`` of one value and parts proven empty along the joined axis (TorchScript's Phi-3 writes
-  its rotary as ``cat([rope(x[..., :r]), x[..., r:]])`` with ``r = D``: the pass-through part has
-  0 lanes, and the rotation left behind that Concat is no longer what the attention reads).
-
 Exact: the dropped node's output equals its input in every run. A node whose output is a graph
 output, or is read inside a subgraph, is kept (its name is part of the interface).
 """
@@ -71,41 +67,30 @@ def _is_full_slice(graph: GraphIndex, node: onnx.NodeProto) -> bool:
     return all(_full_axis(dims, *params) for params in zip(starts, ends, axes, steps))
 
 
-def _concat_of_one(graph: GraphIndex, node: onnx.NodeProto) -> str | None:
-    """The one input of a Concat whose other inputs have a proven 0 extent along its axis."""
-    if [a.name for a in node.attribute] != ["axis"] or len(node.input) < 2 or not all(node.input):
-        return None
-    axis = attr(node, "axis")
-    shapes = [graph.proven_shape(name) for name in node.input]
-    if any(shape is None or not -len(shape) <= axis < len(shape) for shape in shapes):
-        return None
-    kept = [name for name, shape in zip(node.input, shapes) if shape[axis] != 0]
-    return kept[0] if len(kept) == 1 else None
-
-
 def _has_subgraph(node: onnx.NodeProto) -> bool:
     return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
 
 
-def _droppable(graph: GraphIndex, node: onnx.NodeProto) -> str | None:
-    """The input that the node's output equals, when the node can be dropped."""
+def _droppable(graph: GraphIndex, node: onnx.NodeProto) -> bool:
     if node.domain not in ("", "ai.onnx") or len(node.output) != 1 or not node.input or not node.input[0]:
-        return None
+        return False
     out = node.output[0]
     if graph.is_graph_output(out) or any(out not in reader.input or _has_subgraph(reader) for reader in graph.uses(out)):
-        return None
-    if node.op_type == "Concat":
-        return _concat_of_one(graph, node)
-    same = {"Identity": lambda: True, "Cast": lambda: _is_noop_cast(graph, node),
-            "CastLike": lambda: _is_noop_cast_like(graph, node),
-            "Slice": lambda: _is_full_slice(graph, node)}.get(node.op_type)
-    return node.input[0] if same is not None and same() else None
+        return False
+    if node.op_type == "Identity":
+        return True
+    if node.op_type == "Cast":
+        return _is_noop_cast(graph, node)
+    if node.op_type == "CastLike":
+        return _is_noop_cast_like(graph, node)
+    if node.op_type == "Slice":
+        return _is_full_slice(graph, node)
+    return False
 
 
 @dataclass(frozen=True)
 class NoOpsPass:
-    """Drops Identity, Casts to the input's own type, Slices that keep every element and Concats
-    of one non-empty part (see above)."""
+    """Drops Identity, Casts to the input's own type and Slices that keep every element (see above)."""
 
     def run(self, model: onnx.ModelProto, base_dir: Path | None) -> PassResult:
         graph = index_for(model, base_dir)
@@ -115,9 +100,8 @@ class NoOpsPass:
             for i, name in enumerate(node.input):
                 if name in renamed:
                     node.input[i] = renamed[name]
-            source = _droppable(graph, node)
-            if source is not None:
-                renamed[node.output[0]] = renamed.get(source, source)
+            if _droppable(graph, node):
+                renamed[node.output[0]] = node.input[0]
             else:
                 kept.append(node)
         if renamed:

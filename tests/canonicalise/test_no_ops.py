@@ -95,25 +95,3 @@ def test_a_copy_that_is_a_graph_output_stays():
     b.nodes[-1].output[0] = "y"
     b.output("y", F32, None)
     assert _dropped(b.model()) == []
-
-
-# -- Concat of one value and empty parts (TorchScript's Phi-3 rotary with nothing passed through) --
-
-def test_a_concat_with_an_empty_part_is_dropped():
-    def build(b, x):
-        empty = _slice(b, x, [8], [BIG], [-1])  # x[..., 8:] of 8 lanes: 0 lanes
-        return b.node("Concat", [b.node("Neg", [x]), empty], axis=-1)
-    assert _dropped(_model(build)) == ["Concat"]  # the empty Slice has no reader left (ORT prunes it)
-
-
-@pytest.mark.parametrize("start", [7, 0])
-def test_a_concat_of_two_non_empty_parts_stays(start):
-    def build(b, x):
-        return b.node("Concat", [b.node("Neg", [x]), _slice(b, x, [start], [BIG], [-1])], axis=-1)
-    assert "Concat" not in _dropped(_model(build))  # (x[..., 0:] is a full Slice: that one goes)
-
-
-def test_a_concat_of_a_part_of_unknown_length_stays():
-    def build(b, x):
-        return b.node("Concat", [x, b.node("Neg", [x])], axis=0)  # the batch axis: not proven empty
-    assert _dropped(_model(build)) == []

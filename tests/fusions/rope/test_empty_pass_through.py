@@ -1,7 +1,8 @@
 """TorchScript's Phi-3 (data/export_phi3_ts.py): `cat([rope(x[..., :r]), x[..., r:]])` with r = D, so
-the pass-through part is empty. The Concat of one non-empty part is dropped (canonicalise/no_ops.py)
-and the rotation folds into the attention (RopeAttention). A pass-through part that is not empty, or
-a rotated q also read elsewhere, must not fold and must be reported."""
+the pass-through part is empty (the full Slice x[..., :D] is canonicalised away). The rotation and its
+Concat with the empty part are one full-rotary RotaryEmbedding (rope/rotations.py, "empty tail"), which
+folds into the attention (RopeAttention). A pass-through part that is not empty, or a rotated q also
+read elsewhere, must not fold and must be reported."""
 
 from __future__ import annotations
 
@@ -61,4 +62,5 @@ def test_mutations_do_not_fold_and_are_reported(tmp_path, mutate):
     mutate(model)
     _, _, report = _fuse(tmp_path, model)
     assert "RopeAttention" not in report.fusions, report.fusions
-    assert report.near_misses, report.fusions
+    rope_misses = [m for m in report.near_misses if m["pattern"].startswith("RotaryEmbedding(half, empty")]
+    assert rope_misses and rope_misses[0]["fused_as"] == "RotaryEmbedding", report.near_misses
