@@ -8,9 +8,11 @@ counted from what the torch model computes, never from an ONNX graph or from otf
   AddRMSNorm / AddLayerNorm take them, docs/ops.md) that some norm normalises, directly or through a
   view / reshape that keeps the last axis (OPT regroups the rows first); two norms reading one sum
   (parallel blocks) are one site, since one fused node can give the sum to the other.
-- attention: every `scaled_dot_product_attention` or `softmax` call (one per attention).
+- attention: every `scaled_dot_product_attention` or `softmax` call of rank 3 or more (one per
+  attention; a 2-D softmax is a MoE router's).
 - rope: one site per attention of a rotary model (q and k rotated, 2 applications); checked
-  against the rotations seen (`neg` calls: rotate_half / rotate_every_two negate one half).
+  against the rotations seen (`neg` calls: rotate_half / rotate_every_two negate one half). Fewer
+  rotations than attentions (an even number) are NoPE layers: one site per two negations.
 """
 
 from __future__ import annotations
@@ -49,11 +51,15 @@ class _Recorder(TorchFunctionMode):
         elif name in _VIEWS and isinstance(out, torch.Tensor) and id(args[0]) in self.sums:
             if out.shape[-1] == args[0].shape[-1]:  # rows regrouped, each row still the sum's
                 self.sums[id(out)] = (self.sums[id(args[0])][0], out)
-        elif name in _ATTENTION:
-            self.attention += 1
+        elif name in _ATTENTION and (name != "softmax" or _rank(args) >= 3):
+            self.attention += 1  # a 2-D softmax is a MoE router's (tokens x experts), no attention
         elif name in _NEGS:
             self.negs += 1
         return out
+
+
+def _rank(args) -> int:
+    return args[0].ndim if args and isinstance(args[0], torch.Tensor) else 0
 
 
 def is_norm(module: torch.nn.Module) -> bool:
@@ -96,6 +102,8 @@ def expected_sites(model: torch.nn.Module, forward: Callable[[], Any]) -> dict[s
             h.remove()
     layers = int(model.config.num_hidden_layers)
     rope = recorder.attention if has_rotary(model) else 0
+    if 0 < recorder.negs < 2 * rope and recorder.negs % 2 == 0:
+        rope = recorder.negs // 2  # NoPE layers (SmolLM3, EXAONE 4's global layers) rotate nothing
     hidden = int(getattr(model.config, "hidden_size", 0) or 0)
     in_layers = Counter()
     for name, _, _, _ in calls:

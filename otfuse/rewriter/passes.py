@@ -419,7 +419,7 @@ def apply_replacements(model: onnx.ModelProto, nodes: list[onnx.NodeProto], clai
             for fused in replacements[id(node)].nodes:
                 new_nodes.append(fused)
                 positions.append(position)
-        elif id(node) not in claimed:
+        if id(node) not in claimed:  # a root the fusion does not cover stays (norm/wide_scale.py)
             new_nodes.append(node)
             positions.append(position)
     for replacement in replacements.values():

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 
 from otfuse import ops
-from otfuse.fusions.norm import residual
+from otfuse.fusions.norm import residual, wide_scale as wide
 from otfuse.rewriter import checks
 from otfuse.rewriter.allow_list import OpAllowList, only, require_allowed
 from otfuse.rewriter.builder import Helpers, NewTensor
@@ -40,14 +40,20 @@ def _as_float32(x) -> Either:
     return Either(op.Cast(x, to=FLOAT, _bind="cast_in"), x)
 
 
+def _plus_epsilon(mean) -> Either:
+    """`mean + eps`, or the mean alone: an epsilon of 0, or one the exporter's optimiser dropped
+    (dynamo with Helium's rms_norm_eps 1e-8 writes `Sqrt(ReduceMean(x²))`); fused with epsilon 0."""
+    return Either(op.Add(mean, Const("eps")), mean)
+
+
 def _rms_normalized(x) -> Either:
     xf = _as_float32(x)
     square = Either(op.Pow(xf, Const("two", where=scalar_equal(2.0))), op.Mul(xf, xf))
-    std = op.Sqrt(op.Add(_reduce_mean(square, "reduce", "axes"), Const("eps")))
+    std = op.Sqrt(_plus_epsilon(_reduce_mean(square, "reduce", "axes")))
     return Either(
-        op.Mul(xf, op.Reciprocal(std)),
-        op.Mul(xf, op.Div(Const("one", where=scalar_equal(1.0)), std)),
-        op.Div(xf, std),
+        op.Mul(xf, op.Reciprocal(std), _bind="normalized"),
+        op.Mul(xf, op.Div(Const("one", where=scalar_equal(1.0)), std), _bind="normalized"),
+        op.Div(xf, std, _bind="normalized"),
     )
 
 
@@ -63,8 +69,9 @@ def _layer_normalized(x) -> Either:
         _reduce_mean(_squared(centered), "reduce_var", "axes_var"),
         # ONNX's function body of LayerNormalization: mean(x²) - mean(x)², the same biased variance
         op.Sub(_reduce_mean(_squared(xf), "reduce_var", "axes_var"), _squared(mean)))
-    std = op.Sqrt(op.Add(variance, Const("eps")), _bind="std")
-    return Either(op.Div(centered, std), op.Mul(centered, op.Reciprocal(std)))
+    std = op.Sqrt(_plus_epsilon(variance), _bind="std")
+    return Either(op.Div(centered, std, _bind="normalized"),
+                  op.Mul(centered, op.Reciprocal(std), _bind="normalized"))
 
 
 def _scale() -> Either:
@@ -169,6 +176,8 @@ def _epsilon(form: _Form, graph: GraphIndex, match: Match) -> float:
         if not (math.isfinite(eps) and eps >= 0):
             raise Refuse(f"epsilon {eps} is not >= 0")
         return eps
+    if not match.has("eps"):
+        return 0.0  # no Add before the Sqrt (_plus_epsilon)
     eps = graph.scalar_value(match.value("eps"))
     if eps is None:
         raise Refuse("epsilon must be a single-element constant")
@@ -211,6 +220,8 @@ def _analyse(form: _Form, ctx: RewriteContext, match: Match) -> Fusion:
     if match.has("merge"):
         residual.require_rows_kept(graph, match.node("merge"), axis)
     epsilon = _epsilon(form, graph, match)
+    if wide.is_wide_scale(graph, form, match, x, axis):
+        return wide.normalisation_only(graph, form.op, match, x, axis, epsilon)
     for name in ("scale", "bias"):
         if match.has(name):
             checks.require_row_parameter(graph, match.value(name), x, axis, name)

@@ -3,6 +3,7 @@
     half:         Concat(-x[h:], x[:h])                    (Slice or Split; LLaMA, Qwen, Mistral)
     interleaved:  Reshape(Concat(Unsqueeze(-x[1::2]), Unsqueeze(x[0::2])))    (GPT-J stack/flatten)
     partial:      Concat(rope(x[:r]), x[r:])               (GPT-NeoX rotary_pct, Phi)
+    empty tail:   Concat(rope(x), x[D:])                   (TorchScript's Phi-3: full rotary)
 
 (interleaved on explicit [..., D/2, 2] lane pairs, Meta's view_as_complex: lane_pairs.py)
 
@@ -53,6 +54,13 @@ def _rope(x, rotate, tag: str = "") -> object:
 def _partial(rotate) -> object:
     x_rot = sliced(Var("x"), "rot_part")
     return op.Concat(_rope(x_rot, rotate), sliced(Var("x"), "pass_part"), axis=ANY, _bind="outer_concat")
+
+
+def _empty_tail(rotate) -> object:
+    """The partial spelling with every lane rotated: TorchScript's Phi-3 writes
+    cat([rope(x[..., :cos.shape[-1]]), x[..., cos.shape[-1]:]]) with cos D wide. The full Slice
+    is canonicalised away (canonicalise/no_ops.py), the empty one stays in front of the attention."""
+    return op.Concat(_rope(Var("x"), rotate), sliced(Var("x"), "pass_part"), axis=ANY, _bind="outer_concat")
 
 
 # -- checks -------------------------------------------------------------------------------------
@@ -113,6 +121,7 @@ class _Spelling:
 
     mode: str = "half"
     partial: bool = False
+    empty_tail: bool = False  # Concat(rope(x), x[..., D:]): full rotary (_empty_tail)
 
 
 def _rotated_value(spelling: _Spelling, match: Match) -> str:
@@ -174,6 +183,9 @@ def _analyse_rotation(spelling: _Spelling, ctx: RewriteContext, match: Match) ->
         _expect_slice(graph, match, "rot_part", rank, head_dim, 0, 0, end_exact=width)
         _expect_slice(graph, match, "pass_part", rank, head_dim, width, head_dim)
         _check_concat_last(match, "outer_concat", rank)
+    if spelling.empty_tail:
+        _expect_slice(graph, match, "pass_part", rank, head_dim, head_dim, head_dim)
+        _check_concat_last(match, "outer_concat", rank)
     if width % 2:
         raise Refuse(f"rotary width {width} is odd")
     check = _check_interleaved_rotation if spelling.mode == "interleaved" else _check_half_rotation
@@ -191,7 +203,11 @@ def _analyse_rotation(spelling: _Spelling, ctx: RewriteContext, match: Match) ->
 
 
 def _rotation_rule(name: str, spelling: _Spelling, pattern) -> Rule:
-    return Rule(name, pattern, partial(_analyse_rotation, spelling), FAMILY, frozenset({"Neg"}))
+    # Refused, the empty-tail form leaves the rotation fused alone and its Concat in front of the
+    # attention (no RopeAttention): reported as that downgrade.
+    kept = "RotaryEmbedding" if spelling.empty_tail else None
+    return Rule(name, pattern, partial(_analyse_rotation, spelling), FAMILY, frozenset({"Neg"}),
+                kept_when_refused=kept)
 
 
 ROTATE_HALF = _rotation_rule("RotaryEmbedding(half)", _Spelling(), _rope(Var("x"), _rotate_half))
@@ -201,6 +217,10 @@ INTERLEAVED = _rotation_rule("RotaryEmbedding(interleaved)", _Spelling("interlea
                              _rope(Var("x"), _rotate_interleaved))
 PARTIAL_INTERLEAVED = _rotation_rule("RotaryEmbedding(interleaved, partial)", _Spelling("interleaved", True),
                                      _partial(_rotate_interleaved))
+EMPTY_TAIL_HALF = _rotation_rule("RotaryEmbedding(half, empty pass-through)", _Spelling(empty_tail=True),
+                                 _empty_tail(_rotate_half))
+EMPTY_TAIL_INTERLEAVED = _rotation_rule("RotaryEmbedding(interleaved, empty pass-through)",
+                                        _Spelling("interleaved", empty_tail=True), _empty_tail(_rotate_interleaved))
 
 
 def _sections(count: int):
@@ -273,5 +293,6 @@ def _sections_rule(count: int) -> Rule:
                 FAMILY, frozenset({"Neg"}))
 
 
-RULES: list[Rule] = [PARTIAL_ROTATE_HALF, ROTATE_HALF, PARTIAL_INTERLEAVED, INTERLEAVED,
+RULES: list[Rule] = [PARTIAL_ROTATE_HALF, EMPTY_TAIL_HALF, ROTATE_HALF, PARTIAL_INTERLEAVED, EMPTY_TAIL_INTERLEAVED,
+                     INTERLEAVED,
                      _sections_rule(4), _sections_rule(3), _sections_rule(2)]
