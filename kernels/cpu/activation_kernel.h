@@ -3,6 +3,10 @@
 // activation_rows.inc over ORT's thread pool.
 #pragma once
 
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
 #include "common/activation_params.h"
 #include "cpu/activation_rows.h"
 
@@ -26,9 +30,13 @@ class ActivationRunner {
  private:
   template <typename T>
   void RunTyped(const KernelContext& ctx, const ActivationOperands& ops, void* y) const;
+  // The float16 one-input ops' table (ActivationJob::half_table), built at the first large run.
+  const uint16_t* HalfTable() const;
 
   ActivationJob job_;
   ActivationIsa isa_;
+  mutable std::once_flag half_table_once_;
+  mutable std::unique_ptr<uint16_t[]> half_table_;
 };
 
 // One registration function per op file; AppendActivationOps (op_registry.h) calls them all.

@@ -261,17 +261,16 @@ static OTFUSE_MATH_INLINE VF GeluErf(VF x) {
 // (AVX-512's divider is ~10 cycles a vector, most of SiLU's time) and no exact tail: every result
 // the tails keep accurate in float32 is below float16's smallest subnormal.
 
-// 2^u for u in [-125, 125] (callers clamp): u = k + f, |f| <= 1/2, 2^f by a degree-4 polynomial
-// fitted for relative error (2.6e-6).
-static OTFUSE_MATH_INLINE VF Exp2Half(VF u) {
-#if defined(__AVX512F__)
-  const VF k = _mm512_roundscale_ps(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-#else
-  const float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const VF shifted = u + kRound;
-  const VF k = shifted - kRound;
-#endif
-  const VF f = u - k;
+// 2^(a * scale) for a * scale in [-125, 125] (callers clamp): a * scale = k + f, |f| <= 1/2, 2^f by
+// a degree-4 polynomial fitted for relative error (2.6e-6). The product is never rounded on its
+// own: one FMA adds it to 1.5 * 2^23 + 127 (rounding it to the integer k, whose exponent bits k +
+// 127 are then the low mantissa bits) and another gives f = a * scale - k: 4 instructions besides
+// the polynomial where a multiply, a rounding, a subtraction and the rebuilt exponent took 5-7.
+static OTFUSE_MATH_INLINE VF Exp2Half(VF a, float scale) {
+  const float kRoundBias = 12582912.0f + 127.0f;  // shifted = 1.5 * 2^23 + 127 + k, exactly
+  const VF shifted = Fma(a, Splat(scale), Splat(kRoundBias));
+  const VF k = shifted - kRoundBias;
+  const VF f = Fma(a, Splat(scale), -k);
   const VF f2 = f * f;
   const VF low = Fma(Splat(0.6931217908859253f), f, Splat(0.9999992847442627f));
   const VF high = Fma(Fma(Splat(0.009570079855620861f), f, Splat(0.05591783672571182f)), f, Splat(0.240247443318367f));
@@ -279,7 +278,7 @@ static OTFUSE_MATH_INLINE VF Exp2Half(VF u) {
 #if defined(__AVX512F__)
   return _mm512_scalef_ps(p, k);
 #else
-  return p * (VF)(((VI)shifted - (VI)Splat(kRound) + 127) << 23);
+  return p * (VF)((VI)shifted << 23);  // the low 9 mantissa bits k + 127 (in [2, 252]) into the exponent
 #endif
 }
 
@@ -299,8 +298,8 @@ static OTFUSE_MATH_INLINE VF Divide(VF x, VF d) {
 // float16 x times it rounds to a zero of x's sign; 2^-100 stands for it (a tiny value, not 0, so
 // that a gated product with an infinite up gives the limit, not NaN).
 static OTFUSE_MATH_INLINE VF TimesSigmoidHalf(VF x, VF t) {
-  const VF u = Min(Max(t * -1.44269504088896341f, Splat(-125.0f)), Splat(125.0f));  // NaN t: NaN stays
-  const VF y = Divide(x, Exp2Half(u) + 1.0f);
+  const VF c = Min(Max(t, Splat(-86.0f)), Splat(86.0f));  // |t log2 e| < 125; a NaN t gives -86 (x carries it)
+  const VF y = Divide(x, Exp2Half(c, -1.44269504088896341f) + 1.0f);
   return t < -80.0f ? CopySign(Splat(0x1p-100f), x) : y;
 }
 
@@ -321,7 +320,7 @@ static OTFUSE_MATH_INLINE VF GeluTanhHalf(VF x) {
 // in h, and x below -7.5.
 static OTFUSE_MATH_INLINE VF GeluErfHalf(VF x) {
   const VF ax = Min(Abs(x), Splat(7.5f));  // NaN -> 7.5 (x carries the NaN)
-  const VF e = Exp2Half(ax * ax * -0.72134752044448170f);  // e^(-x^2/2), exponent in [-41, 0]
+  const VF e = Exp2Half(ax * ax, -0.72134752044448170f);  // e^(-x^2/2), exponent in [-41, 0]
   const VF t = Divide(Splat(1.0f), Fma(ax, Splat(0.3f), Splat(1.0f)));
   const VF t2 = t * t;
   const VF q01 = Fma(Splat(0.11072283983230591f), t, Splat(0.12037979066371918f));

@@ -15,6 +15,9 @@ namespace otfuse::cpu {
 struct ActivationJob {
   ActivationKind kind;
   float alpha;  // QuickGelu's alpha
+  // float16 one-input rows: when set, y = half_table[x's bits], the 65536 results this variant's
+  // float16 math gives (built by running it over every bit pattern, so the same bits either way).
+  const uint16_t* half_table = nullptr;
 };
 
 // Rows [begin, end) of `width` elements: y[r] = act(gate[r]) (* up[r] when up is not null).

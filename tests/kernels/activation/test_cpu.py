@@ -150,6 +150,33 @@ def test_quick_gelu_alpha_every_float16(library, monkeypatch, alpha, isa):
     assert_within_bound(y, reference.quick_gelu_exact(x.astype(np.float32), alpha), HALF_MATH_BOUND, F16)
 
 
+# From this many elements on, the float16 one-input ops look their results up in a table of the
+# float16 math over every bit pattern (activation_kernel.cc, kHalfTableMinElements).
+HALF_TABLE_MIN_ELEMENTS = 1 << 18
+
+
+@pytest.mark.parametrize("isa", ALL_ISAS)
+@pytest.mark.parametrize("case", [*UNARY, "quick_gelu/-0.37", "quick_gelu/0"])
+def test_float16_table_gives_the_math_bits(library, monkeypatch, case, isa):
+    # Every float16 value, alone (the math) and repeated past the table threshold with an odd tail
+    # (the lookup, rows of 16384 plus a partial one): the same bits, NaN payloads included.
+    use_isa(monkeypatch, isa)
+    kind, _, alpha = case.partition("/")
+    op, attrs, exact = UNARY[kind]
+    if alpha:
+        attrs = {"alpha": float(alpha)}
+    x = every_value(F16)
+    (computed,) = run_op(library, op, [x], attrs=attrs)
+    repeats = HALF_TABLE_MIN_ELEMENTS // x.size + 1
+    tiled = np.concatenate([np.tile(x, repeats), x[:1001]])
+    (looked_up,) = run_op(library, op, [tiled], attrs=attrs)
+    np.testing.assert_array_equal(looked_up.view(np.uint16).reshape(-1)[:repeats * x.size],
+                                  np.tile(computed.view(np.uint16), repeats))
+    np.testing.assert_array_equal(looked_up.view(np.uint16)[-1001:], computed.view(np.uint16)[:1001])
+    if not alpha:
+        assert_within_bound(looked_up[:x.size], exact(x.astype(np.float32)), HALF_MATH_BOUND, F16)
+
+
 @pytest.mark.parametrize("isa", ALL_ISAS)
 @pytest.mark.parametrize("dtype", [F32, F16], ids=lambda d: d.name)
 def test_signed_zero_and_limits(library, monkeypatch, dtype, isa):
