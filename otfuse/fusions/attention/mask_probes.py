@@ -3,7 +3,8 @@ alibi.py that checks a claim, so what the graph computes is what the claim says.
 
 ``subgraph_model`` cuts the nodes computing a value out as a model of its own, whose inputs are
 the graph inputs it reads and the values it reads only for their shape (given as inputs of that
-shape, so no weights are needed); ``verify_by_running`` runs it at several batch / sequence /
+shape, so no weights are needed: a present key ``Concat(past, k)`` enters as ``past + seq`` long,
+its dims sums of the inputs' dims); ``verify_by_running`` runs it at several batch / sequence /
 cache sizes and paddings and compares what it masks with ``causal and window and padding``.
 """
 
@@ -111,9 +112,34 @@ def _shaped_input_dims(graph: GraphIndex, value: str, needed_by: dict, dim_names
             not graph.elem_type(value):
         return None
     read = axes_read(graph, value)
-    if not all(isinstance(d, int) or str(d) in dim_names for axis, d in enumerate(shape) if axis in read):
+    stated = [d if isinstance(d, int) else _stated_dim(d, dim_names) for d in shape]
+    if any(stated[axis] is None for axis in read):
         return None
-    return [d if isinstance(d, int) else dim_names.get(str(d), 1) for d in shape]
+    return [1 if d is None else d for d in stated]
+
+
+def _stated_dim(dim, dim_names: dict[str, str]) -> str | None:
+    """``dim`` in the names the inputs' dims are fed by: one of them, or a sum of them with integer
+    coefficients (a present key's ``past + seq``, what the Concat with the cache gives), written as
+    feeds.py evaluates it; None when it has another symbol (a fresh unknown) or form. The run
+    then feeds that shape at each probe size, and a wrong length shows as a mask of another shape."""
+    if str(dim) in dim_names:
+        return dim_names[str(dim)]
+    expr = getattr(dim, "expr", None)
+    if expr is None:
+        return None
+    terms = []
+    for mono, coefficient in expr.terms:
+        if not mono:
+            terms.append(str(coefficient))
+            continue
+        if len(mono) != 1 or mono[0][1] != 1:
+            return None
+        name = dim_names.get(str(getattr(mono[0][0], "name", None)))
+        if name is None or not name.isidentifier():
+            return None
+        terms.append(name if coefficient == 1 else f"{coefficient}*{name}")
+    return " + ".join(terms).replace("+ -", "- ") if terms else None
 
 
 def _read_for_shape_only(graph: GraphIndex, value: str, needed_by: dict) -> bool:
@@ -283,12 +309,14 @@ def _configurations(claim: MaskClaim, has_past: bool, offsets: set[int], static:
                 yield batch, seq, past
 
 
-def _padding_patterns(batch: int, total: int, rng) -> list[np.ndarray]:
+def _padding_patterns(batch: int, total: int, rng, binary: bool = False) -> list[np.ndarray]:
     ones = np.ones((batch, total), dtype=np.int64)
     left = ones.copy()
     left[0, : total // 2] = 0
     # Any non-zero value attends (docs/ops.md): a graph testing mask == 1 must not pass for padding.
-    random = rng.choice(np.array([0, 1, 3], dtype=np.int64), size=(batch, total), p=[0.3, 0.5, 0.2])
+    # ``binary`` (0 / 1 only) serves only to say why a claim failed, never to make one.
+    values = np.array([0, 1, 1] if binary else [0, 1, 3], dtype=np.int64)
+    random = rng.choice(values, size=(batch, total), p=[0.3, 0.5, 0.2])
     return [ones, left, random]
 
 
@@ -321,7 +349,7 @@ def _sized_by(model: onnx.ModelProto, dim: str) -> bool:
 
 
 def verify_by_running(graph: GraphIndex, output: str, claim: MaskClaim, visible_of, offsets: set[int],
-                      batches: tuple[int, ...] = (2,)) -> tuple[int, int] | None:
+                      batches: tuple[int, ...] = (2,), binary_padding: bool = False) -> tuple[int, int] | None:
     """Refuse unless running the subgraph computing ``output`` gives, by ``visible_of`` (the keys
     it leaves visible, or None for a value that is no mask), what ``claim`` says, at sequences
     past every one of ``offsets``, with and without a cache when it has one, at each of ``batches``.
@@ -338,26 +366,47 @@ def verify_by_running(graph: GraphIndex, output: str, claim: MaskClaim, visible_
     batches = batches if _sized_by(model, "batch") else (2,)
     lengths = None
     for batch, seq, past in _configurations(claim, has_past, offsets, static, batches):
-        feeds = make_feeds(model, {"batch": batch, "seq": seq, "past": past})
+        feeds = make_feeds(model, {"batch": batch, "seq": seq, "past": past, **_encoder_dims(model, seq)})
         if fixed_length is not None:  # the export fixed the length, the batch stays free
             seq, past = fixed_length[0], fixed_length[1] - fixed_length[0]
-        total = past + seq
-        for padding in _padding_patterns(batch, total, rng):
+        total = _key_length(claim, feeds, seq, past)
+        for padding in _padding_patterns(batch, total, rng, binary_padding):
             if claim.key_padding:
                 feeds[claim.key_padding] = padding.astype(feeds[claim.key_padding].dtype)
             try:
                 (got,) = session.run(None, feeds)
             except Exception as exc:  # noqa: BLE001
                 raise Refuse(f"the mask subgraph failed at seq {seq}, past {past} ({type(exc).__name__})") from None
-            expected = _expected(claim, batch, seq, past, padding)
+            expected = _expected(claim, batch, seq, total - seq, padding)
             if 2 <= got.ndim < 4:  # added to the [B, N, Sq, Skv] scores right-aligned (SDPA's 2-D attn_mask)
                 got = got.reshape((1,) * (4 - got.ndim) + got.shape)
-            visible = visible_of(got) if got.ndim == 4 and got.shape[-2:] == (seq, total) else None
+            # one row broadcast over the queries ([B, 1, 1, Skv]: a padding mask) must hold for each
+            visible = visible_of(got) if got.ndim == 4 and got.shape[-2] in (seq, 1) and got.shape[-1] == total \
+                else None
             if visible is None or not _broadcasts_to_equal(visible, expected):
                 raise Refuse(f"running the mask (seq {seq}, past {past}) contradicts "
                                f"causal={claim.causal}, window={claim.window}, padding={claim.key_padding}")
         lengths = (seq, total)
     return lengths if static is not None or fixed_length is not None else None
+
+
+def _key_length(claim: MaskClaim, feeds: dict, seq: int, past: int) -> int:
+    """The key count the run checks: ``past + seq`` (a causal mask aligns to it), or with padding
+    alone the padding mask's own length, as the other inputs were sized (a cross-attention's
+    encoder keys: neither the query count nor the cache's)."""
+    if claim.causal or claim.window or not claim.key_padding or claim.key_padding not in feeds:
+        return past + seq
+    padding = feeds[claim.key_padding]
+    return int(padding.shape[-1]) if padding.ndim == 2 else past + seq
+
+
+def _encoder_dims(model: onnx.ModelProto, seq: int) -> dict[str, int]:
+    """The encoder's sequence dims of the subgraph's inputs (a decoder's ``encoder_sequence_length``)
+    sized apart from the decoder's: a mask that reads the decoder's length where the encoder's
+    belongs (or the reverse) then has the wrong shape."""
+    names = {d.dim_param for vi in model.graph.input for d in vi.type.tensor_type.shape.dim
+             if d.dim_param and "encoder" in d.dim_param.lower() and d.dim_param.isidentifier()}
+    return {name: seq + 2 for name in names}
 
 
 def _sized_by_output(model: onnx.ModelProto) -> bool:

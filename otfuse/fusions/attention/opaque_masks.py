@@ -17,7 +17,9 @@ min)``: a ``ScatterND`` into ``Trilu(full(min)) * (j > cache_position)``, with n
   every run, leaves a key visible and everywhere else one finite fill that absorbs the scores (at
   most -1e30, or the mask type's minimum: ``empty_rows`` "uniform").
 
-No window is claimed this way: a mask of unread form with a band stays a bias.
+No window is claimed this way: a mask of unread form with a band stays a bias. A mask that is
+padding only when fed 0 / 1 (BART's ``1 - m`` of the encoder mask: a 3 masks the key) is refused
+saying so; that 0 / 1 run explains a refusal, it never makes a claim.
 """
 
 from __future__ import annotations
@@ -61,7 +63,21 @@ def claim_by_running(graph: GraphIndex, mask: str, unread: str) -> MaskClaim:
             raise Refuse(f"{unread}, and it holds {unprobed[0] if unprobed else 'no fill'}, longer than the sequences "
                          f"otfuse runs it at ({LARGEST_PROBED_OFFSET})")
         return MaskClaim(causal, 0, key_padding, "uniform", lengths)
+    if padding and _padding_for_binary_values_only(graph, mask, padding, numbers):
+        raise Refuse(f"{unread}, and it is key padding by {padding!r} only where that mask holds 0 or 1: it "
+                     f"computes 1 - m (BART's mask builder), so a 3 there masks a key that key_padding_mask attends")
     raise Refuse(f"{unread}, and running it matches no causal / padding claim ({refusals[0]})")
+
+
+def _padding_for_binary_values_only(graph: GraphIndex, mask: str, padding: str, numbers: set[int]) -> bool:
+    """Whether the mask is padding by ``padding`` when fed 0 / 1 only: then it fails the claim only
+    for the other values, which the refusal should say (no claim is made from this)."""
+    try:
+        verify_by_running(graph, mask, MaskClaim(False, 0, padding, "uniform"), _Fill().visible, numbers, _BATCHES,
+                          binary_padding=True)
+    except Refuse:
+        return False
+    return True
 
 
 class _Fill:
