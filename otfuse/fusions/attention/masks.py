@@ -8,8 +8,9 @@ condition is read as a conjunction (``And``, ``Or`` under ``Not``, ``Not``, ``Ca
 ``Expand``, a ``Slice`` of a computed condition: optimum's ``cond[..., :Shape(K)[2]]``) of leaves:
 
 * an **index comparison** (``LessOrEqual``/``Less``/``Greater``/``GreaterOrEqual`` of two values
-  computed from shapes only: ``Range``, ``CumSum``, ...): causal; with ``Sub(idx, W)`` or
-  ``Add(idx, W)`` on one side: a sliding window of ``W``;
+  computed from shapes only: ``Range``, ``CumSum``, ...): causal; with constants added to either
+  side (through reshapes, ``Add``, ``Sub``, ``Neg``, a cache offset added to an index): the sliding
+  window that bounds ``q - kv`` (``kv > q - W``, ``q - kv < W``, ``kv >= q - W + 1``, ... are all W);
 * ``Trilu`` of a constant-filled tensor, or a ``Slice`` of a constant triangular buffer: causal;
 * every leaf that reads the values of no input at a fixed size (a constant, or computed from
   constants and fixed shapes: static-shape exports fold the causal comparison and the window
@@ -267,28 +268,49 @@ def _leaf_kind(graph: GraphIndex, value: str, negated: bool, memo: dict) -> tupl
 
 
 def _comparison_kind(graph: GraphIndex, node: onnx.NodeProto) -> tuple[str, object]:
-    constants = [graph.scalar_value(name) for name in node.input]
-    if any(c is not None for c in constants):
+    """Read ``a op b`` as ``x - y op k``: x and y the index terms (Range, CumSum, their reshapes,
+    a cache offset added to one), k the constants added to either side. No constant: causal (which
+    side is the query is settled by running). Otherwise the window it bounds q - kv by, the
+    exporter's ``kv > q - W``, ``q - W < kv``, ``q - kv < W``, ``kv + W > q`` alike: only an upper
+    bound of q - kv is a window, so Less / LessOrEqual put the query in x and Greater /
+    GreaterOrEqual in y, and a non-strict bound admits one key more. Running checks the reading."""
+    (left, left_c), (right, right_c) = (_linear(graph, name) for name in node.input)
+    terms = [sign for _, sign in left] + [-sign for _, sign in right]
+    if len(terms) <= 1:
         return "versus_constant", None  # e.g. BERT's q_idx >= 0: true, if running agrees
-    for name in node.input:
-        offset = _index_offset(graph, name)
-        if offset is not None:
-            if offset == int(offset) and offset > 0:
-                return "window", int(offset)
-            return "unknown", f"an index compared with an offset of {offset}"
-    return "causal", None  # which side is the query is settled by running the graph
+    if not (1 in terms and -1 in terms):
+        return "unknown", f"{node.op_type} {node.name!r} of a sum of indices, not a difference"
+    k = right_c - left_c  # x - y op k
+    if k == 0:
+        return "causal", None
+    strict = node.op_type in ("Less", "Greater")
+    window = (k if node.op_type in ("Less", "LessOrEqual") else -k) + (0 if strict else 1)
+    if window != int(window) or window <= 0:
+        return "unknown", f"an index compared with an offset of {k:g} ({node.op_type} {node.name!r})"
+    return "window", int(window)
 
 
-def _index_offset(graph: GraphIndex, value: str) -> float | None:
-    """W of ``Sub(idx, W)`` or ``Add(idx, W)`` / ``Add(W, idx)``, else None."""
+_LINEAR_STEPS = _RESHAPING | {"Cast"}
+
+
+def _linear(graph: GraphIndex, value: str, sign: int = 1) -> tuple[list, float]:
+    """``value`` as a sum of signed terms and a constant, through reshapes, Casts, ``Add``, ``Sub``
+    and ``Neg``: ([(term, +1 | -1)], constant); a term is any other value (an index, a constant
+    row: what it holds is for the run to check)."""
+    c = graph.scalar_value(value)
+    if c is not None:
+        return [], sign * c
     node = graph.producer.get(value)
-    if node is None or node.op_type not in ("Sub", "Add"):
-        return None
-    right = graph.scalar_value(node.input[1])
-    if right is not None:
-        return abs(right)
-    left = graph.scalar_value(node.input[0])
-    return abs(left) if node.op_type == "Add" and left is not None else None
+    if node is not None and node.op_type in _LINEAR_STEPS and node.domain in ("", "ai.onnx") \
+            and (node.op_type != "Cast" or attr(node, "to") != BOOL):
+        return _linear(graph, node.input[0], sign)
+    if node is not None and node.op_type == "Neg":
+        return _linear(graph, node.input[0], -sign)
+    if node is not None and node.op_type in ("Add", "Sub") and node.domain in ("", "ai.onnx"):
+        first = _linear(graph, node.input[0], sign)
+        second = _linear(graph, node.input[1], sign if node.op_type == "Add" else -sign)
+        return first[0] + second[0], first[1] + second[1]
+    return [(value, sign)], 0.0
 
 
 def _filled_with_nonzero(graph: GraphIndex, value: str) -> bool:

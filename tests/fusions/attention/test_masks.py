@@ -125,14 +125,15 @@ def test_claims_are_explained_when_refused():
         classify_mask(graph, where.output[0], {}, ())
 
 
-def test_torchscript_window_that_differs_from_its_constant_is_not_claimed(tmp_path):
-    """Greater -> GreaterOrEqual: the band is W + 1 wide while the constant says W."""
+def test_torchscript_window_wider_than_its_constant_is_claimed_as_wide_as_it_is(tmp_path):
+    """Greater -> GreaterOrEqual: the band is W + 1 wide while the constant says W; the non-strict
+    bound is read as W + 1 (and proven by running), never as W."""
     def wider(model):
         node = next(n for n in model.graph.node if n.op_type == "Greater")
         node.op_type = "GreaterOrEqual"
     out = _fuse_and_diff(tmp_path, _mutated("mistral_torchscript", wider), "wider")
     attrs, (bias, padding) = _attention_attrs(out)
-    assert attrs.get("causal", 0) == 0 and attrs.get("window", 0) == 0 and bias and not padding
+    assert (attrs.get("causal", 0), attrs.get("window", 0), bias) == (1, 5, "")
 
 
 def test_torchscript_padding_read_from_the_wrong_row_is_not_claimed(tmp_path):
@@ -244,7 +245,7 @@ def _future_keys(node, const, idx):
 
 
 def _band_as_difference(node, const, idx):
-    """Causal, and q - kv < 20: a 20-key window not spelled Greater(kv, Sub(q, W))."""
+    """Causal, and q - kv < 20: a 20-key window spelled as a difference against the constant."""
     q, kv = node("Unsqueeze", [idx, const([1])]), node("Unsqueeze", [idx, const([0])])
     future = node("Greater", [kv, q])
     too_far = node("Not", [node("Less", [node("Sub", [q, kv]), const(20)])])
@@ -275,14 +276,18 @@ def test_other_causal_spellings_are_claimed(tmp_path, name, build):
     assert _claimed(tmp_path, build, name) == (1, 0, False, "")
 
 
+def test_a_window_spelled_as_a_difference_is_claimed_as_that_window(tmp_path):
+    """q - kv < 20 reads as a window of 20, and holds when run (at 20 + 3 and 2 * 20 + 1 keys too)."""
+    assert _claimed(tmp_path, _masked_where_mask(_band_as_difference), "band_as_difference") == (1, 20, False, "")
+
+
 @pytest.mark.parametrize("name,build", [
     ("trilu_upper", _trilu_mask(upper=1)),  # keys at and after the query: not causal
     ("cumsum_shifted", _cumsum_mask(shift=1)),  # j + 1 <= i: the diagonal masked
     ("band_buffer", _buffer_mask(np.tril(np.ones((64, 64), dtype=bool)) & np.triu(np.ones((64, 64), dtype=bool), -3))),
     ("chain_other_fill", _masked_where_mask(_future_keys, fill_inner=np.float32(-1e9))),
     # Seen only past 20 keys: the check runs at 20 + 3 and 2 * 20 + 1 keys too, so this is no "causal".
-    ("band_as_difference", _masked_where_mask(_band_as_difference)),
-    ("clamped_query", _masked_where_mask(_keys_up_to_a_clamp)),  # likewise: checked at 23 and 41 keys
+    ("clamped_query", _masked_where_mask(_keys_up_to_a_clamp)),
     ("tril_equal_one", _tril_equal_mask(upper=0, compared=1.0)),  # masks the visible keys instead
     ("triu_equal_zero", _tril_equal_mask(upper=1, compared=0.0)),  # anti-causal
 ])
