@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from graphs import GraphBuilder
 
@@ -141,3 +141,42 @@ def keys_transposed_model(*, heads=4, head_dim=8, keys="bsnd", k_perm=(0, 2, 3, 
     b.nodes[-1].output[0] = "y"
     b.output("y", elem, ["batch", "seq", heads, head_dim])
     return b.model()
+
+
+# -- hand-built masks: nodes computing attention_model's `mask` input ------------------------------
+MASK_FILL = np.float32(-3.4028234663852886e38)  # float32's lowest: what the exporters fill with
+
+
+class MaskNodes:
+    """Records the nodes and constants of a hand-written mask subgraph (unique names m0.., mc0..)."""
+
+    def __init__(self):
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+
+    def node(self, op: str, inputs, **attrs) -> str:
+        out = f"m{len(self.nodes)}"
+        self.nodes.append(helper.make_node(op, list(inputs), [out], name=out, **attrs))
+        return out
+
+    def const(self, value, dtype=np.int64) -> str:
+        name = f"mc{len(self.inits)}"
+        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
+        return name
+
+
+def with_computed_mask(model: onnx.ModelProto, recorded: MaskNodes, mask: str,
+                       extra_inputs=()) -> onnx.ModelProto:
+    """``model`` (attention_model's) with its ``mask`` graph input replaced by ``recorded``'s nodes
+    computing ``mask``; ``extra_inputs`` (value infos) are the graph inputs those nodes read."""
+    recorded.nodes.append(helper.make_node("Identity", [mask], ["mask"], name="mask_out"))
+    graph = model.graph
+    kept_inputs = [i for i in graph.input if i.name != "mask"]
+    del graph.input[:]
+    graph.input.extend(kept_inputs + list(extra_inputs))
+    graph.initializer.extend(recorded.inits)
+    old = list(graph.node)
+    del graph.node[:]
+    graph.node.extend(recorded.nodes + old)
+    del graph.value_info[:]
+    return onnx.shape_inference.infer_shapes(model)

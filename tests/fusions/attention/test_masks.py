@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import pytest
 from fixtures import fixture_path
-from fusions.attention.graphs import attention_model
+from fusions.attention.graphs import MASK_FILL, MaskNodes, attention_model, with_computed_mask
 from onnx import TensorProto, helper, numpy_helper
 
 import otfuse
@@ -153,38 +153,15 @@ def test_torchscript_padding_read_from_the_wrong_row_is_not_claimed(tmp_path):
 
 
 # -- hand-built masks: SDPA on graph inputs q, k, v; the mask computed from q's shape ---------------
-MIN = np.float32(-3.4028234663852886e38)
+MIN = MASK_FILL
 
 
 def _model_with_mask(build) -> onnx.ModelProto:
     """attention_model's SDPA with its ``mask`` input replaced by nodes: ``build(node, const, seq)``
     returns the float [.., S, S] mask from the 1-D [S] sequence length."""
-    model = attention_model()
-    nodes, inits = [], []
-
-    def node(op, inputs, **attrs):
-        out = f"m{len(nodes)}"
-        nodes.append(helper.make_node(op, list(inputs), [out], name=out, **attrs))
-        return out
-
-    def const(value, dtype=np.int64):
-        name = f"mc{len(inits)}"
-        inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
-        return name
-
-    seq = node("Shape", ["q"], start=2, end=3)
-    mask = build(node, const, seq)
-    nodes.append(helper.make_node("Identity", [mask], ["mask"], name="mask_out"))
-    graph = model.graph
-    kept_inputs = [i for i in graph.input if i.name != "mask"]
-    del graph.input[:]
-    graph.input.extend(kept_inputs)
-    graph.initializer.extend(inits)
-    old = list(graph.node)
-    del graph.node[:]
-    graph.node.extend(nodes + old)
-    del graph.value_info[:]
-    return onnx.shape_inference.infer_shapes(model)
+    recorded = MaskNodes()
+    seq = recorded.node("Shape", ["q"], start=2, end=3)
+    return with_computed_mask(attention_model(), recorded, build(recorded.node, recorded.const, seq))
 
 
 def _where(node, const, visible):

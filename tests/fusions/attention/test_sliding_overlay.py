@@ -10,33 +10,23 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from fusions.attention.graphs import attention_model
-from onnx import TensorProto, helper, numpy_helper
+from fusions.attention.graphs import MASK_FILL, MaskNodes, attention_model, with_computed_mask
+from onnx import TensorProto, helper
 
 import otfuse
 from otfuse.fusions.attention.masks import classify_mask
 from otfuse.rewriter.graph import GraphIndex
 from otfuse.rewriter.refuse import Refuse
 
-MIN = np.float32(-3.4028234663852886e38)
+MIN = MASK_FILL
 WINDOW = 4
 
 
 def _overlay_model(window_term=None, causal_op="LessOrEqual") -> onnx.ModelProto:
     """The exporter's mask feeding attention_model's SDPA. ``window_term(node, const, kv, q)``
     replaces the window comparison (the exporter's is ``Greater(kv, Reshape(Sub(q, 4), [-1, 1]))``)."""
-    model = attention_model()
-    nodes, inits = [], []
-
-    def node(op, inputs, **attrs):
-        out = f"m{len(nodes)}"
-        nodes.append(helper.make_node(op, list(inputs), [out], name=out, **attrs))
-        return out
-
-    def const(value, dtype=np.int64):
-        name = f"mc{len(inits)}"
-        inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
-        return name
+    recorded = MaskNodes()
+    node, const = recorded.node, recorded.const
 
     column = const([-1, 1])
     seq = node("Shape", ["attention_mask"], start=1, end=2)
@@ -58,19 +48,8 @@ def _overlay_model(window_term=None, causal_op="LessOrEqual") -> onnx.ModelProto
     kept = node("Reshape", [kept, node("Concat", [batch, const([1]), seq], axis=0)])
     visible = node("Unsqueeze", [node("And", [both, kept]), const([1])])
     mask = node("Where", [visible, const(0.0, np.float32), const(MIN, np.float32)])
-    nodes.append(helper.make_node("Identity", [mask], ["mask"], name="mask_out"))
-
-    graph = model.graph
-    kept_inputs = [i for i in graph.input if i.name != "mask"]
-    del graph.input[:]
-    graph.input.extend(kept_inputs + [helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
-                                                                    ["batch", "seq"])])
-    graph.initializer.extend(inits)
-    old = list(graph.node)
-    del graph.node[:]
-    graph.node.extend(nodes + old)
-    del graph.value_info[:]
-    return onnx.shape_inference.infer_shapes(model)
+    attention_mask = helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])
+    return with_computed_mask(attention_model(), recorded, mask, [attention_mask])
 
 
 def _fused(tmp_path, model, name):
