@@ -353,3 +353,44 @@ def test_mpt_mutations_keep_the_bias_and_say_why(tmp_path, mutation):
         assert len(node.input) <= 7 or not node.input[7]  # no alibi_slopes
     assert report.near_misses
     assert otfuse.diff(src, out).ok
+
+
+def _falcon_alibi_bias() -> onnx.ModelProto:
+    """Falcon's build_alibi_tensor (transformers 4.57.6) as its dynamo export writes it: bfloat16 slopes
+    times bfloat16 cumsum positions, cast back to float32, viewed as [B*N, 1, Skv]."""
+    tp = onnx.TensorProto
+    nodes = [helper.make_node("CumSum", ["m", "axis"], ["cumsum"]), helper.make_node("Sub", ["cumsum", "one"], ["pos0"]),
+             helper.make_node("Mul", ["pos0", "m"], ["pos"]), helper.make_node("Unsqueeze", ["pos", "axis1"], ["pos3"]),
+             helper.make_node("Cast", ["pos3"], ["pos_bf16"], to=tp.BFLOAT16),
+             helper.make_node("Mul", ["slopes", "pos_bf16"], ["alibi_bf16"]),
+             helper.make_node("Cast", ["alibi_bf16"], ["alibi_f32"], to=tp.FLOAT),
+             helper.make_node("Shape", ["m"], ["skv"], start=1),
+             helper.make_node("Concat", ["flat", "skv"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["alibi_f32", "shape"], ["alibi"])]
+    slopes = helper.make_tensor("slopes", tp.BFLOAT16, [4, 1], [np.float32(s) for s in BLOOM_SLOPES])
+    inits = [numpy_helper.from_array(np.array(-1, np.int64), "axis"), numpy_helper.from_array(np.array(1, np.int64), "one"),
+             numpy_helper.from_array(np.array([1], np.int64), "axis1"), slopes,
+             numpy_helper.from_array(np.array([-1, 1], np.int64), "flat")]
+    graph = helper.make_graph(nodes, "falcon_alibi", [helper.make_tensor_value_info("m", tp.INT64, ["batch", "seq"])],
+                              [helper.make_tensor_value_info("alibi", tp.FLOAT, [None, 1, "seq"])], inits)
+    return onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_falcon_bfloat16_alibi_is_not_claimed():
+    """Falcon's bias rounds slope_h * j through bfloat16: with these power-of-two slopes it is exact up to
+    key 256 (every key the probes reach) and off from key 257, so slopes would be wrong past it. ONNX
+    Runtime's CPU has no bfloat16 Mul: the probe cannot run it and refuses, which keeps it an attn_bias
+    (the whole Falcon export does not run there either). A prober that runs it must still refuse."""
+    from onnx.reference import ReferenceEvaluator
+
+    from otfuse.fusions.attention.alibi import classify_alibi
+    from otfuse.rewriter.graph import GraphIndex
+    from otfuse.rewriter.refuse import Refuse
+
+    model = _falcon_alibi_bias()
+    (got,) = ReferenceEvaluator(model).run(None, {"m": np.ones((1, 300), np.int64)})
+    exact = np.array(BLOOM_SLOPES, np.float32)[:, None] * np.arange(300, dtype=np.float32)
+    off = np.nonzero((got.reshape(4, 300) != exact).any(axis=0))[0]
+    assert off.size and off[0] == 257
+    with pytest.raises(Refuse):
+        classify_alibi(GraphIndex(model), "alibi", 4, "m", {})
