@@ -180,14 +180,20 @@ def test_cpu_variants_agree(library, monkeypatch, dtype, path, softcap):
     rng = seeded("isa", dtype.name, path, softcap)
     inputs = qkv(rng, 1, 2, 2, 67, 67, 72, dtype)
     attrs = {"num_heads": 2, "causal": 1, "softcap": softcap}
+    default, avx2, baseline = _under_each_isa(library, monkeypatch, inputs, attrs)
+    assert_close(default, avx2)
+    assert_close(default, baseline)
+
+
+def _under_each_isa(library, monkeypatch, inputs, attrs):
+    """The op's output with the default kernels, the AVX2 variant forced, and the baseline."""
     (default,) = check(library, inputs, attrs)
     monkeypatch.setenv("OTFUSE_ATTENTION_ISA", "avx2")
     (avx2,) = check(library, inputs, attrs)
     monkeypatch.delenv("OTFUSE_ATTENTION_ISA")
     monkeypatch.setenv("OTFUSE_CPU_ISA", "baseline")
     (baseline,) = check(library, inputs, attrs)
-    assert_close(default, avx2)
-    assert_close(default, baseline)
+    return default, avx2, baseline
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
@@ -202,12 +208,7 @@ def test_cpu_variants_agree_decoding(library, monkeypatch, dtype, head_size, gro
     rng = seeded("isa-decode", dtype.name, head_size, group)
     inputs = qkv(rng, 1, 2 * group, 2, 1, 301, head_size, dtype)
     attrs = {"num_heads": 2 * group, "kv_num_heads": 2, "causal": 1}
-    (default,) = check(library, inputs, attrs)
-    monkeypatch.setenv("OTFUSE_ATTENTION_ISA", "avx2")
-    (avx2,) = check(library, inputs, attrs)
-    monkeypatch.delenv("OTFUSE_ATTENTION_ISA")
-    monkeypatch.setenv("OTFUSE_CPU_ISA", "baseline")
-    (baseline,) = check(library, inputs, attrs)
+    default, avx2, baseline = _under_each_isa(library, monkeypatch, inputs, attrs)
     assert_close(default, baseline)
     assert_close(avx2, baseline)
 
