@@ -119,6 +119,28 @@ def test_float32_error_bound_on_a_dense_grid(library, monkeypatch, kind, isa):
 
 
 @pytest.mark.parametrize("isa", ALL_ISAS)
+def test_gelu_erf_lanes_do_not_depend_on_their_neighbours(library, monkeypatch, isa):
+    # The FMA variants take a shorter path when every lane of a vector has |x| < 12.5 and the wide
+    # one otherwise (activation_math.h, GeluErf): a wide lane or a NaN next to ordinary values must
+    # not change their bits, and both sides of the switch keep the bound.
+    use_isa(monkeypatch, isa)
+    edge = np.float32(12.5)
+    around = np.array([np.nextafter(edge, np.float32(0)), edge, np.nextafter(edge, np.float32(20))], np.float32)
+    ordinary = seeded("gelu_erf_lanes").uniform(-12.4, 12.4, 64).astype(np.float32)
+    op, attrs, exact = UNARY["gelu_none"]
+    (alone,) = run_op(library, op, [ordinary], attrs=attrs)
+    assert_within_bound(alone, exact(ordinary), RELATIVE_BOUND["gelu_none"], F32)
+    for odd in [*around, *-around, 13.0, -13.2, -19.5, -88.0, np.inf, -np.inf, np.nan]:
+        mixed = ordinary.copy()
+        mixed[5::16] = odd  # one lane in every AVX-512 vector (and in every other AVX2 one)
+        (y,) = run_op(library, op, [mixed], attrs=attrs)
+        assert_within_bound(y, exact(mixed), RELATIVE_BOUND["gelu_none"], F32)
+        keep = np.ones(mixed.size, bool)
+        keep[5::16] = False
+        np.testing.assert_array_equal(y[keep].view(np.uint32), alone[keep].view(np.uint32), err_msg=repr(odd))
+
+
+@pytest.mark.parametrize("isa", ALL_ISAS)
 @pytest.mark.parametrize("dtype", [F16, BF16], ids=lambda d: d.name)
 @pytest.mark.parametrize("kind", UNARY)
 def test_every_half_value(library, monkeypatch, kind, dtype, isa):
