@@ -5,7 +5,7 @@ the unfused subgraphs in plain ONNX Runtime, side by side in one run.
 For each op, dtype and thread count, on [rows, width] tensors much larger than L2 (``--shape``,
 default 8192 x 5632, an MLP's intermediate at 8192 tokens):
 
-- fused: one otfuse node (Gelu none / tanh, QuickGelu, SiLU, SwiGLU and GeGLU with two inputs or
+- fused: one otfuse node (Gelu none / tanh, QuickGelu, SiLU, ReluSquared, SwiGLU and GeGLU with two inputs or
   the halves of one) with the custom-op library;
 - unfused: the graph exporters write for it (GPT-2's NewGELU for the tanh form, ONNX ``Gelu``-20
   for the erf form as dynamo exports it, ``x * Sigmoid(x)``, ``SiLU(gate) * up``, ...), default ORT
@@ -57,6 +57,7 @@ OPS = {
     "gelu_tanh": ("Gelu", {"approximate": "tanh"}, "x"),
     "quick_gelu": ("QuickGelu", {"alpha": 1.702}, "x"),
     "silu": ("SiLU", {}, "x"),
+    "relu_squared": ("ReluSquared", {}, "x"),
     "swiglu": ("SwiGLU", {}, "two"),
     "swiglu_split": ("SwiGLU", {}, "split"),
     "geglu_tanh": ("GeGLU", {"approximate": "tanh"}, "two"),
@@ -85,6 +86,9 @@ def _unfused_activation(nodes: list, op: str, x: str, y: str, t: int) -> None:
         n("Mul", [n("Mul", [x, _const(nodes, f"{y}_h", 0.5, t)], f"{y}_hx"), one_plus], y)
     elif op == "quick_gelu":
         n("Mul", [x, n("Sigmoid", [n("Mul", [x, _const(nodes, f"{y}_a", 1.702, t)], f"{y}_ax")], f"{y}_s")], y)
+    elif op == "relu_squared":  # TorchScript's torch.square(relu(x))
+        r = n("Relu", [x], f"{y}_r")
+        n("Mul", [r, r], y)
     else:  # silu, swiglu
         n("Mul", [x, n("Sigmoid", [x], f"{y}_s")], y)
 
@@ -141,7 +145,8 @@ def reference_output(op: str, feeds: dict[str, np.ndarray], rows: slice) -> np.n
     gelu = lambda v: reference.gelu_exact(v, attrs.get("approximate", "none"))  # noqa: E731
     if form == "x":
         act = {"Gelu": gelu, "SiLU": reference.silu_exact,
-               "QuickGelu": lambda v: reference.quick_gelu_exact(v, attrs["alpha"])}[fused_op]
+               "QuickGelu": lambda v: reference.quick_gelu_exact(v, attrs["alpha"]),
+               "ReluSquared": reference.relu_squared_exact}[fused_op]
         return act(x["x"])
     gate, up = (x["gate"], x["up"]) if form == "two" else np.split(x["x"], 2, axis=-1)
     act = reference.silu_exact if fused_op == "SwiGLU" else gelu

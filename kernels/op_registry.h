@@ -16,7 +16,7 @@ void AppendNormOps(CustomOpList& ops);  // RMSNorm, AddRMSNorm, LayerNorm, AddLa
 void AppendNormLinearOps(CustomOpList& ops);  // RMSNormLinear, AddRMSNormLinear, LayerNormLinear, AddLayerNormLinear
 void AppendRotaryOps(CustomOpList& ops);  // RotaryEmbedding, RotaryEmbeddingQK
 void AppendAttentionOps(CustomOpList& ops);  // Attention, RopeAttention
-void AppendActivationOps(CustomOpList& ops);  // Gelu, QuickGelu, SiLU, SwiGLU, GeGLU
+void AppendActivationOps(CustomOpList& ops);  // Gelu, QuickGelu, SiLU, ReluSquared, SwiGLU, GeGLU
 }  // namespace cpu
 
 // Ascend (CANN) kernels: registered for the CANN EP, so ORT only runs them in sessions that have
@@ -28,7 +28,7 @@ void AppendAscendNormOps(CustomOpList& ops, Placement placement);  // RMSNorm, A
 void AppendAscendRotaryOps(CustomOpList& ops, Placement placement);  // RotaryEmbedding, RotaryEmbeddingQK
 void AppendAscendAttentionOps(CustomOpList& ops, Placement placement, AttentionFp32 fp32);  // Attention, RopeAttention
 void AppendAscendNormLinearOps(CustomOpList& ops, Placement placement);  // RMSNormLinear, AddRMSNormLinear, LayerNormLinear, AddLayerNormLinear
-void AppendAscendActivationOps(CustomOpList& ops, Placement placement);  // Gelu, QuickGelu, SiLU, SwiGLU, GeGLU
+void AppendAscendActivationOps(CustomOpList& ops, Placement placement);  // Gelu, QuickGelu, SiLU, SwiGLU, GeGLU (not ReluSquared: its CPU kernel runs)
 }  // namespace ascend
 
 }  // namespace otfuse

@@ -265,6 +265,7 @@ Gelu = _op("Gelu", "activation", [Input("X")], [Output("Y")], (_APPROXIMATE,),
 QuickGelu = _op("QuickGelu", "activation", [Input("X")], [Output("Y")], (Attribute("alpha", "float", 1.702),),
                 "Y = X * sigmoid(alpha * X)")
 SiLU = _op("SiLU", "activation", [Input("X")], [Output("Y")], (), "Y = X * sigmoid(X)")
+ReluSquared = _op("ReluSquared", "activation", [Input("X")], [Output("Y")], (), "Y = max(X, 0)^2")
 SwiGLU = _op("SwiGLU", "activation", _GATED_INPUTS, [Output("Y")], (_GATE_HALF,),
              "Y = SiLU(gate) * up; gate, up = A, B or the halves of A's last axis")
 GeGLU = _op("GeGLU", "activation", _GATED_INPUTS, [Output("Y")], (_APPROXIMATE, _GATE_HALF),
@@ -275,7 +276,7 @@ OPS: dict[str, Op] = {op.name: op for op in (
     RMSNormLinear, AddRMSNormLinear, LayerNormLinear, AddLayerNormLinear,
     RotaryEmbedding, RotaryEmbeddingQK,
     Attention, RopeAttention,
-    Gelu, QuickGelu, SiLU, SwiGLU, GeGLU,
+    Gelu, QuickGelu, SiLU, ReluSquared, SwiGLU, GeGLU,
 )}
 
 

@@ -9,6 +9,7 @@ enum class ActivationKind {
   kGeluTanh,   // Gelu(approximate = "tanh")
   kQuickGelu,  // x * sigmoid(alpha * x)
   kSilu,       // x * sigmoid(x): SiLU, SwiGLU's gate
+  kReluSquared,  // max(x, 0)^2: ReluSquared
 };
 
 }  // namespace otfuse

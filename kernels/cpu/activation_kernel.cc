@@ -119,7 +119,10 @@ void ActivationRunner::RunTyped(const KernelContext& ctx, const ActivationOperan
   }
   ActivationJob job = job_;
   if constexpr (std::is_same_v<T, Float16>) {
-    if (up == nullptr && ops.elements() >= kHalfTableMinElements) job.half_table = HalfTable();
+    // ReluSquared's math (a max and a product) costs less than the lookup.
+    if (up == nullptr && job.kind != ActivationKind::kReluSquared && ops.elements() >= kHalfTableMinElements) {
+      job.half_table = HalfTable();
+    }
   }
   const ActivationRowsFn<T> run = RowsFor<T>(isa_);
   const RowTasks tasks(row_count, rows.width);
@@ -135,6 +138,7 @@ void AppendActivationOps(CustomOpList& ops) {
   AppendGeluOps(ops);
   AppendQuickGeluOps(ops);
   AppendSiluOps(ops);
+  AppendReluSquaredOps(ops);
   AppendSwiGluOps(ops);
   AppendGeGluOps(ops);
 }

@@ -1,5 +1,5 @@
 // What the CPU kernels of the activation family share (gelu.cc, quick_gelu.cc, silu.cc,
-// swiglu.cc, geglu.cc: one op each): the CPU variant to run, and running the element loops of
+// relu_squared.cc, swiglu.cc, geglu.cc: one op each): the CPU variant to run, and running the element loops of
 // activation_rows.inc over ORT's thread pool.
 #pragma once
 
@@ -43,6 +43,7 @@ class ActivationRunner {
 void AppendGeluOps(CustomOpList& ops);
 void AppendQuickGeluOps(CustomOpList& ops);
 void AppendSiluOps(CustomOpList& ops);
+void AppendReluSquaredOps(CustomOpList& ops);
 void AppendSwiGluOps(CustomOpList& ops);
 void AppendGeGluOps(CustomOpList& ops);
 

@@ -320,6 +320,15 @@ static OTFUSE_MATH_INLINE VF GeluErf(VF x) {
 static OTFUSE_MATH_INLINE VF GeluErf(VF x) { return GeluErfAnyRange(x); }
 #endif
 
+
+// ReluSquared: max(x, 0)^2, one rounding of the product (and none before it: the float16 and
+// bfloat16 rows' squares are exact in float32, so their one rounding is to T). Max(0, x) keeps a
+// NaN x (MAXPS returns its second operand when either is NaN); -0 and every x < 0 give +0.
+static OTFUSE_MATH_INLINE VF ReluSquared(VF x) {
+  const VF r = Max(Splat(0.0f), x);
+  return r * r;
+}
+
 // ---- float16 results (activation_rows.inc takes these for float16 rows) ----
 // A float16 result is rounded to 11 bits, and float16 inputs are at most 65504 with 11-bit
 // mantissas: the math below is accurate to ~2^-17 (docs/ops.md states the bounds; the tests check

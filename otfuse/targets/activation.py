@@ -72,6 +72,14 @@ def _act(target: str, op: str, attributes: dict):
     return ort if target == "ort" else standard
 
 
+def _relu_squared(em: Emitter, call: FusedCall) -> None:
+    """Relu, then its square as one Mul, in float32 (exact for float16 / bfloat16 inputs); the
+    same in both targets."""
+    x = call.input("X")
+    r = em.op1("Relu", [_widened(em, x)])
+    _narrowed(em, em.op1("Mul", [r, r]), x, call.output("Y"))
+
+
 def _halves(em: Emitter, a: str, gate_half: int) -> tuple[str, str]:
     """(gate, up): the halves of ``a``'s last axis (``gate_half`` says which is the gate)."""
     if gate_half not in (0, 1):
@@ -109,6 +117,8 @@ def _gated(target: str, inner: str):
 
 
 ORT = {"Gelu": _elementwise("ort"), "QuickGelu": _elementwise("ort"), "SiLU": _elementwise("ort"),
+       "ReluSquared": _relu_squared,
        "SwiGLU": _gated("ort", "SiLU"), "GeGLU": _gated("ort", "Gelu")}
 ONNX = {"Gelu": _elementwise("onnx"), "QuickGelu": _elementwise("onnx"), "SiLU": _elementwise("onnx"),
+        "ReluSquared": _relu_squared,
         "SwiGLU": _gated("onnx", "SiLU"), "GeGLU": _gated("onnx", "Gelu")}

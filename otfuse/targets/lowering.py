@@ -55,6 +55,7 @@ MODELLED: dict[str, tuple[set[str], set[str]]] = {
     "Gelu": ({"X"}, {"approximate"}),
     "QuickGelu": ({"X"}, {"alpha"}),
     "SiLU": ({"X"}, set()),
+    "ReluSquared": ({"X"}, set()),
     "SwiGLU": ({"A", "B"}, {"gate_half"}),
     "GeGLU": ({"A", "B"}, {"approximate", "gate_half"}),
 }

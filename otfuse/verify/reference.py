@@ -428,6 +428,13 @@ def silu_exact(x: np.ndarray) -> np.ndarray:
     return _times_sigmoid(x64, x64)
 
 
+def relu_squared_exact(x: np.ndarray) -> np.ndarray:
+    """ReluSquared in float64: max(x, 0)^2 (NaN stays NaN)."""
+    x64 = np.asarray(x, dtype=np.float64)
+    r = np.where(x64 > 0.0, x64, np.where(np.isnan(x64), x64, 0.0))
+    return r * r
+
+
 def _gate_and_up(a: np.ndarray, b: np.ndarray | None, gate_half: int) -> tuple[np.ndarray, np.ndarray]:
     if b is not None:
         if gate_half != 0:
@@ -466,6 +473,10 @@ def quick_gelu(x: np.ndarray, alpha: float = 1.702) -> np.ndarray:
 
 def silu(x: np.ndarray) -> np.ndarray:
     return silu_exact(x).astype(x.dtype)
+
+
+def relu_squared(x: np.ndarray) -> np.ndarray:
+    return relu_squared_exact(x).astype(x.dtype)
 
 
 def swiglu(a: np.ndarray, b: np.ndarray | None = None, gate_half: int = 0) -> np.ndarray:

@@ -21,6 +21,8 @@ ELEMENTWISE = {
     "quick_gelu": (lambda g, x: quick_gelu(g, x, alpha=1.702), "QuickGelu",
                    {"ort": "com.microsoft.QuickGelu", "onnx": "ai.onnx.Sigmoid"}),
     "silu": (lambda g, x: silu(g, x), "SiLU", {"ort": "com.microsoft.QuickGelu", "onnx": "ai.onnx.Sigmoid"}),
+    "relu_squared": (lambda g, x: g.node("Pow", [g.node("Relu", [x]), g.const(np.array(2.0, np.float32))]),
+                     "ReluSquared", {"ort": "ai.onnx.Relu", "onnx": "ai.onnx.Relu"}),
 }
 
 

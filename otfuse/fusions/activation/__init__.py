@@ -1,10 +1,10 @@
 """The activation family: the MLP activations exporters write (GELU in its erf and tanh forms,
-QuickGELU, SiLU; spelled out in any order, or the standard Gelu / Swish ops and ORT's contrib
+QuickGELU, SiLU, squared ReLU; spelled out in any order, or the standard Gelu / Swish ops and ORT's contrib
 ones) and the gated forms built on them (SwiGLU, GeGLU: two projections or the halves of one).
-Two passes: the element-wise activations first (spelled.py, onnx_op.py), then the gates over what
+Two passes: the element-wise activations first (spelled.py, onnx_op.py, relu_squared.py), then the gates over what
 they made (gated.py). Contract in docs/ops.md, "Activation family"."""
 
-from otfuse.fusions.activation import gated, onnx_op, polynomial, spelled
+from otfuse.fusions.activation import gated, onnx_op, polynomial, relu_squared, spelled
 from otfuse.rewriter.family import Family
 from otfuse.rewriter.passes import RulePass
 from otfuse.rewriter.sites import SiteSignature
@@ -25,8 +25,8 @@ def _inside_an_mlp(scan, node) -> bool:
 
 FAMILY = Family(
     name="activation",
-    passes=(RulePass(spelled.RULES + onnx_op.RULES), RulePass(gated.RULES)),
-    emits=("Gelu", "QuickGelu", "SiLU", "SwiGLU", "GeGLU"),
+    passes=(RulePass(spelled.RULES + onnx_op.RULES + relu_squared.RULES), RulePass(gated.RULES)),
+    emits=("Gelu", "QuickGelu", "SiLU", "ReluSquared", "SwiGLU", "GeGLU"),
     sites=(
         SiteSignature("an activation op", frozenset({"Gelu", "Swish", "FastGelu", "BiasGelu", "QuickGelu",
                                                      "GemmFastGelu", "BiasSplitGelu"})),

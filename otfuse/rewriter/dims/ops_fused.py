@@ -8,7 +8,7 @@ from otfuse.rewriter.dims import expr as E
 from otfuse.rewriter.dims.engine import NodeContext, Shape, handles
 
 
-@handles("RMSNorm", "LayerNorm", "RotaryEmbedding", "Gelu", "QuickGelu", "SiLU", domain=OP_DOMAIN)
+@handles("RMSNorm", "LayerNorm", "RotaryEmbedding", "Gelu", "QuickGelu", "SiLU", "ReluSquared", domain=OP_DOMAIN)
 def _like_x(ctx: NodeContext):
     return [(ctx.elem(0), ctx.shape(0), None)]
 

@@ -172,3 +172,13 @@ def test_verify_ops_covers_the_activations(tmp_path, name, op):
     assert {c.case.op for c in checks} == {op}
     for check in checks:
         assert check.ok, (check.case.op, check.error, [o.to_dict() for o in check.outputs])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_relu_squared_has_no_ascend_kernel_and_runs_on_cpu(library, fake, dtype):
+    # No aclnn square is documented: no Ascend kernel is registered, so the fake-mode session keeps
+    # the CPU kernel (as ORT places the node on the CPU EP beside the CANN EP) and makes no call.
+    x = data(seeded("relu2"), (3, 17), dtype)
+    got = run(library, "ReluSquared", [x])
+    np.testing.assert_array_equal(got, reference.relu_squared(x))
+    assert calls_made(fake) == []
