@@ -185,6 +185,25 @@ def test_cpu_variants_agree(library, monkeypatch, dtype, path, softcap):
     assert_close(default, baseline)
 
 
+@pytest.mark.parametrize("tiles", ["64x128", "7x32"])
+@pytest.mark.parametrize("d", [72, 16, 8])
+def test_float32_keys_packed_panel_by_panel(library, monkeypatch, tiles, d):
+    # float32 values of whole 16-lane panels are read in place and the keys packed a panel of 16
+    # keys at a time (AVX-512: 16 x 16 transposes, then lane by lane for D % 16; a panel of fewer
+    # than 16 keys lane by lane, zero-filled): 67 keys leave 3 in the last panel, over a past
+    # and a new segment.
+    monkeypatch.setenv("OTFUSE_ATTENTION_PATH", "packed")
+    monkeypatch.setenv("OTFUSE_ATTENTION_TILES", tiles)
+    rng = seeded("pack-panels", tiles, d)
+    inputs = qkv(rng, 1, 2, 1, 40, 67, d, F32, dv=32)
+    inputs["past_key"], inputs["past_value"] = inputs["K"][:, :, :27], inputs["V"][:, :, :27]
+    inputs["K"], inputs["V"] = inputs["K"][:, :, 27:], inputs["V"][:, :, 27:]
+    attrs = {"num_heads": 2, "kv_num_heads": 1, "causal": 1}
+    default, avx2, baseline = _under_each_isa(library, monkeypatch, inputs, attrs)
+    assert_close(default, baseline)
+    assert_close(avx2, baseline)
+
+
 def _under_each_isa(library, monkeypatch, inputs, attrs):
     """The op's output with the default kernels, the AVX2 variant forced, and the baseline."""
     (default,) = check(library, inputs, attrs)
