@@ -32,6 +32,10 @@ from otfuse.rewriter.refuse import Refuse
 # Probed sizes: sequences past every small constant an exporter adds (BLOOM's "- 1") and across
 # a padding run; a cache of 3 when the subgraph has past inputs.
 _SEQUENCES = (2, 5, 12, 40)
+# One long probe (dynamic exports): key positions past 2048, where float16 no longer holds every
+# integer and slope_h * k_pos needs more bits than float16 has, so a graph that rounds the bias to
+# float16 is told apart from the exact float32 product the op generates.
+_LONG_SEQUENCE = 4100
 _PADDING_VALUES = np.array([0, 1, 3], dtype=np.int64)
 
 
@@ -119,15 +123,26 @@ def _verify_by_running(model, heads: int, key_padding: str | None, row_offsets: 
 
     session, has_past = probe_session(model, "ALiBi bias")
     slopes = None
-    for batch, seq, past, padding in _probes(has_past, key_padding, np.random.default_rng(0), static_sizes(model)):
+    static = static_sizes(model)
+    rounded_to_float16 = False  # some probe matched only the float16-rounded form
+    for batch, seq, past, padding in _long_probes(_probes(has_past, key_padding, np.random.default_rng(0), static),
+                                                  key_padding, static):
         feeds = make_feeds(model, {"batch": batch, "seq": seq, "past": past})
         if padding is not None:
             feeds[key_padding] = padding.astype(feeds[key_padding].dtype)
-        try:
-            (got,) = session.run(None, feeds)
-        except Exception as exc:  # noqa: BLE001
-            raise Refuse(f"the ALiBi bias subgraph failed at seq {seq}, past {past} ({type(exc).__name__})") from None
-        rows = _as_rows(np.asarray(got), batch, heads, past + seq)
+        got = _run(session, feeds, seq, past)
+        if seq == _LONG_SEQUENCE and got.shape[-1] < seq:
+            # A table precomputed for the longest sequence and sliced (MPT's max_seq_len): the graph
+            # cannot add it to longer scores, so its own length is the longest probe there is.
+            seq = got.shape[-1]
+            if seq <= max(_SEQUENCES):
+                raise Refuse(f"the ALiBi bias holds only {seq} keys")
+            feeds = make_feeds(model, {"batch": batch, "seq": seq, "past": past})
+            if padding is not None:
+                padding = padding[:, :seq]
+                feeds[key_padding] = padding.astype(feeds[key_padding].dtype)
+            got = _run(session, feeds, seq, past)
+        rows = _as_rows(got, batch, heads, past + seq)
         if slopes is None:  # keys 1 and 0 of the first, unpadded run
             slopes = rows[0, :, 1].astype(np.float32) - rows[0, :, 0].astype(np.float32)
             if not np.all(np.isfinite(slopes)):
@@ -135,10 +150,55 @@ def _verify_by_running(model, heads: int, key_padding: str | None, row_offsets: 
         positions = key_positions(padding, batch, past + seq)[:, None, :].astype(np.float32)
         if row_offsets:  # float32 slope_h * float32(j + c), as the exporter computes it
             positions = positions + _row_offsets(rows, slopes)
-        if not np.array_equal(rows, (slopes[None, :, None] * positions).astype(rows.dtype)):
+        form = alibi_form(rows, slopes, positions)
+        if form is None:
             raise Refuse(f"running the ALiBi bias (batch {batch}, seq {seq}, past {past}) contradicts slope_h * k_pos "
-                         f"with alibi_positions = {'mask_cumsum' if key_padding else 'index'}")
+                         f"with alibi_positions = {'mask_cumsum' if key_padding else 'index'}, both in float32 and "
+                         f"rounded to float16")
+        rounded_to_float16 |= form == "float16"
+    if rounded_to_float16:
+        raise Refuse("the ALiBi bias is rounded to float16 by the graph (float16(slope_h * float16(k_pos)), "
+                     "proven at key positions past 2048); the op generates the exact float32 product")
     return slopes
+
+
+def _run(session, feeds, seq: int, past: int) -> np.ndarray:
+    try:
+        (got,) = session.run(None, feeds)
+    except Exception as exc:  # noqa: BLE001
+        raise Refuse(f"the ALiBi bias subgraph failed at seq {seq}, past {past} ({type(exc).__name__})") from None
+    return np.asarray(got)
+
+
+def alibi_form(rows: np.ndarray, slopes: np.ndarray, positions: np.ndarray) -> str | None:
+    """Which bias the graph's ``rows`` [B, N, Skv] are, compared in float32 (exactly, no tolerance):
+    "float32" for ``slope_h * k_pos`` in float32 (the op's), "float16" for float16 exports'
+    ``float16(slope_h * float16(k_pos))`` (the positions cast to float16, then a float16 Mul), None
+    for anything else (a bfloat16 bias, another slope)."""
+    got = rows.astype(np.float32)
+    exact = slopes[None, :, None] * positions
+    if np.array_equal(got, exact):
+        return "float32"
+    half = (slopes[None, :, None] * positions.astype(np.float16).astype(np.float32)).astype(np.float16)
+    if np.array_equal(got, half.astype(np.float32)):
+        return "float16"
+    return None
+
+
+def _long_probes(probes, key_padding: str | None, static: tuple[int, int] | None):
+    """The short probes, then (dynamic exports only: a static one never runs at other sizes) one
+    long run of batch 1, unpadded and, with a padding mask, left-padded by 3."""
+    yield from probes
+    if static is not None:
+        return
+    if key_padding is None:
+        yield 1, _LONG_SEQUENCE, 0, None
+        return
+    ones = np.ones((1, _LONG_SEQUENCE), dtype=np.int64)
+    yield 1, _LONG_SEQUENCE, 0, ones
+    left = ones.copy()
+    left[0, :3] = 0
+    yield 1, _LONG_SEQUENCE, 0, left
 
 
 def _paddings(batch: int, total: int, rng) -> list[np.ndarray]:

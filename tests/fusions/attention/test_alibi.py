@@ -173,7 +173,7 @@ def test_fused_bloom_memory_for_the_bias_does_not_grow_with_the_square_of_the_se
 
 # Every committed BLOOM export gets its ALiBi as slopes (the matrix itself checks the counts and
 # the diff; test_opaque_masks.py the optimum and unoptimised ones with padding, mutations, memory).
-BLOOM_WITH_SLOPES = ["dynamo_nopos_dyn", "dynamo_nopos_dyn.fp16", "dynamo_nopos_dyn.onnxsim",
+BLOOM_WITH_SLOPES = ["dynamo_nopos_dyn", "dynamo_nopos_dyn.onnxsim",
                      "dynamo_nopos_dyn.onnxslim", "dynamo_nopos_dyn.ort_basic", "dynamo_nopos_dyn.ort_extended",
                      "dynamo_nopos_dyn.unoptimised", "dynamo_nopos_static", "optimum_nopast", "optimum_past",
                      "ts14_nopos_dyn", "ts14_nopos_static", "ts17_nopos_dyn", "ts17_nopos_static", "ts20_nopos_dyn",
@@ -194,6 +194,67 @@ def test_matrix_bloom_exports_generate_alibi_in_the_kernel(tmp_path, variant):
     for node in [n for n in fused_nodes(model) if n.op_type == "Attention"]:
         assert _slopes(node, inits) == BLOOM_SLOPES and not node.input[3], node
         assert attrs(node)["alibi_positions"] == b"mask_cumsum"
+
+
+def test_matrix_bloom_fp16_alibi_rounded_to_float16_stays_a_bias(tmp_path):
+    # The float16 export casts k_pos to float16 and multiplies in float16: the long probe (keys
+    # past 2048) proves float16(slope * float16(k_pos)), which the op's exact float32 product is
+    # not, so the bias stays the graph's own attn_bias and the reason is reported.
+    from models.test_export_matrix import COVERAGE, ENTRIES, MATRIX
+
+    (tmp_path / "in").mkdir()
+    path = COVERAGE.materialise(MATRIX / ENTRIES["bloom/dynamo_nopos_dyn.fp16"]["file"], tmp_path / "in")
+    report = otfuse.fuse(path, tmp_path / "out.onnx")
+    assert report.fusions["Attention"] == 2
+    reasons = [m["reason"] for m in report.near_misses if "ALiBi" in m["pattern"]]
+    assert reasons and all("rounded to float16 by the graph" in r for r in reasons), report.near_misses
+    model = onnx.load(tmp_path / "out.onnx")
+    for node in [n for n in fused_nodes(model) if n.op_type == "Attention"]:
+        assert node.input[3] and not (len(node.input) > 7 and node.input[7]), node
+    result = otfuse.diff(path, tmp_path / "out.onnx", dims={"batch": 2, "seq": 9})
+    assert result.ok, [row.to_dict() for row in result.outputs]
+
+
+def _long_rows(slopes, positions, dtype):
+    """A graph's bias rows [1, N, Skv] at long positions, built as an exporter in ``dtype`` would."""
+    return (np.asarray(slopes, np.float32)[None, :, None] * positions).astype(dtype)
+
+
+def test_alibi_form_tells_float32_float16_and_other_roundings_apart():
+    import ml_dtypes
+
+    from otfuse.fusions.attention.alibi import alibi_form
+
+    slopes = np.array(BLOOM_SLOPES + [2.0**-0.5], np.float32).astype(np.float16).astype(np.float32)
+    positions = np.arange(4100, dtype=np.float32)[None, None, :]
+    assert alibi_form(_long_rows(slopes, positions, np.float32), slopes, positions) == "float32"
+    half = _long_rows(slopes, positions.astype(np.float16).astype(np.float32), np.float16)
+    assert alibi_form(half, slopes, positions) == "float16"
+    # Mutations: a bfloat16 bias (Falcon's), a float16 product of exact positions, a perturbed slope.
+    assert alibi_form(_long_rows(slopes, positions, ml_dtypes.bfloat16), slopes, positions) is None
+    assert alibi_form(_long_rows(slopes, positions, np.float16), slopes, positions) is None
+    perturbed = slopes.copy()
+    perturbed[-1] = np.nextafter(perturbed[-1], np.float32(1))
+    assert alibi_form(_long_rows(perturbed, positions, np.float32), slopes, positions) is None
+    assert alibi_form(half, perturbed, positions) is None
+
+
+def test_a_bias_rounded_to_bfloat16_at_long_positions_is_not_claimed(tmp_path):
+    # BLOOM's float32 bias with a float32 -> bfloat16 -> float32 round trip after the product: the
+    # short probes still see exact products of the power-of-two slopes (up to key 256), the long
+    # probe does not, so it stays an attn_bias.
+    def bfloat16(model):
+        mul = _node(model, "Mul", "mul_1")
+        mul.output[0] = "mul_1_exact"
+        casts = [helper.make_node("Cast", ["mul_1_exact"], ["mul_1_bf16"], to=onnx.TensorProto.BFLOAT16),
+                 helper.make_node("Cast", ["mul_1_bf16"], ["mul_1"], to=onnx.TensorProto.FLOAT)]
+        at = list(model.graph.node).index(mul) + 1
+        for node in reversed(casts):
+            model.graph.node.insert(at, node)
+    src, out, report = _fuse(tmp_path, _mutated(bfloat16), "bf16")
+    node, a, inits = _attention(out)
+    assert _slopes(node, inits) is None and node.input[3]
+    assert any("contradicts" in m["reason"] for m in report.near_misses if "ALiBi" in m["pattern"]), report.near_misses
 
 
 def test_rope_fold_carries_the_slopes_onto_rope_attention():
