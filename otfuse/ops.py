@@ -236,6 +236,7 @@ ATTENTION_ATTRIBUTES = (
     Attribute("output_layout", "string", SameAs("layout")),
     Attribute("empty_rows", "string", "zero"),
     Attribute("alibi_positions", "string", "index"),
+    Attribute("alibi_round", "int", 0),
 )
 _ATTENTION_TAIL = (Input("attn_bias", (T, "float32"), optional=True),
                    Input("key_padding_mask", ("int64", "int32", "bool"), optional=True),

@@ -220,6 +220,7 @@ class AscendAttentionKernel {
     output_layout_ = params.output_layout;
     uniform_empty_rows_ = params.uniform_empty_rows;
     alibi_mask_cumsum_ = params.alibi_mask_cumsum;
+    alibi_round_half_ = params.alibi_round_half;
     if constexpr (kRope) {
       rotary_ = ReadRotaryAttributes(info, "rotary_mode", "rotary_sections");
       rotary_ops_ = RotaryOps::Bind(*rt_);
@@ -324,6 +325,7 @@ class AscendAttentionKernel {
   bool causal_ = false;
   bool uniform_empty_rows_ = false;  // empty_rows = "uniform"
   bool alibi_mask_cumsum_ = false;   // alibi_positions = "mask_cumsum"
+  bool alibi_round_half_ = false;    // alibi_round = 1: refused (not built on the host)
   Layout layout_ = Layout::kBnsd, output_layout_ = Layout::kBnsd;
 };
 
@@ -571,6 +573,10 @@ RunInputs AscendAttentionKernel<kRope, kPlacement, kFp32>::ReadInputs(const Kern
   r.bias = ReadAttnBias(ctx, kIn.bias, r.t);
   if (r.bias) CheckBroadcast("attn_bias", r.bias->shape, Shape{r.batch, r.nq, r.sq, r.skv}, "[B, N, Sq, Skv]");
   r.slopes = ReadAlibiSlopes(ctx, kIn.alibi_slopes, r.nq);
+  if (r.slopes && alibi_round_half_) {
+    throw Error("alibi_round = 1 (the ALiBi product rounded to float16) is not built by the Ascend kernel's host "
+                "bias (run this node on CPU: leave it out of the CANN session)");
+  }
   if (r.slopes && r.bias) {
     // FIA V3 takes one pseShift; adding the two would need an elementwise add on the device.
     throw Error("aclnnFusedInferAttentionScoreV3 takes one pseShift: alibi_slopes together with attn_bias is not "

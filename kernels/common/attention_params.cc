@@ -211,6 +211,12 @@ AttentionParams ReadAttentionParams(const KernelInfo& info) {
     throw Error("attribute 'alibi_positions' must be \"index\" or \"mask_cumsum\", got \"" + positions + "\"");
   }
   p.alibi_mask_cumsum = positions == "mask_cumsum";
+  const int64_t round = info.IntAttribute("alibi_round").value_or(0);
+  if (round != 0 && round != 1) throw Error("attribute 'alibi_round' must be 0 or 1, got " + std::to_string(round));
+  // The rounded form is key-only (float16 exports' BLOOM bias); "index"'s relative j - t would
+  // round differently from the graph's slope * j, which the softmax no longer cancels exactly.
+  if (round == 1 && !p.alibi_mask_cumsum) throw Error("alibi_round = 1 needs alibi_positions = \"mask_cumsum\"");
+  p.alibi_round_half = round == 1;
   return p;
 }
 

@@ -28,6 +28,7 @@ struct AttentionParams {
   AttentionLayout output_layout = AttentionLayout::kBnsd;  // defaults to layout
   bool uniform_empty_rows = false;                         // empty_rows = "uniform"
   bool alibi_mask_cumsum = false;  // alibi_positions = "mask_cumsum" (else "index")
+  bool alibi_round_half = false;   // alibi_round = 1: float16(slope * float16(k_pos))
 };
 
 // B, heads, S, D of a Q/K/V-like input given in `layout`: BNSD needs rank 4 [B, N, S, D]; BSND

@@ -220,6 +220,7 @@ class AttentionKernel {
     output_layout_ = params.output_layout;
     uniform_empty_rows_ = params.uniform_empty_rows;
     alibi_mask_cumsum_ = params.alibi_mask_cumsum;
+    alibi_round_half_ = params.alibi_round_half;
     if constexpr (kRope) rotary_ = ReadRotaryAttributes(info, "rotary_mode", "rotary_sections");
     const CpuIsa isa = SelectCpuIsa();
     use_avx2_ = isa == CpuIsa::kAvx2 && __builtin_cpu_supports("fma");
@@ -348,7 +349,11 @@ class AttentionKernel {
     job.alibi_slopes = slopes->As<float>();
     if (alibi_mask_cumsum_) {
       buffers.alibi_key_pos = CumsumKeyPositions(job.key_mask, job.key_mask_type, job.batch, job.skv);
+      if (alibi_round_half_) {  // float16(k_pos), as the float16 graph casts its positions
+        for (float& pos : buffers.alibi_key_pos) pos = ToFloat(FromFloat<Float16>(pos));
+      }
       job.alibi_key_pos = buffers.alibi_key_pos.data();
+      job.alibi_round_half = alibi_round_half_;
     }
   }
 
@@ -557,6 +562,7 @@ class AttentionKernel {
   bool uniform_empty_rows_ = false;  // empty_rows = "uniform"
   RotaryAttributes rotary_;  // RopeAttention
   bool alibi_mask_cumsum_ = false;   // alibi_positions = "mask_cumsum"
+  bool alibi_round_half_ = false;    // alibi_round = 1
   bool use_avx2_ = false;
   bool use_avx512_ = false;
   Tiles tiles_;

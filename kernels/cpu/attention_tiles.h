@@ -83,6 +83,7 @@ struct AttentionJob {
   // q_pos = causal_offset + i ("index"). alibi_slopes null: no ALiBi.
   const float* alibi_slopes;  // [N]
   const float* alibi_key_pos;
+  bool alibi_round_half;  // alibi_round = 1: the product rounded to float16 (RNE), k_pos already
 
   // Rotary embedding of the queries (RopeAttention; rotary_dim == 0: none). cos/sin rows of
   // rotary_dim elements, broadcast over Q's (b, h, i) with the strides below; lane i < rotary_dim

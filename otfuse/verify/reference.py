@@ -201,14 +201,20 @@ def alibi_positions_of(key_padding_mask: np.ndarray | None, mode: str, b: int, s
 
 
 def alibi_bias(slopes: np.ndarray, key_padding_mask: np.ndarray | None, mode: str, b: int, sq: int,
-               skv: int) -> np.ndarray:
+               skv: int, round_half: int = 0) -> np.ndarray:
     """slope_h * (k_pos - q_pos) as [B, N, Sq, Skv] float32: the difference of two integers, then
-    one float32 product (as the kernel evaluates it)."""
+    one float32 product (as the kernel evaluates it). ``round_half`` (alibi_round = 1, "mask_cumsum"
+    only): float16(slope_h * float16(k_pos)), float16 exports' bias, both roundings to nearest even."""
     slopes = np.asarray(slopes)
     if slopes.ndim != 1:
         raise ValueError(f"alibi_slopes must be [N], got shape {slopes.shape}")
     k_pos, q_pos = alibi_positions_of(key_padding_mask, mode, b, sq, skv)
     distance = (k_pos - q_pos).astype(_F32)
+    if round_half:
+        if mode != "mask_cumsum":
+            raise ValueError("alibi_round = 1 needs alibi_positions = 'mask_cumsum'")
+        distance = distance.astype(np.float16).astype(_F32)
+        return (slopes.astype(_F32)[None, :, None, None] * distance).astype(np.float16).astype(_F32)
     return slopes.astype(_F32)[None, :, None, None] * distance
 
 
@@ -232,6 +238,7 @@ def attention(
     output_layout: str | None = None,
     empty_rows: str = "zero",
     alibi_positions: str = "index",
+    alibi_round: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Attention (docs/ops.md, "Attention family"), naive: materialises the [B, N, Sq, Skv] scores.
 
@@ -266,7 +273,7 @@ def attention(
     if alibi_slopes is not None:
         if np.shape(alibi_slopes) != (n,):
             raise ValueError(f"alibi_slopes shape {np.shape(alibi_slopes)} != [N] = {(n,)}")
-        scores = scores + alibi_bias(alibi_slopes, key_padding_mask, alibi_positions, b, sq, skv)
+        scores = scores + alibi_bias(alibi_slopes, key_padding_mask, alibi_positions, b, sq, skv, alibi_round)
     if attn_bias is not None:
         scores = scores + np.broadcast_to(attn_bias.astype(_F32), (b, n, sq, skv))
     visible = np.ones((b, n, sq, skv), bool)

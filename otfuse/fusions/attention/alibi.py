@@ -32,6 +32,10 @@ from otfuse.rewriter.refuse import Refuse
 # Probed sizes: sequences past every small constant an exporter adds (BLOOM's "- 1") and across
 # a padding run; a cache of 3 when the subgraph has past inputs.
 _SEQUENCES = (2, 5, 12, 40)
+# One long probe (dynamic exports): key positions past 2048, where float16 no longer holds every
+# integer and slope_h * k_pos needs more bits than float16 has, so a graph that rounds the bias to
+# float16 is told apart from the exact float32 product the op generates.
+_LONG_SEQUENCE = 4100
 _PADDING_VALUES = np.array([0, 1, 3], dtype=np.int64)
 
 
@@ -71,7 +75,13 @@ def _claim(graph: GraphIndex, bias: str, heads: int, key_padding: str | None, ro
             f"the proven padding mask is {key_padding!r}"
         raise Refuse(f"the ALiBi bias reads the values of {sorted(reads)} ({why})")
     model = subgraph_model(graph, bias)
-    slopes = _verify_by_running(model, heads, key_padding if positions == "mask_cumsum" else None, row_offsets)
+    # A "float16" bias (the float16 export's Cast(k_pos) and float16 Mul) is still claimed with the
+    # exact float32 product (alibi_round = 0): ONNX Runtime's CPU EP runs those float16 ops in
+    # float32 and drops the float16 Cast pairs between them, so in the whole model the bias is never
+    # rounded (the subgraph run alone rounds it at its float16 output). Measured on
+    # bloom/dynamo_nopos_dyn.fp16 at 4100 keys: otfuse diff max_abs 0.0027 with alibi_round = 0,
+    # 0.142 with alibi_round = 1 (and with the bias kept as a float16 attn_bias).
+    slopes, _form = _verify_by_running(model, heads, key_padding if positions == "mask_cumsum" else None, row_offsets)
     return AlibiClaim(tuple(float(s) for s in slopes), positions)
 
 
@@ -114,20 +124,32 @@ def _row_offsets(rows: np.ndarray, slopes: np.ndarray) -> np.ndarray:
     return rounded.astype(np.float32)
 
 
-def _verify_by_running(model, heads: int, key_padding: str | None, row_offsets: bool = False) -> np.ndarray:
+def _verify_by_running(model, heads: int, key_padding: str | None, row_offsets: bool = False) -> tuple[np.ndarray, str]:
+    """(slopes, form): the form ("float32" or "float16", alibi_form) that every probe matches."""
     from otfuse.run.feeds import make_feeds
 
     session, has_past = probe_session(model, "ALiBi bias")
     slopes = None
-    for batch, seq, past, padding in _probes(has_past, key_padding, np.random.default_rng(0), static_sizes(model)):
+    static = static_sizes(model)
+    forms = {"float32", "float16"}  # the forms every probe so far matches
+    for batch, seq, past, padding in _long_probes(_probes(has_past, key_padding, np.random.default_rng(0), static),
+                                                  key_padding, static):
         feeds = make_feeds(model, {"batch": batch, "seq": seq, "past": past})
         if padding is not None:
             feeds[key_padding] = padding.astype(feeds[key_padding].dtype)
-        try:
-            (got,) = session.run(None, feeds)
-        except Exception as exc:  # noqa: BLE001
-            raise Refuse(f"the ALiBi bias subgraph failed at seq {seq}, past {past} ({type(exc).__name__})") from None
-        rows = _as_rows(np.asarray(got), batch, heads, past + seq)
+        got = _run(session, feeds, seq, past)
+        if seq == _LONG_SEQUENCE and got.shape[-1] < seq:
+            # A table precomputed for the longest sequence and sliced (MPT's max_seq_len): the graph
+            # cannot add it to longer scores, so its own length is the longest probe there is.
+            seq = got.shape[-1]
+            if seq <= max(_SEQUENCES):
+                raise Refuse(f"the ALiBi bias holds only {seq} keys")
+            feeds = make_feeds(model, {"batch": batch, "seq": seq, "past": past})
+            if padding is not None:
+                padding = padding[:, :seq]
+                feeds[key_padding] = padding.astype(feeds[key_padding].dtype)
+            got = _run(session, feeds, seq, past)
+        rows = _as_rows(got, batch, heads, past + seq)
         if slopes is None:  # keys 1 and 0 of the first, unpadded run
             slopes = rows[0, :, 1].astype(np.float32) - rows[0, :, 0].astype(np.float32)
             if not np.all(np.isfinite(slopes)):
@@ -135,10 +157,56 @@ def _verify_by_running(model, heads: int, key_padding: str | None, row_offsets: 
         positions = key_positions(padding, batch, past + seq)[:, None, :].astype(np.float32)
         if row_offsets:  # float32 slope_h * float32(j + c), as the exporter computes it
             positions = positions + _row_offsets(rows, slopes)
-        if not np.array_equal(rows, (slopes[None, :, None] * positions).astype(rows.dtype)):
+        matched = alibi_forms(rows, slopes, positions)
+        forms &= matched
+        if not matched:
             raise Refuse(f"running the ALiBi bias (batch {batch}, seq {seq}, past {past}) contradicts slope_h * k_pos "
-                         f"with alibi_positions = {'mask_cumsum' if key_padding else 'index'}")
-    return slopes
+                         f"with alibi_positions = {'mask_cumsum' if key_padding else 'index'}, both in float32 and "
+                         f"rounded to float16")
+        if not forms:
+            raise Refuse(f"running the ALiBi bias (batch {batch}, seq {seq}, past {past}) matches neither slope_h * "
+                         f"k_pos in float32 nor rounded to float16 in every probe")
+    return slopes, "float32" if "float32" in forms else "float16"
+
+
+def _run(session, feeds, seq: int, past: int) -> np.ndarray:
+    try:
+        (got,) = session.run(None, feeds)
+    except Exception as exc:  # noqa: BLE001
+        raise Refuse(f"the ALiBi bias subgraph failed at seq {seq}, past {past} ({type(exc).__name__})") from None
+    return np.asarray(got)
+
+
+def alibi_forms(rows: np.ndarray, slopes: np.ndarray, positions: np.ndarray) -> set[str]:
+    """The biases the graph's ``rows`` [B, N, Skv] equal, compared in float32 (exactly, no
+    tolerance): "float32" for ``slope_h * k_pos`` in float32 (the op's alibi_round = 0), "float16"
+    for float16 exports' ``float16(slope_h * float16(k_pos))`` (the positions cast to float16, then
+    a float16 Mul: alibi_round = 1); none for anything else (a bfloat16 bias, another slope). Short
+    probes often match both; the long one tells them apart."""
+    got = rows.astype(np.float32)
+    forms = set()
+    if np.array_equal(got, slopes[None, :, None] * positions):
+        forms.add("float32")
+    half = (slopes[None, :, None] * positions.astype(np.float16).astype(np.float32)).astype(np.float16)
+    if np.array_equal(got, half.astype(np.float32)):
+        forms.add("float16")
+    return forms
+
+
+def _long_probes(probes, key_padding: str | None, static: tuple[int, int] | None):
+    """The short probes, then (dynamic exports only: a static one never runs at other sizes) one
+    long run of batch 1, unpadded and, with a padding mask, left-padded by 3."""
+    yield from probes
+    if static is not None:
+        return
+    if key_padding is None:
+        yield 1, _LONG_SEQUENCE, 0, None
+        return
+    ones = np.ones((1, _LONG_SEQUENCE), dtype=np.int64)
+    yield 1, _LONG_SEQUENCE, 0, ones
+    left = ones.copy()
+    left[0, :3] = 0
+    yield 1, _LONG_SEQUENCE, 0, left
 
 
 def _paddings(batch: int, total: int, rng) -> list[np.ndarray]:

@@ -196,6 +196,70 @@ def test_matrix_bloom_exports_generate_alibi_in_the_kernel(tmp_path, variant):
         assert attrs(node)["alibi_positions"] == b"mask_cumsum"
 
 
+def test_matrix_bloom_fp16_alibi_matches_ort_at_4100_keys_with_exact_slopes(tmp_path):
+    # The float16 export's bias subgraph, run alone, is float16(slope * float16(k_pos)); in the whole
+    # model ONNX Runtime's CPU EP computes it in float32 (inserted Casts), so the exact slopes
+    # (alibi_round = 0) diff clean past key 2048 and alibi_round = 1 does not (alibi.py, _claim).
+    from models.test_export_matrix import COVERAGE, ENTRIES, MATRIX
+
+    (tmp_path / "in").mkdir()
+    path = COVERAGE.materialise(MATRIX / ENTRIES["bloom/dynamo_nopos_dyn.fp16"]["file"], tmp_path / "in")
+    otfuse.fuse(path, tmp_path / "out.onnx")
+    model = onnx.load(tmp_path / "out.onnx")
+    assert all("alibi_round" not in attrs(n) for n in fused_nodes(model) if n.op_type == "Attention")
+    result = otfuse.diff(path, tmp_path / "out.onnx", dims={"batch": 1, "seq": 4100})
+    assert result.ok, [row.to_dict() for row in result.outputs]
+    for node in fused_nodes(model):
+        if node.op_type == "Attention":
+            node.attribute.append(helper.make_attribute("alibi_round", 1))
+    onnx.save(model, tmp_path / "rounded.onnx")
+    assert not otfuse.diff(path, tmp_path / "rounded.onnx", dims={"batch": 1, "seq": 4100}).ok
+
+
+def _long_rows(slopes, positions, dtype):
+    """A graph's bias rows [1, N, Skv] at long positions, built as an exporter in ``dtype`` would."""
+    return (np.asarray(slopes, np.float32)[None, :, None] * positions).astype(dtype)
+
+
+def test_alibi_form_tells_float32_float16_and_other_roundings_apart():
+    import ml_dtypes
+
+    from otfuse.fusions.attention.alibi import alibi_forms
+
+    slopes = np.array(BLOOM_SLOPES + [2.0**-0.5], np.float32).astype(np.float16).astype(np.float32)
+    positions = np.arange(4100, dtype=np.float32)[None, None, :]
+    assert alibi_forms(_long_rows(slopes, positions, np.float32), slopes, positions) == {"float32"}
+    half = _long_rows(slopes, positions.astype(np.float16).astype(np.float32), np.float16)
+    assert alibi_forms(half, slopes, positions) == {"float16"}
+    short = positions[..., :40]  # both at short positions: why the long probe exists
+    assert alibi_forms(_long_rows(slopes[:4], short, np.float32), slopes[:4], short) == {"float32", "float16"}
+    # Mutations: a bfloat16 bias (Falcon's), a float16 product of exact positions, a perturbed slope.
+    assert alibi_forms(_long_rows(slopes, positions, ml_dtypes.bfloat16), slopes, positions) == set()
+    assert alibi_forms(_long_rows(slopes, positions, np.float16), slopes, positions) == set()
+    perturbed = slopes.copy()
+    perturbed[-1] = np.nextafter(perturbed[-1], np.float32(1))
+    assert alibi_forms(_long_rows(perturbed, positions, np.float32), slopes, positions) == set()
+    assert alibi_forms(half, perturbed, positions) == set()
+
+
+def test_a_bias_rounded_to_bfloat16_at_long_positions_is_not_claimed(tmp_path):
+    # BLOOM's float32 bias with a float32 -> bfloat16 -> float32 round trip after the product: the
+    # short probes still see exact products of the power-of-two slopes (up to key 256), the long
+    # probe does not, so it stays an attn_bias.
+    def bfloat16(model):
+        mul = _node(model, "Mul", "mul_1")
+        mul.output[0] = "mul_1_exact"
+        casts = [helper.make_node("Cast", ["mul_1_exact"], ["mul_1_bf16"], to=onnx.TensorProto.BFLOAT16),
+                 helper.make_node("Cast", ["mul_1_bf16"], ["mul_1"], to=onnx.TensorProto.FLOAT)]
+        at = list(model.graph.node).index(mul) + 1
+        for node in reversed(casts):
+            model.graph.node.insert(at, node)
+    src, out, report = _fuse(tmp_path, _mutated(bfloat16), "bf16")
+    node, a, inits = _attention(out)
+    assert _slopes(node, inits) is None and node.input[3]
+    assert any("contradicts" in m["reason"] for m in report.near_misses if "ALiBi" in m["pattern"]), report.near_misses
+
+
 def test_rope_fold_carries_the_slopes_onto_rope_attention():
     # otfuse.Attention(alibi_slopes) over a RotaryEmbeddingQK pair folds into RopeAttention with
     # the slopes at their contract position (input 9) and alibi_positions kept.

@@ -128,3 +128,36 @@ def test_alibi_memory_grows_linearly_with_the_sequence(library):
     # inputs and outputs grow by 2.5 MiB. Allow 24 MiB for everything O(S) and allocator noise.
     short, long = _peak_rss(library, 256), _peak_rss(library, 2048)
     assert long - short < 24 * 2**20, (short, long)
+
+
+
+@pytest.mark.parametrize("path", ["direct", "packed"])
+@pytest.mark.parametrize("dtype", [F32, F16], ids=lambda d: d.name)
+def test_alibi_rounded_to_float16_matches_reference_at_4096_keys(library, monkeypatch, dtype, path):
+    # alibi_round = 1: float16(slope * float16(k_pos)). Past key 2048 float16 skips integers and
+    # rounds the products (by up to 1 at slope 2^-0.5), so the reference of the exact form is far
+    # off where the rounded one matches, under the default (AVX-512 here), AVX2 and baseline kernels.
+    from kernels.attention.test_cpu import _under_each_isa, assert_close, reference_outputs
+
+    monkeypatch.setenv("OTFUSE_ATTENTION_PATH", path)
+    rng = seeded("alibi_round", dtype.name, path)
+    sq, skv = 3, 4096
+    inputs = with_past(qkv(rng, 1, 4, 4, sq, skv, 16, dtype), skv - sq)
+    inputs["alibi_slopes"] = np.array([2.0**-0.5, 0.3, 2.0**-3, 2.0**-8], np.float32)
+    inputs["key_padding_mask"] = padding(rng, 1, skv)
+    inputs["key_padding_mask"][0, : skv // 3] = 1  # keeps the last positions past 2048
+    attrs = {"num_heads": 4, "causal": 1, "alibi_positions": "mask_cumsum", "alibi_round": 1}
+    outputs = _under_each_isa(library, monkeypatch, inputs, attrs)  # each checked against the reference
+    (exact, _, _) = reference_outputs("Attention", inputs, {**attrs, "alibi_round": 0})
+    for got in outputs:
+        assert_close(got, outputs[-1])
+        with pytest.raises(AssertionError):
+            assert_close(got, exact)
+
+
+def test_alibi_round_needs_mask_cumsum(library):
+    rng = seeded("alibi_round_index")
+    inputs = qkv(rng, 1, 2, 2, 4, 4, 8, F32)
+    inputs["alibi_slopes"] = bloom_slopes(2)
+    with pytest.raises(Exception, match="alibi_round = 1 needs"):
+        check(library, inputs, {"num_heads": 2, "alibi_round": 1})

@@ -325,6 +325,16 @@ def test_uniform_empty_rows_without_empty_rows_runs_on_fia(library, fake, op):
     assert not y.any() and not fake.calls(FIA + "GetWorkspaceSize")  # Skv = 0: 0 in both modes
 
 
+def test_alibi_rounded_to_float16_is_refused(library, fake):
+    # alibi_round = 1 is not built by the host pseShift: refused, not computed as the exact form.
+    rng = seeded("alibi_round")
+    inputs = A.qkv(rng, 1, 2, 2, 3, 3, 16, F16)
+    inputs["alibi_slopes"] = np.array([0.5, 0.25], F32)
+    inputs["key_padding_mask"] = np.ones((1, 3), np.int64)
+    with pytest.raises(Exception, match="alibi_round = 1"):
+        attention(library, "Attention", inputs,
+                  {"num_heads": 2, "alibi_positions": "mask_cumsum", "alibi_round": 1}, True)
+
 def test_empty_rows_value_is_checked(library, fake):
     with pytest.raises(Exception, match=r"Attention \(node 'fused_attention_0'\): attribute 'empty_rows' must be "
                                         r"\"zero\" or \"uniform\", got \"mean\""):
