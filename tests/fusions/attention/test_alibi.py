@@ -11,6 +11,7 @@ import pytest
 from fixtures import fixture_path
 from fusing import attrs, fused_nodes
 from onnx import helper, numpy_helper
+from peak_memory import run_child
 
 import otfuse
 
@@ -135,14 +136,14 @@ def test_an_extra_reader_of_the_bias_keeps_it_and_still_uses_slopes(tmp_path):
 
 
 _PEAK_RSS = """
-import json, resource, sys
+import json, sys
 import otfuse
 from otfuse.run.feeds import make_feeds
 path, seqs = sys.argv[1], [int(s) for s in sys.argv[2:]]
 session, peaks = otfuse.InferenceSession(path), []
 for seq in seqs:  # growing: each peak is the run at that length (an empty cache where the model has one)
     session.run(None, make_feeds(path, {"batch": 1, "seq": seq, "past": 0}))
-    peaks.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    peaks.append(peak_rss())
 print(json.dumps(peaks))
 """
 
@@ -150,13 +151,7 @@ print(json.dumps(peaks))
 def peak_rss_growth(path, short: int = 256, long: int = 2048) -> int:
     """Bytes the peak RSS of one session of ``path`` (a child process, its own allocator) grows by
     from a ``short`` run to a ``long`` one: an [S, S] tensor at 2048 tokens is 16 MiB per head."""
-    import json
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-c", _PEAK_RSS, str(path), str(short), str(long)], check=True,
-                         capture_output=True, text=True)
-    first, second = json.loads(out.stdout.strip().splitlines()[-1])
+    first, second = run_child(_PEAK_RSS, path, short, long)
     return second - first
 
 

@@ -4,13 +4,9 @@ RSS of a session grows with S, not S^2 (measured in a subprocess, nothing timed)
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import pytest
+from peak_memory import run_child
 
 from kernels.attention.test_cpu import DTYPES, F16, F32, check, qkv, seeded
 
@@ -96,31 +92,33 @@ def test_bad_alibi_inputs_fail_with_one_message(library, bad):
         run_op(library, "Attention", inputs, attrs)
 
 
-_PEAK_RSS = textwrap.dedent("""
-    import json, resource, sys
+_PEAK_RSS = """
+    import json, sys
     import numpy as np
-    sys.path.insert(0, sys.argv[3])
+    sys.path.insert(0, sys.argv[4])
     from kernels.attention.test_cpu import make_session, build_model
-    seq, library = int(sys.argv[1]), sys.argv[2]
+    seq, library, bias = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     n, d = 8, 16
     rng = np.random.default_rng(0)
     inputs = {name: rng.standard_normal((1, n, seq, d), dtype=np.float32) for name in ("Q", "K", "V")}
     inputs["key_padding_mask"] = np.ones((1, seq), np.int64)
-    inputs["alibi_slopes"] = np.array([2.0 ** -(h + 1) for h in range(n)], np.float32)
-    attrs = {"num_heads": n, "causal": 1, "alibi_positions": "mask_cumsum"}
+    slopes = np.array([2.0 ** -(h + 1) for h in range(n)], np.float32)
+    attrs = {"num_heads": n, "causal": 1}
+    if bias == "slopes":
+        inputs["alibi_slopes"], attrs["alibi_positions"] = slopes, "mask_cumsum"
+    else:  # the control: the same ALiBi materialised as a [1, N, S, S] attn_bias
+        positions = np.broadcast_to(np.arange(seq, dtype=np.float32), (1, n, seq, seq))
+        inputs["attn_bias"] = slopes[None, :, None, None] * positions
     session = make_session(build_model("Attention", inputs, attrs), library, threads=1)
     session.run(None, inputs)
-    print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
-""")
+    print(json.dumps(peak_rss()))
+"""
 
 
-def _peak_rss(library: str, seq: int) -> int:
+def _peak_rss(library: str, seq: int, bias: str = "slopes") -> int:
     from pathlib import Path
 
-    root = str(Path(__file__).resolve().parents[2])
-    out = subprocess.run([sys.executable, "-c", _PEAK_RSS, str(seq), library, root], check=True,
-                         capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child(_PEAK_RSS, seq, library, bias, Path(__file__).resolve().parents[2])
 
 
 def test_alibi_memory_grows_linearly_with_the_sequence(library):
@@ -128,6 +126,9 @@ def test_alibi_memory_grows_linearly_with_the_sequence(library):
     # inputs and outputs grow by 2.5 MiB. Allow 24 MiB for everything O(S) and allocator noise.
     short, long = _peak_rss(library, 256), _peak_rss(library, 2048)
     assert long - short < 24 * 2**20, (short, long)
+    # The control: the same measurement sees a materialised [1, 8, 2048, 2048] bias (128 MiB).
+    control = _peak_rss(library, 2048, "materialised") - short
+    assert control > 96 * 2**20, (short, long, control)
 
 
 
