@@ -116,12 +116,26 @@ def print_table(rows: list[tuple[str, str]], title: str | None = None) -> None:
 BENCH_DIR = Path(__file__).resolve().parent
 
 
+# What bench/cpuid_mask.c hides from CPUID under OTFUSE_CPUID_MASK=avx2 (bench/as_avx2_machine.py);
+# /proc/cpuinfo still lists them, so the benches drop them from what they report.
+CPUID_MASKED_PREFIXES = ("avx512", "amx", "avx_vnni", "avx_ifma")
+
+
+def cpuid_mask() -> str | None:
+    """'avx2' when this process runs under bench/cpuid_mask.c, else None."""
+    return os.environ.get("OTFUSE_CPUID_MASK") or None
+
+
 def cpu_flags() -> set[str]:
-    """The CPU's feature flags (/proc/cpuinfo), empty when unknown."""
+    """The CPU's feature flags as this process's CPUID shows them (/proc/cpuinfo, minus what
+    bench/cpuid_mask.c hides), empty when unknown."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
+                flags = set(line.split(":", 1)[1].split())
+                if cpuid_mask():
+                    flags = {f for f in flags if not f.startswith(CPUID_MASKED_PREFIXES)}
+                return flags
     except OSError:
         pass
     return set()
@@ -135,7 +149,9 @@ def cpu_identity() -> str:
     have = [f for f in wanted if f in flags]
     missing = [f for f in ("avx2", "fma", "f16c", "avx512f") if f not in flags]
     ident = ", ".join(f"{k.split()[-1]} {v}" for k, v in fields.items())
-    return f"{cpu_model()} ({ident}): {' '.join(have) or 'no AVX2'}" + (f"; no {' '.join(missing)}" if missing else "")
+    masked = f" [CPUID masked to {cpuid_mask()} by bench/cpuid_mask.c]" if cpuid_mask() else ""
+    return (f"{cpu_model()} ({ident}): {' '.join(have) or 'no AVX2'}" + (f"; no {' '.join(missing)}" if missing else "")
+            + masked)
 
 
 def _read_cpuinfo_fields(keys) -> dict[str, str]:
@@ -181,6 +197,24 @@ def build_tool(name: str) -> Path | None:
     result = subprocess.run([compiler, "-O2", "-pthread", *flags, str(source), "-o", str(exe)],
                             capture_output=True, text=True)
     return exe if result.returncode == 0 else None
+
+
+def build_preload(name: str) -> Path | None:
+    """bench/<name>.c compiled as a shared object for LD_PRELOAD, cached like build_tool."""
+    import shutil
+    import subprocess
+    source = BENCH_DIR / f"{name}.c"
+    cache = Path(os.environ.get("OTFUSE_CACHE_DIR", Path.home() / ".cache" / "otfuse")) / "bench"
+    lib = cache / f"{name}-{int(source.stat().st_mtime)}.so"
+    if lib.exists():
+        return lib
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        return None
+    cache.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run([compiler, "-O2", "-shared", "-fPIC", str(source), "-o", str(lib), "-ldl"],
+                            capture_output=True, text=True)
+    return lib if result.returncode == 0 else None
 
 
 def read_bandwidth(threads: int, megabytes: int = 461, reps: int = 10) -> dict | None:

@@ -122,12 +122,14 @@ double Fma512Over256() {
 }
 
 bool Avx512AtFullRate() {
-  if (!CpuHasAvx512()) return false;
-  if (const char* forced = std::getenv("OTFUSE_AVX512_RATE"); forced != nullptr && *forced != '\0') {
-    if (std::strcmp(forced, "full") == 0) return true;
-    if (std::strcmp(forced, "half") == 0) return false;
+  // The knob is checked on every CPU, so a typo fails alike on AVX2-only machines.
+  const char* forced = std::getenv("OTFUSE_AVX512_RATE");
+  const bool is_forced = forced != nullptr && *forced != '\0';
+  if (is_forced && std::strcmp(forced, "full") != 0 && std::strcmp(forced, "half") != 0) {
     throw Error(std::string("OTFUSE_AVX512_RATE must be full or half (or unset), got '") + forced + "'");
   }
+  if (!CpuHasAvx512()) return false;
+  if (is_forced) return std::strcmp(forced, "full") == 0;
   return Fma512Over256() >= 1.5;
 }
 

@@ -162,7 +162,7 @@ GemmIsa SelectGemmIsa() {
     return GemmIsa::kAvx512;
   }
   // AVX-512 only where 512-bit FMAs run at full rate (common/cpu_features.h).
-  if (!forced_avx2 && CpuHasAvx512() && Avx512AtFullRate()) return GemmIsa::kAvx512;
+  if (Avx512AtFullRate() && !forced_avx2) return GemmIsa::kAvx512;  // the rate knob checked first: a typo fails on every CPU
   return GemmIsa::kAvx2;
 #else
   return GemmIsa::kBaseline;

@@ -57,7 +57,7 @@ ActivationIsa SelectActivationIsa() {
   }
   if (SelectCpuIsa() == CpuIsa::kBaseline) return ActivationIsa::kBaseline;
   // AVX-512 only where 512-bit FMAs run at full rate (common/cpu_features.h).
-  if (CpuRuns(ActivationIsa::kAvx512) && Avx512AtFullRate()) return ActivationIsa::kAvx512;
+  if (Avx512AtFullRate() && CpuRuns(ActivationIsa::kAvx512)) return ActivationIsa::kAvx512;
   return CpuRuns(ActivationIsa::kAvx2) ? ActivationIsa::kAvx2 : ActivationIsa::kBaseline;
 }
 

@@ -6,19 +6,13 @@ knobs are set in os.environ (the library reads them with getenv at each call).""
 import os
 
 import pytest
+from cpu_isa import cpu_isas
 
 from otfuse.run.library import isa_report
 
 FLOP_BOUND = ("attention", "gemm", "activation")
-
-
-def _has(flag: str) -> bool:
-    with open("/proc/cpuinfo") as f:
-        return any(flag in line.split() for line in f if line.startswith("flags"))
-
-
-AVX2 = _has("avx2") and _has("fma") and _has("f16c")
-AVX512 = all(_has(f) for f in ("avx512f", "avx512vl", "avx512bw", "avx512dq"))
+AVX2 = "avx2" in cpu_isas()
+AVX512 = "avx512" in cpu_isas()
 
 
 @pytest.fixture

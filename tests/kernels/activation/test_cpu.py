@@ -10,6 +10,7 @@ import zlib
 
 import numpy as np
 import pytest
+from cpu_isa import cpu_isas
 
 from kernels.norm.test_cpu import BF16, F16, F32, run_op
 from otfuse.verify import reference
@@ -87,16 +88,7 @@ UNARY = {  # kind -> (op, attrs, exact)
 
 def isas() -> list[str]:
     """The CPU variants this machine runs (the others are tested where the CPU has them)."""
-    import platform
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return ["baseline"]
-    flags = open("/proc/cpuinfo").read()
-    found = ["baseline"]
-    if " avx2" in flags and " fma" in flags and " f16c" in flags:
-        found.append("avx2")
-        if " avx512f" in flags:
-            found.append("avx512")
-    return found
+    return list(cpu_isas())
 
 
 ALL_ISAS = ["baseline", "avx2", "avx512"]
