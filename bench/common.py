@@ -182,39 +182,29 @@ def otfuse_isa_path(library: str | None = None) -> str:
 
 def build_tool(name: str) -> Path | None:
     """bench/<name>.c compiled (gcc -O2 -pthread) into a cache folder; None without a compiler."""
-    import shutil
-    import subprocess
-    source = BENCH_DIR / f"{name}.c"
-    cache = Path(os.environ.get("OTFUSE_CACHE_DIR", Path.home() / ".cache" / "otfuse")) / "bench"
-    exe = cache / f"{name}-{int(source.stat().st_mtime)}"
-    if exe.exists():
-        return exe
-    compiler = shutil.which("gcc") or shutil.which("cc")
-    if compiler is None:
-        return None
-    cache.mkdir(parents=True, exist_ok=True)
-    flags = ["-mavx2"] if name == "stream_read" else []
-    result = subprocess.run([compiler, "-O2", "-pthread", *flags, str(source), "-o", str(exe)],
-                            capture_output=True, text=True)
-    return exe if result.returncode == 0 else None
+    return _compiled(name, "", ["-pthread", *(["-mavx2"] if name == "stream_read" else [])])
 
 
 def build_preload(name: str) -> Path | None:
     """bench/<name>.c compiled as a shared object for LD_PRELOAD, cached like build_tool."""
+    return _compiled(name, ".so", ["-shared", "-fPIC"], libs=["-ldl"])
+
+
+def _compiled(name: str, suffix: str, flags: list[str], libs: list[str] = ()) -> Path | None:
+    """bench/<name>.c built once per source mtime into $OTFUSE_CACHE_DIR/bench (or ~/.cache/otfuse)."""
     import shutil
     import subprocess
     source = BENCH_DIR / f"{name}.c"
     cache = Path(os.environ.get("OTFUSE_CACHE_DIR", Path.home() / ".cache" / "otfuse")) / "bench"
-    lib = cache / f"{name}-{int(source.stat().st_mtime)}.so"
-    if lib.exists():
-        return lib
+    out = cache / f"{name}-{int(source.stat().st_mtime)}{suffix}"
+    if out.exists():
+        return out
     compiler = shutil.which("gcc") or shutil.which("cc")
     if compiler is None:
         return None
     cache.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run([compiler, "-O2", "-shared", "-fPIC", str(source), "-o", str(lib), "-ldl"],
-                            capture_output=True, text=True)
-    return lib if result.returncode == 0 else None
+    result = subprocess.run([compiler, "-O2", *flags, str(source), "-o", str(out), *libs], capture_output=True, text=True)
+    return out if result.returncode == 0 else None
 
 
 def read_bandwidth(threads: int, megabytes: int = 461, reps: int = 10) -> dict | None:
