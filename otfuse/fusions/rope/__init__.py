@@ -29,6 +29,31 @@ def _rotate_half(scan, node) -> bool:
             return True
     return False
 
+_LANE_OPS = {"Squeeze", "Gather", "Slice", "Split"}
+
+
+def _pair_source(scan, node):
+    """The node a lane is taken from: up through Squeeze / Gather / Slice / Split (3 steps at most)."""
+    for _ in range(3):
+        if node is None or node.op_type not in _LANE_OPS:
+            return node
+        node = scan.parent(node)
+    return None
+
+
+def _lane_pair_product(scan, node) -> bool:
+    """``x0*c - x1*s`` with x0 and x1 lanes of one tensor (Wan's rotation, written back into the
+    even / odd lanes by ScatterND): two products each reading a lane, the lanes from one node."""
+    products = scan.parents(node)
+    if len(products) != 2 or any(p.op_type != "Mul" for p in products):
+        return False
+    sources = []
+    for product in products:
+        lanes = [p for p in scan.parents(product) if p.op_type in _LANE_OPS]
+        sources.append({id(src) for src in map(lambda lane: _pair_source(scan, lane), lanes) if src is not None})
+    return bool(sources[0] & sources[1])
+
+
 FAMILY = Family(
     name="rope",
     passes=(RulePass([*onnx_op.RULES, *contrib.RULES]), RulePass(lane_pairs.RULES), RulePass(half_tables.RULES), RulePass(rotations.RULES), pair_qk.PairQKPass()),
@@ -37,5 +62,7 @@ FAMILY = Family(
     sites=(
         SiteSignature("a rotary embedding op", frozenset({"RotaryEmbedding"})),
         SiteSignature("rotate_half (Neg -> Concat -> * sin)", frozenset({"Neg"}), _rotate_half),
+        SiteSignature("a rotation of lane pairs (x0*c - x1*s, x0 and x1 lanes of one tensor)", frozenset({"Sub"}),
+                      _lane_pair_product),
     ),
 )
