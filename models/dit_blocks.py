@@ -21,12 +21,16 @@ initializers) and a dynamic batch. Each keeps the spelling a whole-model export 
 - cogvideox_block_torchscript: `CogVideoXBlock`, TorchScript exporter: the rotation with
   `Squeeze`/`Unsqueeze` of `Constant` axes and a flatten shape computed from `Shape`.
 - wan_attention: `WanAttention` + `WanRotaryPosEmbed`, dynamo: Wan writes the rotated pairs back
-  by `out[..., 0::2] = ...; out[..., 1::2] = ...` (ScatterND through Transposes): no rope rule
-  models it, the report names each rotation as a rope site.
+  by `out[..., 0::2] = ...; out[..., 1::2] = ...` (ScatterND of `Range`-computed lane indices
+  between Transposes; rope/scatter_pairs.py).
+- wan_attention_static: the same module and weights, static batch 2 (no dynamic dim): the
+  exporter's optimizer folds `Transpose(empty_like)` into a constant already lanes first, the
+  Transpose pair between the two scatters into an `Identity`, and the head split into the pairs
+  `Reshape` (`[B, S, N*D]` -> `[B, S, N, D/2, 2]`), as a whole static Wan export does.
 
 Weights are redrawn from a generator seeded by the fixture's name (matrices `0.1·randn`, other
 biases `0.05·randn`, norm weights `1 + 0.1·randn`, norm biases `0.1·randn`). Before writing,
-onnxruntime must match torch (max abs 1e-4) at batch 2 and 3. The expected sites are counted on
+onnxruntime must match torch (max abs 1e-4) at batch 2 and 3 (the static one at 2). The expected sites are counted on
 the torch module while it runs (norm modules called, attention calls, rotations applied,
 activation calls).
 """
@@ -164,6 +168,7 @@ FIXTURES = {
     "ltx_block": (LTXBlockFixture, "dynamo", ["output"]),
     "cogvideox_block_torchscript": (CogVideoXBlockFixture, "torchscript", ["out_video", "out_text"]),
     "wan_attention": (WanAttentionFixture, "dynamo", ["output"]),
+    "wan_attention_static": (WanAttentionFixture, "dynamo_static", ["output"]),
 }
 
 
@@ -226,16 +231,18 @@ def strip_metadata(proto: onnx.ModelProto) -> None:
 
 def export(name: str, out_dir: Path) -> dict:
     cls, exporter, outputs = FIXTURES[name]
-    torch.manual_seed(seed_of(name))
+    weights = name.removesuffix("_static")  # the static variant: the same weights
+    torch.manual_seed(seed_of(weights))
     module = cls().eval()
-    randomize(module, seed_of(name))
+    randomize(module, seed_of(weights))
     sample = _inputs(name, 2, seed_of(name) + 2)
     names = list(sample)
     with torch.no_grad():
-        if exporter == "dynamo":
+        if exporter.startswith("dynamo"):
             batch = torch.export.Dim("batch", min=1, max=64)
+            dynamic = None if exporter == "dynamo_static" else {k: {0: batch} for k in names}
             program = torch.onnx.export(module, (), kwargs=sample, dynamo=True, input_names=names,
-                                        output_names=outputs, dynamic_shapes={k: {0: batch} for k in names},
+                                        output_names=outputs, dynamic_shapes=dynamic,
                                         opset_version=OPSET, optimize=True, external_data=False, verbose=False)
             proto = program.model_proto
         else:
@@ -251,7 +258,7 @@ def export(name: str, out_dir: Path) -> dict:
     import onnxruntime as ort
     session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
     worst = 0.0
-    for batch in (2, 3):
+    for batch in (2, 3) if exporter != "dynamo_static" else (2,):
         feeds = _inputs(name, batch, seed_of(name) + batch)
         with torch.no_grad():
             want = module(**feeds)
@@ -265,8 +272,9 @@ def export(name: str, out_dir: Path) -> dict:
     return {
         "file": f"{name}.onnx", "module": type(getattr(module, "attn", getattr(module, "block", module))).__name__,
         "exporter": exporter, "opset": OPSET, "size_bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-        "inputs": [[k, [("batch" if i == 0 else d) for i, d in enumerate(v.shape)]] for k, v in sample.items()],
-        "outputs": outputs, "seed": seed_of(name), "ort_vs_torch_max_abs": worst,
+        "inputs": [[k, [("batch" if i == 0 and exporter != "dynamo_static" else d) for i, d in enumerate(v.shape)]]
+                   for k, v in sample.items()],
+        "outputs": outputs, "seed": seed_of(weights), "ort_vs_torch_max_abs": worst,
         "expected": expected_sites(module, sample),
         "versions": {"torch": torch.__version__.split("+")[0], "diffusers": diffusers.__version__,
                      "onnx": onnx.__version__, "onnxruntime": ort.__version__},

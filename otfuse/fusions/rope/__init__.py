@@ -5,6 +5,7 @@ paired into ``RotaryEmbeddingQK`` (contract in docs/ops.md).
     contrib.py     ORT's RotaryEmbedding (com.microsoft), re-targeted
     half_tables.py x1*c - x2*s, x1*s + x2*c on half-width tables (the ONNX op's function body)
     lane_pairs.py  interleaved rotations on explicit [..., D/2, 2] lane pairs (Meta's LLaMA)
+    scatter_pairs.py  the same pairs written back by out[..., 0::2] = ..., out[..., 1::2] = ... (Wan)
     rotations.py   x*cos + rotate(x)*sin spelled with Slice/Split, Neg, Concat (half, interleaved,
                    partial, sections)
     pair_qk.py     the pass that pairs the q and k rotations (after every rotation is fused)
@@ -14,7 +15,7 @@ through full Slices, so the rotated and the passed-through lanes would read two 
 """
 
 from otfuse.canonicalise import NoOpsPass
-from otfuse.fusions.rope import contrib, half_tables, lane_pairs, onnx_op, pair_qk, rotations
+from otfuse.fusions.rope import contrib, half_tables, lane_pairs, onnx_op, pair_qk, rotations, scatter_pairs
 from otfuse.rewriter.family import Family
 from otfuse.rewriter.passes import RulePass
 from otfuse.rewriter.sites import SiteSignature
@@ -56,7 +57,7 @@ def _lane_pair_product(scan, node) -> bool:
 
 FAMILY = Family(
     name="rope",
-    passes=(RulePass([*onnx_op.RULES, *contrib.RULES]), RulePass(lane_pairs.RULES), RulePass(half_tables.RULES), RulePass(rotations.RULES), pair_qk.PairQKPass()),
+    passes=(RulePass([*onnx_op.RULES, *contrib.RULES]), RulePass(lane_pairs.RULES), RulePass(scatter_pairs.RULES), RulePass(half_tables.RULES), RulePass(rotations.RULES), pair_qk.PairQKPass()),
     emits=("RotaryEmbedding", "RotaryEmbeddingQK"),
     canonicalise=(NoOpsPass(),),
     sites=(

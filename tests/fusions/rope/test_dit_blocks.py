@@ -3,11 +3,13 @@
 diffusers' `apply_rotary_emb(use_real_unbind_dim=-1)` (Flux, CogVideoX, HunyuanVideo, LTX-Video)
 takes the lanes as `x.reshape(.., D/2, 2).unbind(-1)`: `Reshape` to pairs, `Slice 0:1 / 1:2` (or a
 `Split`) and `Squeeze`, then `stack([-x1, x0], -1).flatten()`, times full-width (repeat_interleave)
-tables: the `interleaved` rotation (rope/rotations.py). Wan writes the rotated pairs back with
-`out[..., 0::2] = ...` (ScatterND): no rule, but every rotation is reported as a rope site.
+tables: the `interleaved` rotation (rope/rotations.py). Wan computes `x0*c - x1*s`, `x0*s + x1*c`
+and writes them back with `out[..., 0::2] = ...; out[..., 1::2] = ...` (ScatterND between
+Transposes; rope/scatter_pairs.py), dynamic batch or static (the optimizer's folded form).
 
 Mutations of the Flux rotation (the Neg on the other lane, a lane's Slice constant changed, an
-extra reader of a lane) leave that rotation unfused and reported."""
+extra reader of a lane) and of Wan's (the odd lane indices changed, the Sub's operands swapped, an
+extra reader of the first scatter) leave that rotation unfused and reported."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import otfuse
 
 DIT = Path(__file__).resolve().parents[3] / "models" / "fixtures" / "dit"
 MANIFEST = json.loads((DIT / "manifest.json").read_text())["fixtures"]
-ROTATED = ["flux_attention", "ltx_block", "cogvideox_block_torchscript"]
+ROTATED = ["flux_attention", "ltx_block", "cogvideox_block_torchscript", "wan_attention", "wan_attention_static"]
 
 
 def _fuse(tmp_path, model, only=None, name="m"):
@@ -34,8 +36,9 @@ def _fuse(tmp_path, model, only=None, name="m"):
 
 
 def _diff_ok(src, out):
-    for batch in (1, 3):
-        result = otfuse.diff(src, out, dims={"batch": batch})
+    static = all(d.dim_value for i in onnx.load(src).graph.input for d in i.type.tensor_type.shape.dim)
+    for batch in (1, 3) if not static else (None,):
+        result = otfuse.diff(src, out, dims={"batch": batch} if batch else None)
         assert result.ok, [row.to_dict() for row in result.outputs]
 
 
@@ -47,7 +50,8 @@ def test_unbound_pair_rotations_fuse_interleaved(tmp_path, name):
     fused = onnx.load(out)
     (node,) = fused_nodes(fused)
     assert attrs(node)["mode"] == b"interleaved" and attrs(node)["rotary_dim"] == 0
-    assert not [n for n in fused.graph.node if n.op_type == "Neg"], "a rotation was left unfused"
+    left = ("Neg", "ScatterND") if name.startswith("wan") else ("Neg",)  # CogVideoX scatters q[:, :, text:] back
+    assert not [n for n in fused.graph.node if n.op_type in left], "a rotation was left unfused"
     _diff_ok(src, out)
 
 
@@ -60,12 +64,11 @@ def test_flux_joint_attention_folds_the_rotation(tmp_path):
     _diff_ok(src, out)
 
 
-def test_wan_scatter_rotations_are_reported_as_rope_sites(tmp_path):
-    src, out, report = _fuse(tmp_path, onnx.load(DIT / "wan_attention.onnx"))
-    assert report.fusions == {"Attention": 1, "RMSNorm": 2}
-    rope = [m for m in report.near_misses if m["family"] == "rope"]
-    assert len(rope) == MANIFEST["wan_attention"]["expected"]["rope_applications"]
-    assert all(m["pattern"] == "rope site" and "lane pairs" in m["reason"] for m in rope)
+@pytest.mark.parametrize("name", ["wan_attention", "wan_attention_static"])
+def test_wan_attention_folds_the_scattered_rotation(tmp_path, name):
+    src, out, report = _fuse(tmp_path, onnx.load(DIT / f"{name}.onnx"))
+    assert report.fusions == {"RMSNorm": 2, "RopeAttention": 1}, report.near_misses
+    assert report.near_misses == []
     _diff_ok(src, out)
 
 
@@ -101,4 +104,36 @@ def test_flux_rotation_mutations_are_near_misses(tmp_path, mutate):
     src, out, report = _fuse(tmp_path, model, only=["rope"])
     assert report.fusions == {"RotaryEmbedding": 1}, report.fusions  # k alone, nothing to pair with
     assert [m for m in report.near_misses if m["family"] == "rope"], "the mutated rotation is not reported"
+    _diff_ok(src, out)
+
+
+# -- mutations of the q rotation of wan_attention_static --
+
+def _odd_lanes_changed(model):
+    # the odd scatter writes lane 13 twice and never lane 15 (which keeps the base's zeros)
+    indices = np.array([1, 3, 5, 7, 9, 11, 13, 13], np.int64).reshape(8, 1)
+    model.graph.initializer.append(numpy_helper.from_array(indices, "odd_lanes_changed"))
+    _node(model, "node_ScatterND_273").input[1] = "odd_lanes_changed"
+
+
+def _real_part_swapped(model):
+    # x1*s - x0*c: the Sub's operands swapped
+    sub = _node(model, "node_sub")
+    sub.input[0], sub.input[1] = sub.input[1], sub.input[0]
+
+
+def _first_scatter_read_elsewhere(model):
+    scatter = _node(model, "node_ScatterND_249").output[0]
+    model.graph.node.append(helper.make_node("Identity", [scatter], ["scatter_out"]))
+    model.graph.output.append(helper.make_tensor_value_info("scatter_out", onnx.TensorProto.FLOAT, None))
+
+
+@pytest.mark.parametrize("mutate", [_odd_lanes_changed, _real_part_swapped, _first_scatter_read_elsewhere])
+def test_wan_rotation_mutations_are_near_misses(tmp_path, mutate):
+    model = onnx.load(DIT / "wan_attention_static.onnx")
+    mutate(model)
+    src, out, report = _fuse(tmp_path, model, only=["rope"])
+    assert report.fusions == {"RotaryEmbedding": 1}, report.fusions  # k alone, nothing to pair with
+    rope = [m for m in report.near_misses if m["family"] == "rope"]
+    assert len(rope) == 1, rope
     _diff_ok(src, out)
