@@ -23,6 +23,10 @@ initializers) and a dynamic batch. Each keeps the spelling a whole-model export 
 - wan_attention: `WanAttention` + `WanRotaryPosEmbed`, dynamo: Wan writes the rotated pairs back
   by `out[..., 0::2] = ...; out[..., 1::2] = ...` (ScatterND of `Range`-computed lane indices
   between Transposes; rope/scatter_pairs.py).
+- sana_block_torchscript: `SanaTransformerBlock`, TorchScript exporter: its linear attention's
+  `unflatten(1, (heads, -1))` slices the shape at `Mod(4, 3)` (the dimension engine folds integer
+  Mod of known values; before, every shape after it was unknown and the block's norms and SiLU
+  gates were refused), LayerNorm without affine + AdaLN modulation (the LayerNormalization op).
 - wan_attention_static: the same module and weights, static batch 2 (no dynamic dim): the
   exporter's optimizer folds `Transpose(empty_like)` into a constant already lanes first, the
   Transpose pair between the two scatters into an `Identity`, and the head split into the pairs
@@ -149,6 +153,22 @@ class WanAttentionFixture(nn.Module):
         return self.attn(hidden_states, None, None, self.rope(self.latent))
 
 
+class SanaBlockFixture(nn.Module):
+    """SanaTransformerBlock (linear ReLU self-attention, SDPA cross-attention, GLUMBConv MLP with a
+    SiLU gate) over a 4x4 latent (16 tokens) and 6 text tokens."""
+
+    def __init__(self):
+        super().__init__()
+        from diffusers.models.transformers.sana_transformer import SanaTransformerBlock
+        self.block = SanaTransformerBlock(dim=DIM, num_attention_heads=HEADS, attention_head_dim=HEAD_DIM,
+                                          num_cross_attention_heads=HEADS, cross_attention_head_dim=HEAD_DIM,
+                                          cross_attention_dim=DIM, mlp_ratio=1.0)
+
+    def forward(self, hidden_states, encoder_hidden_states, timestep):
+        return self.block(hidden_states, encoder_hidden_states=encoder_hidden_states, timestep=timestep,
+                          height=4, width=4)
+
+
 def _inputs(name: str, batch: int, seed: int) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     rnd = lambda *shape: torch.randn(*shape, generator=gen)  # noqa: E731
@@ -160,6 +180,9 @@ def _inputs(name: str, batch: int, seed: int) -> dict[str, torch.Tensor]:
     if name == "cogvideox_block_torchscript":
         return {"hidden_states": rnd(batch, 12, DIM), "encoder_hidden_states": rnd(batch, 4, DIM),
                 "temb": rnd(batch, 4)}
+    if name == "sana_block_torchscript":
+        return {"hidden_states": rnd(batch, 16, DIM), "encoder_hidden_states": rnd(batch, 6, DIM),
+                "timestep": rnd(batch, 6 * DIM)}
     return {"hidden_states": rnd(batch, 8, DIM)}
 
 
@@ -169,6 +192,7 @@ FIXTURES = {
     "cogvideox_block_torchscript": (CogVideoXBlockFixture, "torchscript", ["out_video", "out_text"]),
     "wan_attention": (WanAttentionFixture, "dynamo", ["output"]),
     "wan_attention_static": (WanAttentionFixture, "dynamo_static", ["output"]),
+    "sana_block_torchscript": (SanaBlockFixture, "torchscript", ["output"]),
 }
 
 

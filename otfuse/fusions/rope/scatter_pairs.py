@@ -157,7 +157,9 @@ def _analyse(ctx: RewriteContext, match: Match) -> Fusion:
     return Fusion(call, match.covered, helpers)
 
 
+# Anchored at the rotation's Sub: any other slice_scatter (CogVideoX writes q[:, :, text:] back)
+# is no candidate worth reporting.
 SCATTERED_PAIRS = Rule("RotaryEmbedding(interleaved, pairs scattered back)", _pattern(), _analyse, FAMILY,
-                       frozenset({"ScatterND"}))
+                       frozenset({"Sub"}))
 
 RULES: list[Rule] = [SCATTERED_PAIRS]
