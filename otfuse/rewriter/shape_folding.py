@@ -45,6 +45,18 @@ def _slice(node, values) -> np.ndarray:
     return data[tuple(index)]
 
 
+def _range(node, values) -> np.ndarray:
+    """Range(start, limit, delta) of scalars (torch's slice_scatter writes its lane indices as
+    ``Range(0, Shape(x)[-1], 1)`` sliced by a step); refused (ValueError) when over the size cap."""
+    start, limit, delta = (v.reshape(-1) for v in values[:3])
+    if start.size != 1 or limit.size != 1 or delta.size != 1 or delta[0] == 0:
+        raise ValueError("Range needs scalar start, limit and a non-zero delta")
+    count = max(int(np.ceil((float(limit[0]) - float(start[0])) / float(delta[0]))), 0)
+    if count > MAX_FOLDED_ELEMENTS:
+        raise ValueError("Range too long to fold")
+    return (start[0] + np.arange(count, dtype=values[0].dtype) * delta[0]).astype(values[0].dtype)
+
+
 def _axes(node, values, position: int) -> list[int]:
     if len(values) > position and values[position] is not None:
         return [int(a) for a in values[position].reshape(-1)]
@@ -68,6 +80,7 @@ _FOLDERS: dict[str, Callable] = {
     "Div": lambda node, v: _int_div(v[0], v[1]),
     "Sqrt": lambda node, v: np.sqrt(v[0]).astype(v[0].dtype),
     "Reciprocal": lambda node, v: (1 / v[0]).astype(v[0].dtype),
+    "Range": _range,
     "Floor": lambda node, v: np.floor(v[0]),
     "Ceil": lambda node, v: np.ceil(v[0]),
 }

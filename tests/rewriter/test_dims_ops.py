@@ -157,6 +157,24 @@ def test_static_dims_fold_to_constants():
     assert not graph.is_constant(g.nodes[0].output[0])  # the whole shape is not known
 
 
+def test_integer_mod_of_known_values_is_known():
+    """TorchScript's ``q.unflatten(1, (heads, -1))`` slices the shape at ``Mod(4, 3)`` and
+    ``Mod(4, 3) + 1`` (Sana's linear attention): the view's dims follow from them."""
+    g = G()
+    x = g.input("x", ["batch", 64, 16])
+    cut = g.op("Reshape", g.op("Mod", g.const(4), g.const(3)), g.const([1]))
+    after = g.op("Reshape", g.op("Add", g.op("Mod", g.const(4), g.const(3)), g.const(1)), g.const([1]))
+    shape = g.op("Shape", x)
+    head = g.op("Slice", shape, g.const([0]), cut)
+    tail = g.op("Slice", shape, after, g.const([2**63 - 1]))
+    view = g.op("Reshape", x, g.op("Concat", head, g.const([4, -1]), tail, axis=0))
+    negative = g.op("Mod", g.const(-4), g.const(3))  # fmod 0 and 1 disagree: not folded
+    graph = g.index()
+    assert value(graph, cut) == [1]
+    assert dims(graph, view) == ["batch", 4, 16, 16]
+    assert value(graph, negative) in (None, [None])
+
+
 def test_where_minus_one_and_expand():
     """HF's ``Expand(x, Where(shape == -1, 1, shape))`` for ``x.expand(B, -1, -1)``."""
     g = G()

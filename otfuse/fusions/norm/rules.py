@@ -222,6 +222,10 @@ def _analyse(form: _Form, ctx: RewriteContext, match: Match) -> Fusion:
     epsilon = _epsilon(form, graph, match)
     if wide.is_wide_scale(graph, form, match, x, axis):
         return wide.normalisation_only(graph, form.op, match, x, axis, epsilon)
+    if wide.is_modulation(graph, form, match, x, axis):
+        summed = dict(A=match.value("a"), B=match.value("b"), S=match.node("residual").output[0]) \
+            if form.residual else None
+        return wide.normalisation_only(graph, form.op, match, x, axis, epsilon, summed)
     for name in ("scale", "bias"):
         if match.has(name):
             checks.require_row_parameter(graph, match.value(name), x, axis, name)

@@ -50,6 +50,22 @@ def is_wide_scale(graph: GraphIndex, form, match: Match, x: str, axis: int) -> b
     return _broadcasts_along_rows(graph.constant_shape(scale), graph.proven_shape(x), dims)
 
 
+def is_modulation(graph: GraphIndex, form, match: Match, x: str, axis: int) -> bool:
+    """A plain spelled-out norm without a weight of its own whose output is multiplied by a
+    computed value that is not one per normalised element: DiT's adaptive modulation
+    `norm(x) * (1 + scale[b])` (LTX-Video's `RMSNorm(elementwise_affine=False)`), matched by the
+    pattern as the scale. The fused node normalises; the Mul (and the shift Add) stay."""
+    if form.allow is not None or not match.has("scale") or match.has("gamma_offset"):
+        return False
+    if match.has("flatten") or not match.has("normalized") or graph.is_constant(match.value("scale")):
+        return False
+    if form.residual and (match.has("cast_in") or match.has("merge")):
+        return False  # the sum normalised in another type or shape than the Add's: not AddRMSNorm's S
+    dims = checks.row_shape(graph, x, axis)
+    shape = graph.shape(match.value("scale"))
+    return dims is not None and (shape is None or list(shape) != dims)
+
+
 def _upstream_of(match: Match, value: str) -> list[onnx.NodeProto]:
     """The matched nodes that compute `value` (the normalisation), `value`'s producer first."""
     by_output = {out: node for node in match.covered for out in node.output}
@@ -64,7 +80,10 @@ def _upstream_of(match: Match, value: str) -> list[onnx.NodeProto]:
     return found
 
 
-def normalisation_only(graph: GraphIndex, fused_op, match: Match, x: str, axis: int, epsilon: float) -> Fusion:
+def normalisation_only(graph: GraphIndex, fused_op, match: Match, x: str, axis: int, epsilon: float,
+                       residual: dict | None = None) -> Fusion:
+    """The fused node computes the chain's `normalized` value with a unit scale: of x (X), or of
+    the residual sum (`residual` = the A, B, S of an Add* op, the sum computed in its own type)."""
     normalized = match.node("normalized")
     xf = match.node("cast_in").output[0] if match.has("cast_in") else x  # the value the chain normalises
     covers = [node for node in _upstream_of(match, normalized.output[0])
@@ -74,9 +93,15 @@ def normalisation_only(graph: GraphIndex, fused_op, match: Match, x: str, axis: 
     if dtype is None:
         raise Refuse("a scale along un-normalised dims on a value that is not float32 or float16")
     ones = NewTensor(f"{match.value('scale')}_unit", value=np.ones(dims, dtype=dtype))
-    call = fused_op(X=xf, scale=ones, Y=normalized.output[0], epsilon=epsilon, axis=axis)
-    shape = list(graph.constant_shape(match.value("scale")))
-    partial = (("scale", f"the scale {match.value('scale')!r} {shape} varies along dims of {x!r} that are not "
-                         f"normalised (normalised dims {dims}): the fused node normalises with a unit scale and "
-                         f"the scale Mul stays after it"),)
+    inputs = residual if residual is not None else dict(X=xf)
+    call = fused_op(**inputs, scale=ones, Y=normalized.output[0], epsilon=epsilon, axis=axis)
+    scale = match.value("scale")
+    if graph.is_constant(scale):
+        shape = list(graph.constant_shape(scale))
+        why = f"the scale {scale!r} {shape} varies along dims of {x!r} that are not normalised (normalised dims {dims})"
+    else:
+        shape = graph.shape(scale)
+        why = (f"the norm is multiplied by the computed {scale!r} {list(shape) if shape is not None else '(shape unknown)'}, "
+               f"not one weight per normalised element {dims} (an adaptive modulation)")
+    partial = (("scale", f"{why}: the fused node normalises with a unit scale and the scale Mul stays after it"),)
     return Fusion(call, tuple(covers), Helpers(normalized), partial=partial)

@@ -23,7 +23,7 @@ from otfuse import ops
 from otfuse.rewriter import checks
 from otfuse.rewriter.builder import Fresh, Helpers
 from otfuse.rewriter.graph import GraphIndex
-from otfuse.rewriter.pattern import ANY, Either, Match, Var, attr, op
+from otfuse.rewriter.pattern import ANY, Const, Either, Match, Var, attr, op
 from otfuse.rewriter.rule import Fusion, Refuse, RewriteContext, Rule
 from otfuse.rewriter.spellings import slice_params, sliced, split_output, split_sizes, unsqueeze, unsqueeze_axes
 
@@ -40,10 +40,28 @@ def _rotate_half(x, tag: str = "") -> Either:
     return Either(by_slices, by_split)
 
 
+def _unbound_lane(pairs, index: int) -> Either:
+    """Lane ``index`` of the pair axis of ``pairs``, that axis dropped: ``unbind(-1)[index]`` as
+    the exporters write it (a ``Slice`` ``index:index+1`` or a two-way ``Split``, then a
+    ``Squeeze``; or a ``Gather`` of a scalar index)."""
+    bind = f"lane{index}"
+    kept = Either(sliced(pairs, bind), split_output(pairs, index, bind))
+    return Either(op.Squeeze(kept, Const(f"squeeze{index}.axes"), _bind=f"squeeze{index}"),
+                  op.Squeeze(kept, _bind=f"squeeze{index}"),
+                  op.Gather(pairs, Const(f"{bind}.index"), _bind=bind))
+
+
 def _rotate_interleaved(x):
-    stacked = op.Concat(unsqueeze(op.Neg(sliced(x, "odd")), "unsq_odd"),
+    """``Reshape(stack([-x_odd, x_even], -1))`` with the lanes taken as ``x[1::2]`` / ``x[0::2]``
+    (GPT-J's rotate_every_two), or as ``x.unflatten(-1, (-1, 2)).unbind(-1)`` (diffusers'
+    ``apply_rotary_emb``: Flux, CogVideoX, HunyuanVideo, LTX-Video); the one ``pairs`` Reshape
+    feeds both lanes."""
+    pairs = op.Reshape(x, Var("pairs_shape"), _bind="pairs")
+    strided = op.Concat(unsqueeze(op.Neg(sliced(x, "odd")), "unsq_odd"),
                         unsqueeze(sliced(x, "even"), "unsq_even"), axis=ANY, _bind="stack")
-    return op.Reshape(stacked, Var("flat_shape"), _bind="flatten")
+    unbound = op.Concat(unsqueeze(op.Neg(_unbound_lane(pairs, 1)), "unsq_odd"),
+                        unsqueeze(_unbound_lane(pairs, 0), "unsq_even"), axis=ANY, _bind="stack")
+    return op.Reshape(Either(strided, unbound), Var("flat_shape"), _bind="flatten")
 
 
 def _rope(x, rotate, tag: str = "") -> object:
@@ -147,9 +165,54 @@ def _check_half_rotation(graph, match, xr, rank, width, tag: str = "") -> None:
     _expect_slice(graph, match, f"second_half{tag}", rank, width, half, width)
 
 
+def _check_unbound_lane(graph: GraphIndex, match: Match, index: int, rank: int) -> None:
+    """Lane ``index`` of the pair axis (the last of ``pairs``, rank ``rank + 1``), that axis
+    dropped: exactly ``pairs[..., index]``."""
+    bind, pair_axes = f"lane{index}", (-1, rank)
+    node = match.node(bind)
+    if node.op_type == "Gather":
+        picked = graph.constant_value(match.value(f"{bind}.index"))
+        if attr(node, "axis", 0) not in pair_axes:
+            raise Refuse(f"Gather {node.name!r} picks along axis {attr(node, 'axis', 0)}, not the pair axis")
+        if picked.ndim != 0 or int(picked) not in (index, index - 2):
+            raise Refuse(f"Gather {node.name!r} picks {picked.tolist()}, expected the scalar lane {index}")
+        return
+    if node.op_type == "Split":
+        sizes = split_sizes(graph, match, bind)
+        if sizes is None and len(node.output) == 2:
+            sizes = [1, 1]
+        if attr(node, "axis", 0) not in pair_axes or sizes != [1, 1]:
+            raise Refuse(f"Split {node.name!r} does not cut the pair axis into its two lanes")
+    else:
+        start, end, axis, step = slice_params(graph, match, bind)
+        start, end = start + 2 if start < 0 else start, min(end + 2 if end < 0 else end, 2)
+        if axis not in pair_axes or step != 1 or (start, end) != (index, index + 1):
+            raise Refuse(f"Slice {node.name!r} does not take lane {index} of the pair axis")
+    squeeze = match.node(f"squeeze{index}")
+    axes = ([int(a) for a in graph.constant_value(match.value(f"squeeze{index}.axes")).reshape(-1)]
+            if match.has(f"squeeze{index}.axes") else list(attr(squeeze, "axes", [])))
+    if axes not in ([-1], [rank]):  # no axes: every dim of size 1, maybe a batch or head of 1
+        raise Refuse(f"Squeeze {squeeze.name!r} drops axes {axes}, not just the pair axis")
+
+
+def _check_unbound_pairs(graph: GraphIndex, match: Match, xr: str, rank: int, width: int) -> None:
+    """``pairs = Reshape(x, [..., D/2, 2])``: only the last axis of x is cut, into pairs."""
+    pairs = match.node("pairs").output[0]
+    x_shape, pairs_shape = graph.proven_shape(xr), graph.proven_shape(pairs)
+    want = None if x_shape is None else list(x_shape[:-1]) + [width // 2, 2]
+    if want is None or not checks.shapes_equal(pairs_shape, want):
+        raise Refuse(f"Reshape {match.node('pairs').name!r} gives {pairs_shape}, not x's lanes in pairs {want} "
+                     f"({checks.shape_mismatch(pairs_shape, want)})")
+    for index in (0, 1):
+        _check_unbound_lane(graph, match, index, rank)
+
+
 def _check_interleaved_rotation(graph, match, xr, rank, width) -> None:
-    _expect_slice(graph, match, "even", rank, width, 0, width - 1, step=2)
-    _expect_slice(graph, match, "odd", rank, width, 1, width, step=2)
+    if match.has("pairs"):
+        _check_unbound_pairs(graph, match, xr, rank, width)
+    else:
+        _expect_slice(graph, match, "even", rank, width, 0, width - 1, step=2)
+        _expect_slice(graph, match, "odd", rank, width, 1, width, step=2)
     for bind in ("unsq_odd", "unsq_even"):
         node = match.node(bind)
         axes = unsqueeze_axes(graph, match, bind)

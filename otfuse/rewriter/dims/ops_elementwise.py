@@ -114,8 +114,8 @@ def _binary_value(ctx: NodeContext, op: str):
     a, b = ctx.value(0), ctx.value(1)
     if a is None or b is None:
         return None
-    if op == "Div" and (ctx.elem(0) in V.FLOAT_TYPES):
-        return None  # true division: whole only by chance
+    if op in ("Div", "Mod") and (ctx.elem(0) in V.FLOAT_TYPES):
+        return None  # true division: whole only by chance; float Mod: not integer arithmetic
     return V.binary(op, a, b)
 
 

@@ -80,6 +80,15 @@ def _div(a: Expr, b: Expr) -> Expr | None:
     return E.trunc_div(a, b)
 
 
+def _mod(a: Expr, b: Expr) -> Expr | None:
+    """Known non-negative integers only (TorchScript's `unflatten` computes `Mod(4, 3)`): there
+    ONNX's two Mod semantics (fmod 0 / 1) and Python's `%` agree."""
+    x, y = a.value, b.value
+    if x is None or y is None or x < 0 or y <= 0:
+        return None
+    return E.const(x % y)
+
+
 def _compare(op: str):
     def compare(a: Expr, b: Expr) -> Expr | None:
         d = E.sub(a, b).value
@@ -118,6 +127,7 @@ BINARY = {
     "Sub": _lifted(E.sub),
     "Mul": _lifted(E.mul),
     "Div": _lifted(_div),
+    "Mod": _lifted(_mod),
     "Max": _lifted(lambda a, b: E.maximum(a, b)),
     "Min": _lifted(lambda a, b: E.minimum(a, b)),
     "Equal": _lifted(_compare("eq")),

@@ -131,15 +131,28 @@ def _cohere_extra_reader(model):
 
 
 def _cohere_computed_scale(model):
-    # the per-head weight computed (not a constant): the scale cannot be proven, no rewrite
+    # the per-head weight computed (not a constant): no weight the op can take
     mul = _node(model, "node_mul_6")
     weight = next(i for i in mul.input if i.endswith("q_norm.weight"))
     model.graph.node.insert(0, helper.make_node("Neg", [weight], ["neg_weight"]))
     mul.input[list(mul.input).index(weight)] = "neg_weight"
 
 
-@pytest.mark.parametrize("mutate", [_cohere_changed_constant, _cohere_swapped_input, _cohere_extra_reader,
-                                    _cohere_computed_scale])
+def test_cohere_computed_per_head_scale_keeps_its_mul(tmp_path):
+    # A computed [N, D] scale is no weight of the op: as for a DiT's modulation (norm/wide_scale.py
+    # is_modulation), the normalisation is fused with a unit scale and the Mul stays after it.
+    model = onnx.load(COHERE)
+    _cohere_computed_scale(model)
+    src, out, report = _fuse(tmp_path, model)
+    assert report.fusions == {"LayerNorm": 3, "AddLayerNorm": 1}, report.fusions
+    kept = [m for m in _norm_misses(report) if m.get("fused_as") and "neg_weight" in m["reason"]]
+    assert len(kept) == 1 and "unit scale" in kept[0]["reason"], _norm_misses(report)
+    fused = onnx.load(out)
+    assert [n for n in fused.graph.node if n.op_type == "Mul" and "neg_weight" in n.input]
+    _diff_ok(src, out)
+
+
+@pytest.mark.parametrize("mutate", [_cohere_changed_constant, _cohere_swapped_input, _cohere_extra_reader])
 def test_cohere_qk_norm_mutations_are_near_misses(tmp_path, mutate):
     model = onnx.load(COHERE)
     mutate(model)
