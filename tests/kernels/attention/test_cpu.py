@@ -232,6 +232,23 @@ def test_cpu_variants_agree_decoding(library, monkeypatch, dtype, head_size, gro
     assert_close(avx2, baseline)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("head_size", [24, 136])
+def test_decode_values_read_in_place_over_past_and_new(library, monkeypatch, dtype, head_size):
+    # The direct path's P·V reading float16 / bfloat16 values where they are (AVX-512: 64-lane
+    # passes, unmasked inside the row, masked at its end; AVX2: 16-lane passes, then one of 8 for
+    # D % 16 == 8): D = 24 and 136, the past rows (BNSD) and the new ones (BSND, row stride
+    # heads * D) as two segments of a tile, 4 query rows per kv head.
+    rng = seeded("decode-values", dtype.name, head_size)
+    inputs = qkv(rng, 1, 8, 2, 1, 3, head_size, dtype, layout="BSND")
+    inputs["past_key"] = rand(rng, (1, 2, 290, head_size), dtype)
+    inputs["past_value"] = rand(rng, (1, 2, 290, head_size), dtype)
+    attrs = {"num_heads": 8, "kv_num_heads": 2, "causal": 1, "layout": "BSND"}
+    default, avx2, baseline = _under_each_isa(library, monkeypatch, inputs, attrs)
+    assert_close(default, baseline)
+    assert_close(avx2, baseline)
+
+
 @pytest.mark.parametrize("window", [1, 16, 100, 500])
 @pytest.mark.parametrize("dtype", [F32, F16], ids=lambda d: d.name)
 def test_sliding_window(library, dtype, window):
