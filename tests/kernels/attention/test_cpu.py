@@ -204,6 +204,26 @@ def test_float32_keys_packed_panel_by_panel(library, monkeypatch, tiles, d):
     assert_close(avx2, baseline)
 
 
+@pytest.mark.parametrize("dtype", [F16, BF16], ids=lambda d: d.name)
+@pytest.mark.parametrize("tiles", ["64x128", "7x32"])
+@pytest.mark.parametrize("d, dv", [(72, 24), (20, 40), (16, 8)])
+def test_half_keys_and_values_packed(library, monkeypatch, dtype, tiles, d, dv):
+    # float16 / bfloat16 keys packed a panel at a time (AVX-512: 16 rows widened in registers and
+    # transposed, a masked tail for D % 16; AVX2: 8 x 8 blocks when D and Dv are multiples of 8,
+    # else lane by lane) and values 16 (8) lanes at a time: 67 keys over a past and a new
+    # segment leave 3 in the last panel.
+    monkeypatch.setenv("OTFUSE_ATTENTION_PATH", "packed")
+    monkeypatch.setenv("OTFUSE_ATTENTION_TILES", tiles)
+    rng = seeded("pack-half", dtype.name, tiles, d, dv)
+    inputs = qkv(rng, 1, 2, 1, 40, 67, d, dtype, dv=dv)
+    inputs["past_key"], inputs["past_value"] = inputs["K"][:, :, :27], inputs["V"][:, :, :27]
+    inputs["K"], inputs["V"] = inputs["K"][:, :, 27:], inputs["V"][:, :, 27:]
+    attrs = {"num_heads": 2, "kv_num_heads": 1, "causal": 1}
+    default, avx2, baseline = _under_each_isa(library, monkeypatch, inputs, attrs)
+    assert_close(default, baseline)
+    assert_close(avx2, baseline)
+
+
 def _under_each_isa(library, monkeypatch, inputs, attrs):
     """The op's output with the default kernels, the AVX2 variant forced, and the baseline."""
     (default,) = check(library, inputs, attrs)
@@ -227,6 +247,23 @@ def test_cpu_variants_agree_decoding(library, monkeypatch, dtype, head_size, gro
     rng = seeded("isa-decode", dtype.name, head_size, group)
     inputs = qkv(rng, 1, 2 * group, 2, 1, 301, head_size, dtype)
     attrs = {"num_heads": 2 * group, "kv_num_heads": 2, "causal": 1}
+    default, avx2, baseline = _under_each_isa(library, monkeypatch, inputs, attrs)
+    assert_close(default, baseline)
+    assert_close(avx2, baseline)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("head_size", [24, 136])
+def test_decode_values_read_in_place_over_past_and_new(library, monkeypatch, dtype, head_size):
+    # The direct path's P·V reading float16 / bfloat16 values where they are (AVX-512: 64-lane
+    # passes, unmasked inside the row, masked at its end; AVX2: 16-lane passes, then one of 8 for
+    # D % 16 == 8): D = 24 and 136, the past rows (BNSD) and the new ones (BSND, row stride
+    # heads * D) as two segments of a tile, 4 query rows per kv head.
+    rng = seeded("decode-values", dtype.name, head_size)
+    inputs = qkv(rng, 1, 8, 2, 1, 3, head_size, dtype, layout="BSND")
+    inputs["past_key"] = rand(rng, (1, 2, 290, head_size), dtype)
+    inputs["past_value"] = rand(rng, (1, 2, 290, head_size), dtype)
+    attrs = {"num_heads": 8, "kv_num_heads": 2, "causal": 1, "layout": "BSND"}
     default, avx2, baseline = _under_each_isa(library, monkeypatch, inputs, attrs)
     assert_close(default, baseline)
     assert_close(avx2, baseline)
