@@ -75,6 +75,9 @@ class Arch:
     # as failed without trying (TorchScript traces MoE routing as constants: a wrong model that can pass
     # the checks on the few inputs verify_with_torch runs)
     not_exported_by: dict[str, str] = dataclasses.field(default_factory=dict)
+    # transformers 5's experts: "batched_mm" gathers each token's experts' weights (no data-dependent
+    # shapes); the default grouped_mm is a transformers custom op torch.onnx has no translation for
+    experts_implementation: str | None = None
 
 
 def gemma_config():
@@ -216,8 +219,34 @@ ARCHS: list[Arch] = [
     Arch("qwen2_vl_text", dc.qwen2_vl_text_config, kind="base", model_class="Qwen2VLTextModel"),
     Arch("deepseek_v3", dc.deepseek_v3_config),
     Arch("persimmon", dc.persimmon_config),
+    # transformers 5.x decoders (models/decoder_configs.py, 5.24's keys).
+    Arch("gpt_oss", dc.gpt_oss_config, attn_implementation="eager", experts_implementation="batched_mm"),
+    Arch("qwen3_moe", dc.qwen3_moe_config, experts_implementation="batched_mm"),
+    Arch("qwen3_next", dc.qwen3_next_config, experts_implementation="batched_mm"),
+    Arch("llama4_text", dc.llama4_text_config, model_class="Llama4ForCausalLM"),
+    Arch("gemma3n_text", dc.gemma3n_text_config, model_class="Gemma3nForCausalLM"),
+    Arch("olmo3", dc.olmo3_config),
+    Arch("ernie4_5", dc.ernie4_5_config),
+    Arch("hunyuan_v1_dense", dc.hunyuan_v1_dense_config),
+    Arch("seed_oss", dc.seed_oss_config),
+    Arch("glm4_moe", dc.glm4_moe_config, experts_implementation="batched_mm"),
+    Arch("dots1", dc.dots1_config, experts_implementation="batched_mm"),
+    Arch("minimax", dc.minimax_config, experts_implementation="batched_mm"),
+    Arch("falcon_h1", dc.falcon_h1_config),
+    Arch("bamba", dc.bamba_config),
+    Arch("granitemoehybrid", dc.granitemoehybrid_config, experts_implementation="batched_mm"),
+    Arch("lfm2", dc.lfm2_config),
+    Arch("deepseek_v2", dc.deepseek_v2_config),
 ]
-ARCH_BY_NAME = {a.name: a for a in ARCHS}
+# The committed fixtures of new forms (models/fixtures/arch5): shrunk configs, kept out of the corpus.
+FIXTURE_ARCHS: list[Arch] = [
+    Arch("gpt_oss_fx", dc.fixture_config(dc.gpt_oss_config), attn_implementation="eager",
+         experts_implementation="batched_mm"),
+    Arch("hunyuan_v1_dense_fx", dc.fixture_config(dc.hunyuan_v1_dense_config)),
+    Arch("gemma3n_text_fx", dc.fixture_config(dc.gemma3n_text_config), model_class="Gemma3nForCausalLM"),
+    Arch("bamba_fx", dc.fixture_config(dc.bamba_config)),
+]
+ARCH_BY_NAME = {a.name: a for a in [*ARCHS, *FIXTURE_ARCHS]}
 # Tried and left out, with the reason (transformers 4.57.6, torch 2.15).
 NOT_BUILT = {
     "stablelm_qk": "StableLmConfig(qk_layernorm=True): StableLmPreTrainedModel._init_weights zeroes the bias of "
@@ -299,12 +328,13 @@ def build(arch: Arch) -> torch.nn.Module:
     seed = seed_of(arch)
     torch.manual_seed(seed)
     attn = arch.attn_implementation or "sdpa"
+    kwargs = {"experts_implementation": arch.experts_implementation} if arch.experts_implementation else {}
     if arch.model_class:
-        model = getattr(transformers, arch.model_class)._from_config(config, attn_implementation=attn)
+        model = getattr(transformers, arch.model_class)._from_config(config, attn_implementation=attn, **kwargs)
     elif arch.kind == "causal_lm":
-        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn)
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn, **kwargs)
     else:
-        model = transformers.AutoModel.from_config(config, attn_implementation=attn)
+        model = transformers.AutoModel.from_config(config, attn_implementation=attn, **kwargs)
     if arch.submodule:
         model = getattr(model, arch.submodule)
     ef.randomize_weights(model, seed)

@@ -7,12 +7,15 @@ counted from what the torch model computes, never from an ONNX graph or from otf
 - residual_norm: every distinct sum `a + b` of two tensors of one shape (no broadcasting, as
   AddRMSNorm / AddLayerNorm take them, docs/ops.md) that some norm normalises, directly or through a
   view / reshape that keeps the last axis (OPT regroups the rows first); two norms reading one sum
-  (parallel blocks) are one site, since one fused node can give the sum to the other.
+  (parallel blocks) are one site, since one fused node can give the sum to the other. A rotation's
+  `x*cos + rotate_half(x)*sin` (an operand carrying a negation) is no residual sum (HunYuan
+  normalises the rotated q and k).
 - attention: every `scaled_dot_product_attention` or `softmax` call of rank 3 or more (one per
   attention; a 2-D softmax is a MoE router's).
 - rope: one site per attention of a rotary model (q and k rotated, 2 applications); checked
-  against the rotations seen (`neg` calls: rotate_half / rotate_every_two negate one half). Fewer
-  rotations than attentions (an even number) are NoPE layers: one site per two negations.
+  against the rotations seen (`neg` calls: rotate_half / rotate_every_two negate one half; a complex
+  product read back by `view_as_real`: llama4, deepseek_v2). Fewer rotations than attentions (an
+  even number) are NoPE layers: one site per two rotations.
 """
 
 from __future__ import annotations
@@ -28,6 +31,10 @@ _ADDS = {"add", "__add__", "__radd__", "add_", "__iadd__"}
 _ATTENTION = {"scaled_dot_product_attention", "softmax"}
 _VIEWS = {"view", "reshape", "contiguous"}
 _NEGS = {"neg", "__neg__", "negative"}
+_COMPLEX_ROTATIONS = {"view_as_real"}  # x_complex * freqs_cis read back as real pairs
+# What carries a negated half into rotate_half(x) * sin: cat / stack, flatten / views, the product
+_ROTATION_STEPS = {"cat", "concat", "concatenate", "stack", "flatten", "view", "reshape", "mul", "__mul__",
+                   "__rmul__", "type_as", "to", "contiguous"}
 _LAYER_INDEX = re.compile(r"\.(\d+)(\.|$)")
 
 
@@ -39,23 +46,42 @@ class _Recorder(TorchFunctionMode):
         self.sums: dict[int, tuple[int, torch.Tensor]] = {}  # id -> (the sum's site, the tensor kept alive)
         self.attention = 0
         self.negs = 0
+        # rotate_half(x) and rotate_half(x) * sin (id -> the tensor, kept alive): x*cos + that is a
+        # rotation's sum, no residual, even when a norm reads it (HunYuan's q/k norms after RoPE)
+        self.rotated: dict[int, torch.Tensor] = {}
+
+    def _mark_rotated(self, name, args, out) -> None:
+        tensors = [a for a in _flat(args) if isinstance(a, torch.Tensor)]
+        if name in _NEGS or (name in _ROTATION_STEPS and any(id(t) in self.rotated for t in tensors)):
+            self.rotated[id(out)] = out
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         name = getattr(func, "__name__", "")
+        if isinstance(out, torch.Tensor):
+            self._mark_rotated(name, args, out)
         if name in _ADDS and len(args) >= 2 and isinstance(out, torch.Tensor):
             a, b = args[0], args[1]
             if (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and out.is_floating_point()
-                    and a.shape == b.shape == out.shape):
+                    and a.shape == b.shape == out.shape and id(a) not in self.rotated
+                    and id(b) not in self.rotated):
                 self.sums[id(out)] = (id(out), out)
         elif name in _VIEWS and isinstance(out, torch.Tensor) and id(args[0]) in self.sums:
             if out.shape[-1] == args[0].shape[-1]:  # rows regrouped, each row still the sum's
                 self.sums[id(out)] = (self.sums[id(args[0])][0], out)
         elif name in _ATTENTION and (name != "softmax" or _rank(args) >= 3):
             self.attention += 1  # a 2-D softmax is a MoE router's (tokens x experts), no attention
-        elif name in _NEGS:
-            self.negs += 1
+        elif name in _NEGS or name in _COMPLEX_ROTATIONS:
+            self.negs += 1  # one rotated tensor
         return out
+
+
+def _flat(args):
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            yield from a
+        else:
+            yield a
 
 
 def _rank(args) -> int:
@@ -64,7 +90,8 @@ def _rank(args) -> int:
 
 def is_norm(module: torch.nn.Module) -> bool:
     cls = type(module).__name__
-    return isinstance(module, torch.nn.LayerNorm) or cls.endswith(("RMSNorm", "LayerNorm"))
+    # *RMSNormGated: Mamba2's / Qwen3-Next's gated norms, rms(x * silu(gate)) * w
+    return isinstance(module, torch.nn.LayerNorm) or cls.endswith(("RMSNorm", "LayerNorm", "RMSNormGated"))
 
 
 def norm_kind(module: torch.nn.Module) -> str:

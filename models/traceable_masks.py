@@ -6,11 +6,15 @@ for every decoder). `broadcast_masks()` swaps in the same mask evaluated on broa
 tensors (`b [B,1,1,1]`, `h [1,1,1,1]`, `q [1,1,Q,1]`, `kv [1,1,1,KV]`): the mask functions are
 element-wise comparisons and `padding_mask[b, kv]` gathers, so the values are the same. Used around
 TorchScript exports only; the dynamo exporter traces the vmap itself.
+
+transformers 5.x's `sdpa_mask(batch_size, q_length, kv_length, ...)` builds its masks without vmap
+by default (`use_vmap=False`) and traces as it is: there `broadcast_masks()` changes nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import torch
 from transformers import masking_utils as mu
@@ -36,6 +40,9 @@ def broadcast_sdpa_mask(batch_size, cache_position, kv_length, kv_offset=0, mask
 @contextlib.contextmanager
 def broadcast_masks():
     """transformers' sdpa (and, through it, eager) masks built without vmap, for the duration."""
+    if "cache_position" not in inspect.signature(mu.sdpa_mask).parameters:  # transformers 5: no vmap
+        yield
+        return
     mapping = mu.ALL_MASK_ATTENTION_FUNCTIONS._global_mapping
     saved_module, saved_sdpa = mu.sdpa_mask, mapping["sdpa"]
     mu.sdpa_mask = mapping["sdpa"] = broadcast_sdpa_mask  # eager_mask calls the module's sdpa_mask

@@ -36,6 +36,24 @@ def _scores_softmax(scan, node) -> bool:
     return (scan.reaches(node, {"MatMul", "FusedMatMul", "Gemm"}, _SCORE_OPS, upstream=True) and
             scan.reaches(node, {"MatMul"}, {"Cast", "Dropout", "Reshape", "Identity"}, upstream=False, depth=5))
 
+def _sink_softmax(scan, node) -> bool:
+    """gpt-oss's attention sinks: Softmax over Concat(scores, a per-head logit) (through the max
+    subtraction), the last column dropped by a Slice before the probabilities multiply V. The
+    sink adds exp(sink_h) to every row's denominator: no Attention input says that (docs/ops.md)."""
+    concat = scan.parent(node)
+    for _ in range(3):  # Sub(·, ReduceMax(·)), Cast
+        if concat is None or concat.op_type not in ("Sub", "Cast"):
+            break
+        concat = scan.parent(concat)
+    if concat is None or concat.op_type != "Concat" or len(concat.input) != 2:
+        return False
+    if not scan.reaches(concat, {"MatMul", "FusedMatMul", "Gemm"}, _SCORE_OPS, upstream=True):
+        return False
+    return any(user.op_type == "Slice" or (user.op_type == "Cast" and any(
+        u.op_type == "Slice" for u in scan.readers(user))) for user in scan.readers(node)) and scan.reaches(
+        node, {"MatMul"}, {"Cast", "Dropout", "Reshape", "Identity", "Slice"}, upstream=False, depth=5)
+
+
 FAMILY = Family(
     name="attention",
     passes=(RulePass([*sdpa.RULES, *flat_heads.RULES, *keys_transposed.RULES]), RulePass([*onnx_op.RULES, *contrib.RULES]),
@@ -45,5 +63,9 @@ FAMILY = Family(
     sites=(
         SiteSignature("an attention op", frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention"})),
         SiteSignature("MatMul -> Softmax -> MatMul", frozenset({"Softmax"}), _scores_softmax),
+        SiteSignature("attention with sinks (Softmax over Concat(scores, per-head sink logits), the sink "
+                      "column sliced off before the MatMul with V): the Attention op has no sink input, so "
+                      "the extra per-head term in the softmax denominator cannot be fused",
+                      frozenset({"Softmax"}), _sink_softmax),
     ),
 )

@@ -9,14 +9,14 @@ from otfuse.rewriter.sites import SiteSignature
 
 
 def _squared_mean(scan, node) -> bool:
-    """ReduceMean(x*x) or ReduceMean(Pow(x, 2)) whose result goes through Add (eps) into Sqrt:
-    the RMS of x, or the variance of a centred x."""
+    """ReduceMean(x*x) or ReduceMean(Pow(x, 2)) whose result goes through Add (eps) into Sqrt
+    (or a Pow: Gemma 3n's ``pow(mean + eps, -0.5)``): the RMS of x, or the variance of a centred x."""
     square = scan.parent(node)
     if square is None or square.op_type not in ("Pow", "Mul"):
         return False
     if square.op_type == "Mul" and square.input[0] != square.input[1]:
         return False
-    return scan.reaches(node, {"Sqrt", "Rsqrt"}, {"Add", "Cast"}, upstream=False, depth=3)
+    return scan.reaches(node, {"Sqrt", "Rsqrt", "Pow"}, {"Add", "Cast"}, upstream=False, depth=3)
 
 FAMILY = Family(
     name="norm",
@@ -26,7 +26,7 @@ FAMILY = Family(
         SiteSignature("a normalisation op", frozenset({
             "LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization",
             "SkipLayerNormalization", "SkipSimplifiedLayerNormalization"})),
-        SiteSignature("a mean of squares under a square root (RMS or variance)", frozenset({"ReduceMean"}),
+        SiteSignature("a mean of squares under a square root or a power (RMS or variance)", frozenset({"ReduceMean"}),
                       _squared_mean),
     ),
 )

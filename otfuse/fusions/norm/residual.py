@@ -61,6 +61,35 @@ def reshaped_output(helpers: Helpers, merge: onnx.NodeProto, y: str):
     return unmerged
 
 
+def _rotated_half(graph: GraphIndex, value: str) -> bool:
+    """``value`` is a rotate_half / rotate_every_two: a Concat (through a Reshape: the interleaved
+    stack) with a Neg among its inputs (through an Unsqueeze)."""
+    node = graph.producer.get(value)
+    if node is not None and node.op_type == "Reshape":
+        node = graph.producer.get(node.input[0])
+    if node is None or node.op_type != "Concat":
+        return False
+    for name in node.input:
+        part = graph.producer.get(name)
+        if part is not None and part.op_type == "Unsqueeze":
+            part = graph.producer.get(part.input[0])
+        if part is not None and part.op_type == "Neg":
+            return True
+    return False
+
+
+def is_rotation_sum(graph: GraphIndex, a: str, b: str) -> bool:
+    """``a + b`` is a rotary embedding's ``x*cos + rotate(x)*sin``: one operand a product of a
+    rotated x (HunYuan normalises the rotated q and k per head: that sum is no residual, and
+    absorbing it would leave the rotation unfused)."""
+    for value in (a, b):
+        product = graph.producer.get(value)
+        if product is not None and product.op_type == "Mul" and any(
+                _rotated_half(graph, name) for name in product.input):
+            return True
+    return False
+
+
 def _residual_add(graph: GraphIndex, x: str) -> tuple[onnx.NodeProto, list[onnx.NodeProto]] | None:
     """The Add of two computed values that ``x`` is, or comes from through view ops, and those ops."""
     path: list[onnx.NodeProto] = []
@@ -69,6 +98,8 @@ def _residual_add(graph: GraphIndex, x: str) -> tuple[onnx.NodeProto, list[onnx.
         if node.op_type == "Add" and len(node.input) == 2:
             if any(not name or graph.is_constant(name) for name in node.input):
                 return None  # a bias, not a residual
+            if is_rotation_sum(graph, node.input[0], node.input[1]):
+                return None  # a rotation's sum, not a residual
             return node, path
         if node.op_type not in _VIEWS or not node.input:
             return None

@@ -49,11 +49,14 @@ def _plus_epsilon(mean) -> Either:
 def _rms_normalized(x) -> Either:
     xf = _as_float32(x)
     square = Either(op.Pow(xf, Const("two", where=scalar_equal(2.0))), op.Mul(xf, xf))
-    std = op.Sqrt(_plus_epsilon(_reduce_mean(square, "reduce", "axes")))
+    variance = _plus_epsilon(_reduce_mean(square, "reduce", "axes"))
+    std = op.Sqrt(variance)
     return Either(
         op.Mul(xf, op.Reciprocal(std), _bind="normalized"),
         op.Mul(xf, op.Div(Const("one", where=scalar_equal(1.0)), std), _bind="normalized"),
         op.Div(xf, std, _bind="normalized"),
+        # Gemma 3n: x * torch.pow(mean(x²) + eps, -0.5) (a power, "over sqrt or rsqrt")
+        op.Mul(xf, op.Pow(variance, Const("minus_half", where=scalar_equal(-0.5))), _bind="normalized"),
     )
 
 
@@ -109,6 +112,7 @@ class _Form:
     allow: OpAllowList | None = None
     # A plain form: the residual form's pattern and rule name, to report a residual Add it missed.
     downgrade_of: tuple[Pattern, str] | None = None
+    unit_scale: bool = False  # no weight at all (Gemma 3n's v_norm): fused with a scale of ones
 
 
 def _x_value(form: _Form, match: Match) -> str:
@@ -202,6 +206,8 @@ def _require_residual(graph: GraphIndex, a: str, b: str) -> None:
     rather than a refused (and reported) one."""
     if (graph.is_constant(a) or graph.is_constant(b)) and graph.rank(a) != graph.rank(b):
         raise NotCandidate("an Add of a broadcast constant (a bias), not a residual")
+    if residual.is_rotation_sum(graph, a, b):
+        raise NotCandidate("a rotary embedding's x*cos + rotate(x)*sin, not a residual: the rope family's")
     checks.require_same_shape(graph, a, b)
 
 
@@ -220,6 +226,8 @@ def _analyse(form: _Form, ctx: RewriteContext, match: Match) -> Fusion:
     if match.has("merge"):
         residual.require_rows_kept(graph, match.node("merge"), axis)
     epsilon = _epsilon(form, graph, match)
+    if form.unit_scale:
+        return _unscaled(graph, form, match, x, axis, epsilon)
     if wide.is_wide_scale(graph, form, match, x, axis):
         return wide.normalisation_only(graph, form.op, match, x, axis, epsilon)
     if wide.is_modulation(graph, form, match, x, axis):
@@ -251,6 +259,40 @@ def _analyse(form: _Form, ctx: RewriteContext, match: Match) -> Fusion:
     call = form.op(**named, scale=_scale_input(graph, match, x, axis), Y=y, epsilon=epsilon, axis=axis)
     partial = residual.unabsorbed_residual(graph, x, root, *form.downgrade_of) if form.downgrade_of else ()
     return Fusion(call, covers, helpers, partial=partial)
+
+
+def _unscaled(graph: GraphIndex, form: _Form, match: Match, x: str, axis: int, epsilon: float) -> Fusion:
+    """A norm with no weight (``RMSNorm(with_scale=False)``): the fused node's scale is ones. A
+    normalised value that a Mul reads is left to the scaled rules (they ran first at that Mul: a
+    refusal of theirs is the report's, not a reason to drop the scale)."""
+    root = match.root
+    readers = list(graph.uses(root.output[0]))
+    readers += [after for cast in readers if cast.op_type == "Cast" for after in graph.uses(cast.output[0])]
+    if any(user.op_type in ("Mul", "Add") for user in readers):
+        raise NotCandidate("the normalised value is scaled or shifted: the scaled forms' site")
+    if graph.elem_type(root.output[0]) != graph.elem_type(x):
+        raise NotCandidate("the chain's value before its Cast back: the Cast is the norm's output")
+    dims = checks.row_shape(graph, x, axis)
+    if dims is None:
+        raise Refuse(f"the normalised dims of {x!r} are not static: no scale of ones to give the fused node")
+    ones = NewTensor(f"{root.output[0]}/unit_scale", value=np.ones(dims, dtype=np.float32))
+    call = form.op(X=x, scale=ones, Y=root.output[0], epsilon=epsilon, axis=axis)
+    return Fusion(call, match.covered, Helpers(root), partial=_scale_after_view(graph, root.output[0]))
+
+
+def _scale_after_view(graph: GraphIndex, y: str) -> tuple[tuple[str, str], ...]:
+    """A weight applied after the normalised groups are viewed back (Mamba2's grouped gated
+    RMSNorm: ``weight * y_groups.view(..., hidden)``): reported, the Mul stays after the node."""
+    for user in graph.uses(y):
+        if user.op_type not in ("Reshape", "Cast"):
+            continue
+        for scaled in graph.uses(user.output[0]):
+            if scaled.op_type == "Mul":
+                return (("scale", f"the weight {scaled.name or scaled.output[0]!r} multiplies the normalised "
+                                  f"value after the {user.op_type} {user.name or user.output[0]!r} (normalised "
+                                  f"in groups, scaled whole): the fused node normalises with a unit scale and "
+                                  f"that Mul stays after it"),)
+    return ()
 
 
 def _rule(name: str, form: _Form, pattern) -> Rule:
@@ -288,6 +330,9 @@ def _function_body(x) -> Either:
 LAYER_NORM_FUNCTION_BODY = _rule("LayerNorm(function body)", _Form(ops.LayerNorm), _function_body(Var("x")))
 ADD_RMS_NORM, RMS_NORM = _rule_pair("RMSNorm", _Form(ops.RMSNorm), _Form(ops.AddRMSNorm, residual=True),
                                     _rms_spelled)
+RMS_NORM_UNSCALED = _rule("RMSNorm(no scale)", _Form(ops.RMSNorm, unit_scale=True),
+                          Either(op.Cast(_rms_normalized(Var("x")), to=ANY, _bind="cast_out"),
+                                 _rms_normalized(Var("x"))))
 ADD_LAYER_NORM, LAYER_NORM = _rule_pair("LayerNorm", _Form(ops.LayerNorm), _Form(ops.AddLayerNorm, residual=True),
                                         _layer_spelled)
 
@@ -336,6 +381,7 @@ ADD_RMS_NORMALIZATION, RMS_NORMALIZATION = _rule_pair(
 RULES: list[Rule] = [
     ADD_RMS_NORM,
     RMS_NORM,
+    RMS_NORM_UNSCALED,
     ADD_LAYER_NORM,
     LAYER_NORM,
     LAYER_NORM_FUNCTION_BODY,

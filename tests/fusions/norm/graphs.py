@@ -12,8 +12,9 @@ from graphs import F32, OPSET, GraphBuilder
 def rms_norm(b: GraphBuilder, x: str, hidden: int, *, eps=1e-6, weight=None, dtype=np.float32,
              cast=False, square="pow", inverse="reciprocal", axes=(-1,), axes_as_input=True,
              weight_first=True, keepdims=1, exponent=2.0, eps_const=True, weight_before_reduce=False,
-             gemma=False) -> str:
-    """weight * (x / sqrt(mean(x^2) + eps)), spelled with the chosen ops."""
+             gemma=False, power=-0.5, scaled=True) -> str:
+    """weight * (x / sqrt(mean(x^2) + eps)), spelled with the chosen ops (inverse "pow": Gemma 3n's
+    x * pow(mean + eps, power); scaled=False: no weight at all)."""
     rng = np.random.default_rng(0)
     weight = weight if weight is not None else (1 + 0.1 * rng.standard_normal(hidden)).astype(dtype)
     w = b.const(weight, "weight")
@@ -26,8 +27,11 @@ def rms_norm(b: GraphBuilder, x: str, hidden: int, *, eps=1e-6, weight=None, dty
     else:
         ms = b.node("ReduceMean", [sq], axes=list(axes), keepdims=keepdims)
     eps_name = b.const(np.float32(eps), "eps") if eps_const else b.input("eps_in", F32, [])
-    std = b.node("Sqrt", [b.node("Add", [ms, eps_name])])
-    if inverse == "reciprocal":
+    variance = b.node("Add", [ms, eps_name])
+    std = b.node("Sqrt", [variance]) if inverse != "pow" else None
+    if inverse == "pow":
+        normed = b.node("Mul", [xf, b.node("Pow", [variance, b.const(np.float32(power))])])
+    elif inverse == "reciprocal":
         normed = b.node("Mul", [xf, b.node("Reciprocal", [std])])
     elif inverse == "div_one":
         normed = b.node("Mul", [xf, b.node("Div", [b.const(np.float32(1.0)), std])])
@@ -35,6 +39,8 @@ def rms_norm(b: GraphBuilder, x: str, hidden: int, *, eps=1e-6, weight=None, dty
         normed = b.node("Div", [xf, std])
     if cast:
         normed = b.node("Cast", [normed], to=helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
+    if not scaled:
+        return normed
     if gemma:
         w = b.node("Add", [b.const(np.asarray(1.0, dtype=dtype)), w])
     return b.node("Mul", [w, normed] if weight_first else [normed, w])
