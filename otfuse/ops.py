@@ -241,11 +241,12 @@ ATTENTION_ATTRIBUTES = (
 _ATTENTION_TAIL = (Input("attn_bias", (T, "float32"), optional=True),
                    Input("key_padding_mask", ("int64", "int32", "bool"), optional=True),
                    Input("past_key", optional=True), Input("past_value", optional=True),
-                   Input("alibi_slopes", ("float32",), optional=True))
+                   Input("alibi_slopes", ("float32",), optional=True),
+                   Input("sinks", ("float32",), optional=True))
 _ATTENTION_OUTPUTS = (Output("Y"), Output("present_key", optional=True), Output("present_value", optional=True))
 
 Attention = _op("Attention", "attention", [Input("Q"), Input("K"), Input("V"), *_ATTENTION_TAIL],
-                _ATTENTION_OUTPUTS, ATTENTION_ATTRIBUTES, "softmax(scale * Q K^T + ALiBi + bias, masked) V")
+                _ATTENTION_OUTPUTS, ATTENTION_ATTRIBUTES, "softmax(scale * Q K^T + ALiBi + bias, masked; + sink_h in the denominator) V")
 RopeAttention = _op("RopeAttention", "attention",
                     [Input("Q"), Input("K"), Input("V"), Input("cos", _TABLE), Input("sin", _TABLE), *_ATTENTION_TAIL],
                     _ATTENTION_OUTPUTS,

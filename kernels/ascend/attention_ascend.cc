@@ -67,6 +67,12 @@ constexpr int64_t kMaxHeadDim = 512;      // "the D axis can be less than or equ
 constexpr int64_t kMaxGroup = 64;         // anchors.md §3: numHeads / numKeyValueHeads <= 64
 constexpr int64_t kMaxBatch = 65536;      // "The B axis must be less than or equal to 65536"
 constexpr int64_t kAllTokens = 2147483647;
+// Attention sinks are not mapped (docs/ops.md, "Ascend mapping"): V3 has no sink input; V4/V5's
+// learnableSinkOptional is documented as (Q_N) bfloat16 (float16 in later revisions), V_D 64/128
+// only, without PSE or left padding, and its formula is not stated.
+constexpr const char* kNoSinks =
+    "attention sinks are not mapped to aclnnFusedInferAttentionScoreV3, which has no sink input (V4/V5's "
+    "learnableSinkOptional takes bfloat16/float16 sinks, V_D 64/128 only, no PSE or left padding)";
 
 using Layout = AttentionLayout;
 
@@ -228,6 +234,8 @@ class AscendAttentionKernel {
     // What aclnnFusedInferAttentionScoreV3 cannot express, known from the attributes alone.
     const char* cpu = " (run this node on CPU: leave it out of the CANN session, or fuse without the attention family)";
     if (softcap > 0.0f) throw Error(std::string("aclnnFusedInferAttentionScoreV3 has no logit soft-capping (softcap > 0)") + cpu);
+    // The node names a sinks input (the last one: ops.py drops trailing empty inputs).
+    if (info.InputCount() > kIn.sinks) throw Error(std::string(kNoSinks) + cpu);
     if (num_heads_ > kMaxHeads) {
       throw Error("aclnnFusedInferAttentionScoreV3 takes at most 256 query heads, num_heads = " +
                   std::to_string(num_heads_) + cpu);
@@ -582,6 +590,9 @@ RunInputs AscendAttentionKernel<kRope, kPlacement, kFp32>::ReadInputs(const Kern
     throw Error("aclnnFusedInferAttentionScoreV3 takes one pseShift: alibi_slopes together with attn_bias is not "
                 "mapped (run this node on CPU: leave it out of the CANN session, or fuse without the attention "
                 "family)");
+  }
+  if (ctx.Input(kIn.sinks)) {
+    throw Error(std::string(kNoSinks) + " (run this node on CPU: leave it out of the CANN session)");
   }
   r.pad = ReadKeyPaddingMask(ctx, kIn.key_mask, r.batch, r.skv);
   r.product = ClassifySoc(rt_->SocName());

@@ -156,6 +156,16 @@ std::optional<InputTensor> ReadAlibiSlopes(const KernelContext& ctx, size_t inde
   return slopes;
 }
 
+std::optional<InputTensor> ReadSinks(const KernelContext& ctx, size_t index, int64_t num_heads) {
+  std::optional<InputTensor> sinks = ctx.Input(index);
+  if (!sinks) return sinks;
+  if (sinks->type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
+    throw Error(std::string("sinks has element type ") + ElementTypeName(sinks->type) + "; expected float32");
+  }
+  ExpectShape("sinks", sinks->shape, "[num_heads]", Shape{num_heads});
+  return sinks;
+}
+
 AttentionRotaryTables ReadAttentionRotaryTables(const KernelContext& ctx, size_t cos_index, size_t sin_index,
                                                 ONNXTensorElementDataType q_type) {
   AttentionRotaryTables tables{RequiredInput(ctx, cos_index, "cos"), RequiredInput(ctx, sin_index, "sin")};

@@ -67,6 +67,8 @@ std::optional<InputTensor> ReadAttnBias(const KernelContext& ctx, size_t index, 
 std::optional<InputTensor> ReadKeyPaddingMask(const KernelContext& ctx, size_t index, int64_t batch, int64_t skv);
 // alibi_slopes: float32 [num_heads].
 std::optional<InputTensor> ReadAlibiSlopes(const KernelContext& ctx, size_t index, int64_t num_heads);
+// sinks: float32 [num_heads], each finite or -inf (-inf: that head has no sink).
+std::optional<InputTensor> ReadSinks(const KernelContext& ctx, size_t index, int64_t num_heads);
 // cos and sin (required): Q's type or float32, one type and one shape.
 struct AttentionRotaryTables {
   InputTensor cos, sin;
@@ -81,7 +83,7 @@ AttentionParams ReadAttentionParams(const KernelInfo& info);
 
 // The schema of Attention (rope = false) or RopeAttention for element type T, shared by every
 // backend: Q, K, V [, cos, sin], attn_bias?, key_padding_mask?, past_key?, past_value?,
-// alibi_slopes? (float32) ->
+// alibi_slopes? (float32), sinks? (float32) ->
 // Y, present_key?, present_value?. attn_bias, cos and sin (T or float32) and key_padding_mask
 // (bool, int32 or int64) are declared UNDEFINED and checked by the kernels.
 OpSpec AttentionOpSpec(const char* name, const char* execution_provider, ONNXTensorElementDataType t, bool rope);

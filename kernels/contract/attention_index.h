@@ -9,7 +9,7 @@
 namespace otfuse {
 
 struct AttentionInputIndex {
-  size_t cos, sin, bias, key_mask, past_key, past_value, alibi_slopes;  // cos / sin: RopeAttention only (else 0)
+  size_t cos, sin, bias, key_mask, past_key, past_value, alibi_slopes, sinks;  // cos / sin: RopeAttention only (else 0)
 };
 
 template <bool kRope>
@@ -18,9 +18,10 @@ constexpr AttentionInputIndex AttentionInputs() {
   namespace plain = contract::Attention::in;
   if constexpr (kRope) {
     return {rope::kCos,    rope::kSin,     rope::kAttnBias, rope::kKeyPaddingMask,
-            rope::kPastKey, rope::kPastValue, rope::kAlibiSlopes};
+            rope::kPastKey, rope::kPastValue, rope::kAlibiSlopes, rope::kSinks};
   }
-  return {0, 0, plain::kAttnBias, plain::kKeyPaddingMask, plain::kPastKey, plain::kPastValue, plain::kAlibiSlopes};
+  return {0, 0, plain::kAttnBias, plain::kKeyPaddingMask, plain::kPastKey, plain::kPastValue, plain::kAlibiSlopes,
+          plain::kSinks};
 }
 
 }  // namespace otfuse

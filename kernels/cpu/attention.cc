@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <new>
 #include <optional>
@@ -272,6 +273,7 @@ class AttentionKernel {
     ReadBias(ctx, q.type, job);
     ReadKeyMask(ctx, job);
     ReadAlibi(ctx, job, buffers);
+    ReadSinkLogits(ctx, job);
     if constexpr (kRope) ReadRotary(ctx, q.type, qv, kv, job, rows, buffers);
     const Presents present = PlanOutputs(ctx, in, job);
     PlanTiles(job);
@@ -355,6 +357,21 @@ class AttentionKernel {
       job.alibi_key_pos = buffers.alibi_key_pos.data();
       job.alibi_round_half = alibi_round_half_;
     }
+  }
+
+  // sinks: float32 [N], each finite or -inf; the tiles start every row's online softmax from it.
+  template <typename T>
+  static void ReadSinkLogits(const KernelContext& ctx, AttentionJob<T>& job) {
+    const std::optional<InputTensor> sinks = ReadSinks(ctx, kIn.sinks, job.q_heads);
+    if (!sinks) return;
+    const float* logits = sinks->As<float>();
+    for (int64_t h = 0; h < job.q_heads; ++h) {
+      if (std::isnan(logits[h]) || logits[h] == std::numeric_limits<float>::infinity()) {
+        throw Error("sinks[" + std::to_string(h) + "] = " + std::to_string(logits[h]) +
+                    "; expected a finite number or -inf");
+      }
+    }
+    job.sinks = logits;
   }
 
   // Rotary embedding: cos/sin broadcast against Q's and K's [.., r] in the input layout.

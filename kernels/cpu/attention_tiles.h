@@ -85,6 +85,11 @@ struct AttentionJob {
   const float* alibi_key_pos;
   bool alibi_round_half;  // alibi_round = 1: the product rounded to float16 (RNE), k_pos already
 
+  // Attention sinks (docs/ops.md): [N] logits, one per query head, each finite or -inf. A row's
+  // running max starts at sinks[h] and its running sum at exp(sinks[h] - sinks[h]) = 1 (0 for
+  // -inf: no sink), so the sink joins the softmax's denominator with a zero value row. null: none.
+  const float* sinks;
+
   // Rotary embedding of the queries (RopeAttention; rotary_dim == 0: none). cos/sin rows of
   // rotary_dim elements, broadcast over Q's (b, h, i) with the strides below; lane i < rotary_dim
   // of the rotated row is cos[i]*x[i] + sin[i]*(rot_sign[i]*x[rot_src[i]]).

@@ -227,6 +227,7 @@ def attention(
     past_key: np.ndarray | None = None,
     past_value: np.ndarray | None = None,
     alibi_slopes: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
     *,
     num_heads: int,
     kv_num_heads: int | None = None,
@@ -244,7 +245,9 @@ def attention(
 
     Returns (Y, present_key, present_value). Scores, softmax and P·V are float32; Y is rounded to
     Q's type once. Rows with no visible key are 0 (`empty_rows="zero"`) or the float32 mean of V
-    over all Skv keys (`empty_rows="uniform"`; 0 when Skv = 0).
+    over all Skv keys (`empty_rows="uniform"`; 0 when Skv = 0). ``sinks`` ([N] float32): head h's
+    logit joins every row's softmax denominator as a key of value 0, so a row of a head with a
+    finite sink is never empty (it is 0 when it sees no other key); -inf is no sink.
     """
     if empty_rows not in ("zero", "uniform"):
         raise ValueError(f"empty_rows must be 'zero' or 'uniform', got {empty_rows!r}")
@@ -289,11 +292,20 @@ def attention(
             band &= t - j < window  # j > t - window, without wrapping int64 for huge windows
         visible &= band
     scores = np.where(visible, scores, _F32(-np.inf)).astype(_F32)
+    sink = np.full((1, n, 1, 1), -np.inf, _F32)
+    if sinks is not None:
+        if np.shape(sinks) != (n,):
+            raise ValueError(f"sinks shape {np.shape(sinks)} != [N] = {(n,)}")
+        sink = np.asarray(sinks, _F32).reshape(1, n, 1, 1)
+        if np.isnan(sink).any() or (sink == np.inf).any():
+            raise ValueError("sinks must be finite or -inf")
     with np.errstate(invalid="ignore"):
         m = scores.max(axis=-1, keepdims=True) if skv else np.full((b, n, sq, 1), -np.inf, _F32)
+        m = np.maximum(m, sink)  # the sink is one more key every row sees
         empty = m == -np.inf  # no visible key: the row is 0, or the mean of V over all keys
         p = np.exp(scores - np.where(empty, _F32(0), m)).astype(_F32)
-        l = p.sum(axis=-1, keepdims=True, dtype=_F32)
+        sink_p = np.where(empty | (sink == -np.inf), _F32(0), np.exp(sink - np.where(empty, _F32(0), m)))
+        l = p.sum(axis=-1, keepdims=True, dtype=_F32) + sink_p.astype(_F32)
         y = np.matmul(p, v32) / np.where(empty, _F32(1), l)
     if empty_rows == "uniform" and skv:
         fill = v32.sum(axis=2, keepdims=True, dtype=_F32) / _F32(skv)  # [B, N, 1, Dv]
@@ -320,6 +332,7 @@ def rope_attention(
     past_key: np.ndarray | None = None,
     past_value: np.ndarray | None = None,
     alibi_slopes: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
     *,
     num_heads: int,
     kv_num_heads: int | None = None,
@@ -339,7 +352,7 @@ def rope_attention(
         return rotary_embedding(x4, cos, sin, rotary_mode, rotary_dim, rotary_sections).reshape(x.shape)
 
     return attention(rotated(q, num_heads), rotated(k, kv_num_heads), v, attn_bias, key_padding_mask, past_key,
-                     past_value, alibi_slopes, num_heads=num_heads, kv_num_heads=kv_num_heads, layout=layout,
+                     past_value, alibi_slopes, sinks, num_heads=num_heads, kv_num_heads=kv_num_heads, layout=layout,
                      **attention_attrs)
 
 

@@ -212,6 +212,21 @@ def test_alibi_slopes_with_attn_bias_are_refused(library, fake):
         attention(library, "Attention", inputs, {"num_heads": 2}, True)
 
 
+@pytest.mark.parametrize("op", ["Attention", "RopeAttention"])
+def test_sinks_are_refused_with_the_reason(library, fake, op):
+    # FIA V3 has no sink input, V4/V5's learnableSinkOptional is not mapped (docs/ops.md): the
+    # node is refused before FIA is called, saying why.
+    rng = seeded("sinks", op)
+    inputs = A.qkv(rng, 1, 2, 2, 3, 3, 16, F16)
+    if op == "RopeAttention":
+        inputs["cos"] = np.ones((1, 1, 3, 16), F16)
+        inputs["sin"] = np.zeros((1, 1, 3, 16), F16)
+    inputs["sinks"] = np.array([0.5, -1.0], F32)
+    with pytest.raises(Exception, match="attention sinks are not mapped"):
+        attention(library, op, inputs, {"num_heads": 2}, True)
+    assert not fake.calls(FIA)
+
+
 def test_fully_masked_rows_are_zero(library, fake):
     rng = seeded("fully masked")
     inputs = A.qkv(rng, 1, 2, 2, 4, 4, 16, F16)

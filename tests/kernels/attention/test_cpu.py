@@ -32,8 +32,8 @@ ONNX_TYPE = {F32: TensorProto.FLOAT, F16: TensorProto.FLOAT16, BF16: TensorProto
 # float32: different summation orders (tiles, online softmax) only; half types: one output ulp.
 TOLERANCE = {F32: 2e-5, F16: 2e-3, BF16: 1.6e-2}
 NODE_NAME = "fused_attention_0"
-ATTENTION_INPUTS = ["Q", "K", "V", "attn_bias", "key_padding_mask", "past_key", "past_value", "alibi_slopes"]
-ROPE_INPUTS = ["Q", "K", "V", "cos", "sin", "attn_bias", "key_padding_mask", "past_key", "past_value", "alibi_slopes"]
+ATTENTION_INPUTS = ["Q", "K", "V", "attn_bias", "key_padding_mask", "past_key", "past_value", "alibi_slopes", "sinks"]
+ROPE_INPUTS = ["Q", "K", "V", "cos", "sin", "attn_bias", "key_padding_mask", "past_key", "past_value", "alibi_slopes", "sinks"]
 
 
 def build_model(op: str, inputs: dict, attrs: dict, outputs=("Y",)) -> onnx.ModelProto:

@@ -13,8 +13,11 @@ from .case import (BF16, BOOL, F16, F32, F64, FLOAT_TYPES, I32, I64, INT64_MAX, 
 from .rotary import ASCEND_FORM_REFUSAL, split_even
 
 OPS = ("Attention", "RopeAttention")
-ATTENTION_INPUTS = ["Q", "K", "V", "attn_bias", "key_padding_mask", "past_key", "past_value"]
-ROPE_INPUTS = ["Q", "K", "V", "cos", "sin", "attn_bias", "key_padding_mask", "past_key", "past_value"]
+ATTENTION_INPUTS = ["Q", "K", "V", "attn_bias", "key_padding_mask", "past_key", "past_value", "alibi_slopes", "sinks"]
+ROPE_INPUTS = ["Q", "K", "V", "cos", "sin", "attn_bias", "key_padding_mask", "past_key", "past_value", "alibi_slopes",
+               "sinks"]
+# The Ascend kernel refuses any sinks input (docs/ops.md, "Ascend mapping").
+ASCEND_NO_SINKS = r"attention sinks are not mapped"
 TILES = ["16x16", "5x32", "1x16", "7x48", "64x128", "3x16"]
 
 
@@ -100,7 +103,15 @@ def _cos_shape(rng: np.random.Generator, w: Draw, r: int) -> list[int]:
     return shape
 
 
-def _inputs(rng: np.random.Generator, w: Draw) -> None:
+def _sinks(rng: np.random.Generator, n: int) -> np.ndarray:
+    """One logit per head, a few units of either sign, sometimes -inf (that head has no sink)."""
+    sinks = (rng.standard_normal(n) * 3).astype(F32)
+    if chance(rng, 0.2):
+        sinks[rng.random(n) < 0.5] = -np.inf
+    return sinks
+
+
+def _inputs(rng: np.random.Generator, w: Draw, ascend: bool = False) -> None:
     t, x = w.t, w.inputs
     x["Q"] = values(rng, w.heads_shape(w.n, w.sq, w.d), t)
     x["K"] = values(rng, w.heads_shape(w.nkv, w.s_new, w.d), t)
@@ -125,6 +136,8 @@ def _inputs(rng: np.random.Generator, w: Draw) -> None:
         shape = _cos_shape(rng, w, r)
         c_type = pick(rng, [t, F32])
         x["cos"], x["sin"] = values(rng, shape, c_type), values(rng, shape, c_type)
+    if not ascend and chance(rng, 0.25):
+        x["sinks"] = _sinks(rng, w.n)
 
 
 def draw(rng: np.random.Generator, op: str, backend: str) -> Draw:
@@ -144,7 +157,7 @@ def draw(rng: np.random.Generator, op: str, backend: str) -> Draw:
              0 if chance(rng, 0.04) else int(rng.integers(1, 4)), n, nkv, sq, s_new, past, d, dv, layout,
              layout == "BSND" and chance(rng, 0.3))
     _attributes(rng, w, ascend)
-    _inputs(rng, w)
+    _inputs(rng, w, ascend)
     w.omit = frozenset(i for i in (1, 2) if chance(rng, 0.5))
     w.env = environment(rng)
     if chance(rng, 0.5):
@@ -267,6 +280,16 @@ def _mutate_extras(rng: np.random.Generator, w: Draw, mutation: str) -> str:
     if mutation == "mask_shape":
         x["key_padding_mask"] = np.ones(pick(rng, [[w.b, w.skv + 1], [w.skv], [w.b, 1, w.skv]]), bool)
         return r"key_padding_mask has shape"
+    if mutation == "sinks_shape":
+        x["sinks"] = _sinks(rng, w.n + 1)
+        return r"sinks has shape|" + ASCEND_NO_SINKS
+    if mutation == "sinks_value":
+        x["sinks"] = _sinks(rng, w.n)
+        x["sinks"][int(rng.integers(w.n))] = pick(rng, [np.nan, np.inf])
+        return r"sinks\[\d+\] = .*expected a finite number or -inf|" + ASCEND_NO_SINKS
+    if mutation == "sinks_on_ascend":  # valid sinks: refused by the Ascend kernel only
+        x["sinks"] = _sinks(rng, w.n)
+        return ASCEND_NO_SINKS
     if mutation == "mask_dtype":
         x["key_padding_mask"] = np.ones([w.b, w.skv], pick(rng, [F32, np.int8, F16]))
         return r"key_padding_mask has element type"
@@ -320,7 +343,7 @@ ROPE_ATTRIBUTE_MUTATIONS = {
 }
 SHAPE_MUTATIONS = ("q_rank", "q_heads", "k_heads", "k_d", "v_seq", "batch", "rank3_bnsd", "past_only", "past_rank",
                    "past_value_shape")
-EXTRA_MUTATIONS = ("bias_rank5", "bias_dim", "bias_dtype", "mask_shape", "mask_dtype")
+EXTRA_MUTATIONS = ("bias_rank5", "bias_dim", "bias_dtype", "mask_shape", "mask_dtype", "sinks_shape", "sinks_value")
 ROPE_EXTRA_MUTATIONS = ("cos_last", "cos_dim", "sin_shape", "cos_dtype")
 
 
@@ -338,7 +361,7 @@ def _overflowing(w: Draw, mutation: str) -> Case:
         w.attrs["kv_num_heads"] = 1
         w.inputs.update(Q=Empty((0, 2**20, 2**20, 8), w.t), K=Empty((0, 1, 1, 8), w.t),
                         V=Empty((0, 1, 1, 2**40), w.t))
-    for name in ("attn_bias", "key_padding_mask", "past_key", "past_value"):
+    for name in ("attn_bias", "key_padding_mask", "past_key", "past_value", "sinks"):
         w.inputs.pop(name, None)
     return w.case(error=r"overflow int64|at most 256 query heads", note=f"invalid: {mutation}")
 
@@ -352,6 +375,9 @@ def invalid(rng: np.random.Generator, op: str, backend: str) -> Case:
                                                                    "huge_y"])
     if w.layout == "BSND" and w.n > 1:
         mutations.append("rank3_not_multiple")
+    mutations.append("sinks_dtype")
+    if backend == "ascend" and w.t != F32:  # float32 nodes run on the CPU kernel by default
+        mutations.append("sinks_on_ascend")
     mutation = pick(rng, mutations)
     by_ort = False
     if mutation in attribute_mutations:
@@ -365,7 +391,7 @@ def invalid(rng: np.random.Generator, op: str, backend: str) -> Case:
             error += r"|has no logit soft-capping"
     elif mutation in SHAPE_MUTATIONS:
         error = _mutate_shapes(rng, w, mutation)
-    elif mutation in EXTRA_MUTATIONS + ROPE_EXTRA_MUTATIONS:
+    elif mutation in EXTRA_MUTATIONS + ROPE_EXTRA_MUTATIONS + ("sinks_on_ascend",):
         error = _mutate_extras(rng, w, mutation)
     elif mutation == "rank3_not_multiple":
         w.attrs["layout"] = "BSND"
@@ -378,6 +404,9 @@ def invalid(rng: np.random.Generator, op: str, backend: str) -> Case:
             if w.inputs.get(name) is not None:
                 w.inputs[name] = w.inputs[name].astype(F64)
         error, by_ort = X_TYPE_ERROR, True
+    elif mutation == "sinks_dtype":  # float32 only in the schema: ORT refuses the model itself
+        w.inputs["sinks"] = _sinks(rng, w.n).astype(pick(rng, [F16, F64]))
+        error, by_ort = r"Type 'tensor\(\w+\)' of input parameter \(in(8|10)\)", True
     elif mutation == "k_dtype":
         w.inputs["K"] = w.inputs["K"].astype(pick(rng, [t for t in (F16, F32, BF16) if t != w.t]))
         error, by_ort = TYPE_MISMATCH, True
