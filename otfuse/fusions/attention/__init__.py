@@ -38,8 +38,8 @@ def _scores_softmax(scan, node) -> bool:
 
 def _sink_softmax(scan, node) -> bool:
     """gpt-oss's attention sinks: Softmax over Concat(scores, a per-head logit) (through the max
-    subtraction), the last column dropped by a Slice before the probabilities multiply V. The
-    sink adds exp(sink_h) to every row's denominator: no Attention input says that (docs/ops.md)."""
+    subtraction), the last column dropped by a Slice before the probabilities multiply V. Fused
+    with the op's ``sinks`` input when chain_checks.sinks proves it; a site left is reported."""
     concat = scan.parent(node)
     for _ in range(3):  # Sub(·, ReduceMax(·)), Cast
         if concat is None or concat.op_type not in ("Sub", "Cast"):
@@ -64,8 +64,6 @@ FAMILY = Family(
         SiteSignature("an attention op", frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention"})),
         SiteSignature("MatMul -> Softmax -> MatMul", frozenset({"Softmax"}), _scores_softmax),
         SiteSignature("attention with sinks (Softmax over Concat(scores, per-head sink logits), the sink "
-                      "column sliced off before the MatMul with V): the Attention op has no sink input, so "
-                      "the extra per-head term in the softmax denominator cannot be fused",
-                      frozenset({"Softmax"}), _sink_softmax),
+                      "column sliced off before the MatMul with V)", frozenset({"Softmax"}), _sink_softmax),
     ),
 )

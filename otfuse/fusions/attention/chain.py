@@ -3,7 +3,8 @@ dynamo or TorchScript exporter, eager code), as patterns:
 
     q [B,N,S,D] -> [Mul scale] ------------------------------\\
     k [B,Nkv,S,D] -> [Concat(past, k)] -> [repeat_kv] -> Kᵀ -> [Mul scale] -> MatMul -> [Mul|Div scale]
-        -> [softcap] -> [Where(cond, s, fill)] -> [Add mask] -> Softmax(-1) -> [Where(IsNaN(p), 0, p)
+        -> [softcap] -> [Where(cond, s, fill)] -> [Add mask] -> [Concat(·, sinks) -> [- row max]]
+        -> Softmax(-1) -> [Slice(·, [..., :-1]) after sinks] -> [Where(IsNaN(p), 0, p)
         or ONNX's Where(ReduceMax(mask) == -inf, 0, p)]
         (or [Add mask] -> [Where(cond, s, fill)])
         -> MatMul(·, repeat_kv(v)) -> [Transpose]
@@ -107,7 +108,28 @@ def _probabilities(scores):
     in_float = op.Cast(op.Softmax(widened, _bind="softmax"), _bind="softmax_narrow")
     round_trip = op.Cast(op.Cast(plain, _bind="softmax_widen"), _bind="softmax_narrow")
     never_narrowed = op.Softmax(widened, _bind="softmax")  # refused by the rule, with its reason
-    return Either(in_float, round_trip, plain, never_narrowed)
+    # gpt-oss's attention sinks: the Softmax over Concat(masked scores, sink logits), its last
+    # column dropped before P·V (TorchScript between its two Casts, checked as the round trip).
+    sink_plain = _sink_dropped(op.Softmax(_with_sink(masked), _bind="softmax"))
+    sink_round_trip = op.Cast(_sink_dropped(op.Cast(op.Softmax(_with_sink(masked), _bind="softmax"),
+                                                    _bind="softmax_widen")), _bind="softmax_narrow")
+    return Either(in_float, round_trip, plain, never_narrowed, sink_plain, sink_round_trip)
+
+
+def _with_sink(masked):
+    """gpt-oss's ``cat([scores, sinks], -1)``, optionally minus its row max (``combined -
+    combined.max(-1, keepdim=True)``): ``Sub(c, ReduceMax(c))`` of the one Concat (the axes, the
+    sink logits and the ReduceMax are checked by the rule: chain_checks.sinks)."""
+    combined = op.Concat(masked, Var("sink_logits"), axis=ANY, _bind="sink_concat")
+    row_max = op.ReduceMax(combined, Either(Const("sink_max_axes"), Absent()), _optional_tail=True,
+                           _bind="sink_max")
+    return Either(op.Sub(combined, row_max, _bind="sink_shift"), combined)
+
+
+def _sink_dropped(probs):
+    """``probs[..., :-1]``: the sink's column sliced off (the bounds are checked by the rule)."""
+    return op.Slice(probs, Const("sink_starts"), Const("sink_ends"), Either(Const("sink_axes"), Absent()),
+                    Either(Const("sink_steps"), Absent()), _optional_tail=True, _bind="sink_slice")
 
 
 def _rows_all_masked():

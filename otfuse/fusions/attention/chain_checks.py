@@ -248,10 +248,15 @@ def require_mask(graph: GraphIndex, mask: str, target: tuple) -> None:
 
 
 def mask_inputs(ctx: RewriteContext, match: Match, attributes: dict, helpers: Helpers,
-                scores: tuple) -> tuple[Value, Value]:
+                scores: tuple, sinks: bool = False) -> tuple[Value, Value]:
     """(attn_bias, key_padding_mask): the graph's mask as causal/window/padding when masks.py
     can prove what it computes for these ``scores`` (their [B, N, Sq, Skv]; ``attributes``
-    updated), else as an additive bias (reported); ONNX Attention's all-zero bias is none."""
+    updated), else as an additive bias (reported); ONNX Attention's all-zero bias is none.
+    With attention ``sinks`` a row the mask hides entirely puts all its weight on the sink (0 in
+    the op, whatever ``empty_rows``): in the graph too when the mask's fill is -inf or absorbs
+    the scores (<= -1e30: ``s + fill`` rounds to ``fill`` and ``exp(fill - sink)`` is 0 for
+    ``|sink| <= 1e20``, chain_checks.sinks); a weaker finite fill keeps the mask as the bias,
+    which the op adds as the graph does (exact)."""
     if match.has("fill_where"):
         return _filled_mask_inputs(ctx, match, attributes, helpers, scores)
     if not match.has("mask") or zero_filled(ctx.graph, match.value("mask")):
@@ -261,7 +266,15 @@ def mask_inputs(ctx: RewriteContext, match: Match, attributes: dict, helpers: He
     except Refuse as refusal:
         _report_unclaimed(ctx, match.value("mask"), refusal)
         return match.value("mask"), ""
-    attributes.update(causal=int(claim.causal), window=claim.window, empty_rows=claim.empty_rows)
+    if sinks and claim.empty_rows == "uniform":
+        if claim.fill is None or not claim.fill <= _FILL_ABSORBS_SCORES:
+            ctx.fused_less_than_fully(
+                "mask kept as a materialised attn_bias",
+                f"with attention sinks a row the mask hides entirely is 0 in the op; in the graph only when the "
+                f"mask's fill absorbs the scores (<= {_FILL_ABSORBS_SCORES:g}), and this one's is {claim.fill}")
+            return match.value("mask"), ""
+    empty_rows = "zero" if sinks else claim.empty_rows  # every row sees the sink (docs/ops.md)
+    attributes.update(causal=int(claim.causal), window=claim.window, empty_rows=empty_rows)
     return "", claim.key_padding or ""
 
 
@@ -309,3 +322,85 @@ def _filled_mask_inputs(ctx: RewriteContext, match: Match, attributes: dict,
     if mask is not None:
         bias = helpers.node("Add", [bias, mask])
     return bias, ""
+
+
+# A sink logit at most this large: every finite fill the mask claims (<= -1e30) still masks a key
+# next to it (exp(fill - sink) is 0 in float32), and exp(s - sink) cannot overflow for scores the
+# exporters' masks leave finite.
+_SINK_BOUND = 1e20
+
+
+def sinks(graph: GraphIndex, match: Match, heads: int) -> np.ndarray:
+    """gpt-oss's attention sinks (chain.py ``_with_sink``/``_sink_dropped``) as the op's float32 ``[N]``
+    ``sinks``, proven: the Concat joins the key axis of the rank-4 scores and the sink logits come
+    second, one column wide (the dimension engine's last dim is a literal 1); the logits are a
+    constant read through ``Expand`` (value-preserving broadcasts) whose dims right-aligned to 4-D
+    are ``[1, N or 1, 1, 1]`` (one logit per head, the same for every batch row and query row),
+    finite and at most ``1e20`` in magnitude; the ReduceMax subtracted before the Softmax (softmax
+    is shift-invariant along its axis) reduces exactly the key axis keeping it; the Slice after it
+    keeps ``[0, -1)`` of the key axis with step 1, i.e. drops exactly the sink column. The matcher
+    already refused any other reader of the interior values (the concatenated logits, the
+    probabilities with the sink column)."""
+    concat = match.node("sink_concat")
+    rank = graph.rank(concat.output[0])
+    if rank != 4 or attr(concat, "axis") not in (-1, 3):
+        raise Refuse(f"the sink Concat {concat.name!r} joins axis {attr(concat, 'axis')} of a rank-{rank} tensor, "
+                     f"not the keys")
+    logits = match.value("sink_logits")
+    shape = graph.shape(logits)
+    if shape is None or len(shape) != 4 or shape[-1] != 1:
+        raise Refuse(f"the sink logits {logits!r} have shape {shape}: not one column [B, N, Sq, 1]")
+    source = logits
+    while (node := graph.producer.get(source)) is not None and node.op_type == "Expand":
+        source = node.input[0]
+    value = graph.constant_value(source) if graph.is_constant(source) else None
+    if value is None:
+        raise Refuse(f"the sink logits {logits!r} are computed from the graph's inputs, not a constant per head")
+    value = np.asarray(value)
+    if value.ndim > 4 or value.dtype.kind != "f":
+        raise Refuse(f"the sink logits {source!r} are a {value.dtype} constant of shape {list(value.shape)}")
+    dims = (1,) * (4 - value.ndim) + value.shape
+    value4 = value.reshape(dims)
+    if dims[3] != 1 or dims[1] not in (1, heads) or not np.array_equal(
+            value4, np.broadcast_to(value4[:1, :, :1, :], dims), equal_nan=True):
+        raise Refuse(f"the sink logits {source!r} (dims {list(dims)} right-aligned to [B, N, Sq, 1]) are not one "
+                     f"value per head: they vary along the batch or the query rows, or hold {dims[1]} heads "
+                     f"for {heads}")
+    per_head = value4[0, :, 0, 0].astype(np.float64)
+    logits32 = np.broadcast_to(per_head, (heads,)).astype(np.float32)
+    if not np.array_equal(logits32.astype(np.float64), np.broadcast_to(per_head, (heads,))):
+        raise Refuse(f"the sink logits {source!r} are not exact in float32")
+    if not np.all(np.isfinite(logits32)) or np.any(np.abs(logits32) > _SINK_BOUND):
+        raise Refuse(f"the sink logits {logits32.tolist()} are not all finite and within ±{_SINK_BOUND:g}")
+    if match.has("sink_max"):
+        _require_key_max(graph, match)
+    _require_sink_slice(graph, match)
+    return logits32
+
+
+def _require_key_max(graph: GraphIndex, match: Match) -> None:
+    row_max = match.node("sink_max")
+    axes = ([int(a) for a in graph.constant_value(match.value("sink_max_axes")).reshape(-1)]
+            if match.has("sink_max_axes") else attr(row_max, "axes"))
+    if axes is None or len(axes) != 1 or axes[0] not in (-1, 3):
+        raise Refuse(f"the ReduceMax {row_max.name!r} subtracted before the Softmax reduces axes {axes}, not the keys")
+    if attr(row_max, "keepdims", 1) != 1 or attr(row_max, "noop_with_empty_axes", 0) != 0:
+        raise Refuse(f"the ReduceMax {row_max.name!r} subtracted before the Softmax drops the reduced axis")
+
+
+def _require_sink_slice(graph: GraphIndex, match: Match) -> None:
+    node = match.node("sink_slice")
+
+    def ints(name: str, default=None):
+        if not match.has(name):
+            return default
+        return [int(x) for x in np.asarray(graph.constant_value(match.value(name))).reshape(-1)]
+
+    starts, ends = ints("sink_starts"), ints("sink_ends")
+    axes, steps = ints("sink_axes", [0] * len(starts)), ints("sink_steps", [1] * len(starts))
+    if graph.rank(node.input[0]) != 4 or len(starts) != 1 or len(ends) != 1 or len(axes) != 1 or len(steps) != 1 \
+            or axes[0] not in (-1, 3):
+        raise Refuse(f"the Slice {node.name!r} after the Softmax cuts axes {axes}, not the key axis alone")
+    if starts != [0] or ends != [-1] or steps != [1]:
+        raise Refuse(f"the Slice {node.name!r} keeps [{starts[0]}:{ends[0]}:{steps[0]}] of the keys and the sink, "
+                     f"not [0:-1]: it does not drop exactly the sink column")

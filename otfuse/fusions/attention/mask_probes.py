@@ -39,6 +39,9 @@ class MaskClaim:
     # (Sq, Skv) when the mask could run at that one size only (a static export): the claim holds
     # there, so the attention's query / key lengths must be those numbers (require_lengths).
     lengths: tuple[int, int] | None = None
+    # The finite (or -inf) value the mask adds to a hidden key, in the mask's type, when known
+    # (attention sinks need it to absorb the scores: chain_checks.mask_inputs).
+    fill: float | None = None
 
 
 def require_lengths(claim: MaskClaim, scores: tuple) -> None:

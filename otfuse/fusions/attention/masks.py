@@ -74,7 +74,8 @@ def classify_mask(graph: GraphIndex, mask: str, memo: dict, scores: tuple) -> Ma
             return claim_by_running(graph, mask, str(unread))
         fill = _in_type_of(graph, mask, fill)  # float32's minimum is -inf in float16
         empty_rows = "uniform" if np.isfinite(fill) else "zero"
-        return _claim(graph, mask, conditions, empty_rows, lambda got: _visible_where_zero(got, fill), memo)
+        return replace(_claim(graph, mask, conditions, empty_rows, lambda got: _visible_where_zero(got, fill), memo),
+                       fill=float(fill))
 
     found = _memoised(memo, ("mask", mask), claim)
     require_lengths(found, scores)

@@ -62,7 +62,7 @@ def claim_by_running(graph: GraphIndex, mask: str, unread: str) -> MaskClaim:
         if unprobed or fill.value is None:
             raise Refuse(f"{unread}, and it holds {unprobed[0] if unprobed else 'no fill'}, longer than the sequences "
                          f"otfuse runs it at ({LARGEST_PROBED_OFFSET})")
-        return MaskClaim(causal, 0, key_padding, "uniform", lengths)
+        return MaskClaim(causal, 0, key_padding, "uniform", lengths, float(fill.value))
     if padding and _padding_for_binary_values_only(graph, mask, padding, numbers):
         raise Refuse(f"{unread}, and it is key padding by {padding!r} only where that mask holds 0 or 1: it "
                      f"computes 1 - m (BART's mask builder), so a 3 there masks a key that key_padding_mask attends")

@@ -131,6 +131,8 @@ def _check_chain(ctx: RewriteContext, layout: Layout, match: Match, dims: Dims) 
             raise Refuse(f"the NaN guard fills {nan_fill}, not 0")
     if match.has("row_guard"):
         chain.require_row_guard(graph, match)
+    if match.has("sink_concat") and match.has("fill_where"):
+        raise Refuse("attention sinks after a Where fill of the scores: not read")
     if graph.elem_type(match.root.output[0]) != elem:
         raise Refuse("the output type differs from q's")
 
@@ -175,7 +177,10 @@ def analyse_sdpa(layout: Layout, ctx: RewriteContext, match: Match) -> Fusion:
     if slopes is not None:
         named["alibi_slopes"], named["key_padding_mask"] = slopes
     else:
-        named["attn_bias"], named["key_padding_mask"] = chain.mask_inputs(ctx, match, attributes_, helpers, scores)
+        named["attn_bias"], named["key_padding_mask"] = chain.mask_inputs(ctx, match, attributes_, helpers, scores,
+                                                                          sinks=match.has("sink_concat"))
+    if match.has("sink_concat"):  # gpt-oss: proven per-head constant logits, the sink column dropped
+        named["sinks"] = helpers.constant(chain.sinks(ctx.graph, match, dims["N"]), f"{root.output[0]}/sinks")
     outputs = {"Y": root.output[0]}
     if match.has("k_cache"):
         named.update(past_key=match.value("past_k"), past_value=match.value("past_v"))
