@@ -15,6 +15,13 @@ An additive ``attn_bias`` is passed as the mask when no other mask is set. Group
 takes them; ORT's MultiHeadAttention needs ``Nkv = N``, so K and V are repeated per query head
 (a copy; ``present_*`` keep ``Nkv`` heads). ``softcap``: ONNX's op (applied before the mask, as
 otfuse's); ORT's MultiHeadAttention has none.
+``sinks``: ORT's GroupQueryAttention ``head_sink`` (input 11: ``max(row max, sink_h)`` as the
+softmax's shift and ``exp(sink_h - max)`` added to its denominator after the bias, so a row its
+``attention_bias`` hides entirely is 0: otfuse's contract, measured with ORT 1.32's CPU kernel,
+tests/targets/test_sinks.py), only where GroupQueryAttention is written (no past, queries as long
+as the keys, values of the keys' head size) and, in float16, for sinks that are constants exact in
+float16 (``head_sink`` is in the attention's type). MultiHeadAttention and ONNX's ``Attention`` have
+no sink input: those sites stay unfused, saying why.
 """
 
 from __future__ import annotations
@@ -262,6 +269,13 @@ def _attend(em: Emitter, call: FusedCall, q: str, k: str, target: str) -> None:
     if a["scale"] < 0:
         raise CannotExpress(f"scale {a['scale']}")
     scale = float(a["scale"]) if a["scale"] else None
+    if call.input("sinks") and target == "onnx":
+        raise CannotExpress("attention sinks (a per-head logit in the softmax's denominator): ONNX's Attention "
+                            "op has no sink input")
+    if call.input("sinks") and not _group_query_fits(em, call):
+        raise CannotExpress("attention sinks with a KV cache, queries not as long as the keys or values of another "
+                            "head size (MultiHeadAttention has no sink input; GroupQueryAttention's head_sink is "
+                            "written only where it reads no past here)")
     kall, vall, _, _ = _keys(em, call, k, heads=kv_heads)
     q4 = _bnsd(em, q, a["layout"], heads, call.input("Q"))
     if target == "ort" and _group_query_fits(em, call) and _own_causal(call):
@@ -302,7 +316,7 @@ def _group_query_fits(em: Emitter, call: FusedCall) -> bool:
     without a past (its past with several queries wants batch 1), queries as long as the keys (its
     query and key share ``sequence_length``) and values of the keys' head size."""
     a = call.attributes
-    if not (a["softcap"] or a["kv_num_heads"] != a["num_heads"]) or call.input("past_key"):
+    if not (a["softcap"] or a["kv_num_heads"] != a["num_heads"] or call.input("sinks")) or call.input("past_key"):
         return False
     seq = 2 if a["layout"] == "BNSD" else 1
     shapes = [em.graph.shape(call.input(n)) for n in "QKV"]
@@ -332,12 +346,32 @@ def _group_query(em: Emitter, call: FusedCall, q3: str, k4: str, v4: str, mask: 
     int32 = onnx.TensorProto.INT32
     lengths = em.op1("Expand", [em.cast(em.op1("Sub", [keys, em.ints([1])]), int32), em.dim_range(q3, 0, 1)])
     total = em.cast(em.op1("Squeeze", [keys, em.ints([0])]), int32)
-    inputs = [q3, _merged_heads(em, k4), _merged_heads(em, v4), "", "", lengths, total, "", "", "", mask]
-    y = em.op1("GroupQueryAttention", inputs if mask else inputs[:7], domain=MS_DOMAIN, opset=1,
+    inputs = [q3, _merged_heads(em, k4), _merged_heads(em, v4), "", "", lengths, total, "", "", "", mask,
+              _head_sink(em, call)]
+    while not inputs[-1]:
+        inputs.pop()
+    y = em.op1("GroupQueryAttention", inputs, domain=MS_DOMAIN, opset=1,
                num_heads=a["num_heads"], kv_num_heads=a["kv_num_heads"], causal=causal, scale=scale,
                local_window_size=local_window_size if local_window_size > 0 else None,
                softcap=float(a["softcap"]) if a["softcap"] else None)
     return y
+
+
+def _head_sink(em: Emitter, call: FusedCall) -> str:
+    """``sinks`` as GroupQueryAttention's ``head_sink`` ``[N]`` in the attention's type, or "": as is
+    for float32; for float16 / bfloat16 a constant whose values that type holds exactly (otfuse's
+    op reads the float32 sink: a rounded one would be another model)."""
+    sinks = call.input("sinks")
+    elem_type = em.graph.elem_type(call.input("Q"))
+    if not sinks or elem_type == onnx.TensorProto.FLOAT:
+        return sinks or ""
+    value = em.graph.constant_value(sinks) if em.graph.is_constant(sinks) else None
+    np_type = onnx.helper.tensor_dtype_to_np_dtype(elem_type)
+    narrowed = None if value is None else np.asarray(value).astype(np_type)
+    if narrowed is None or not np.array_equal(narrowed.astype(np.float32), np.asarray(value, np.float32)):
+        raise CannotExpress(f"attention sinks that are not constants exact in {type_name(elem_type)} "
+                            f"(GroupQueryAttention's head_sink is in the attention's type)")
+    return em.constant(narrowed)
 
 
 def _rotation_call(call: FusedCall) -> FusedCall:

@@ -38,7 +38,8 @@ EMITTERS: dict[str, dict[str, Callable[[Emitter, FusedCall], None]]] = {
 
 # What the emitters read of each op: an input or attribute the contract gains later is refused until
 # an emitter models it, never silently dropped.
-_ATTENTION_INPUTS = {"Q", "K", "V", "attn_bias", "key_padding_mask", "past_key", "past_value", "alibi_slopes"}
+_ATTENTION_INPUTS = {"Q", "K", "V", "attn_bias", "key_padding_mask", "past_key", "past_value", "alibi_slopes",
+                     "sinks"}
 _ATTENTION_ATTRIBUTES = {"num_heads", "kv_num_heads", "scale", "causal", "window", "softcap", "layout",
                          "output_layout", "empty_rows", "alibi_positions"}
 _ROTARY_ATTRIBUTES = {"mode", "rotary_dim", "sections"}
