@@ -61,8 +61,10 @@ VERIFIED_OPS = NORM_OPS + ROTARY_OPS + ATTENTION_OPS + NORM_LINEAR_OPS + ACTIVAT
 _WEIGHT_INPUTS = {"RMSNorm": {1: "scale"}, "AddRMSNorm": {2: "scale"}, "LayerNorm": {1: "scale", 2: "bias"},
                   "AddLayerNorm": {2: "scale", 3: "bias"},
                   "RotaryEmbedding": {1: "angle", 2: "angle"}, "RotaryEmbeddingQK": {2: "angle", 3: "angle"},
-                  "Attention": {3: "bias", 4: "mask", 5: "cache", 6: "cache", 7: "bias"},  # 7: alibi_slopes
-                  "RopeAttention": {3: "angle", 4: "angle", 5: "bias", 6: "mask", 7: "cache", 8: "cache", 9: "bias"},
+                  # 7 (9): alibi_slopes, 8 (10): sinks
+                  "Attention": {3: "bias", 4: "mask", 5: "cache", 6: "cache", 7: "bias", 8: "bias"},
+                  "RopeAttention": {3: "angle", 4: "angle", 5: "bias", 6: "mask", 7: "cache", 8: "cache", 9: "bias",
+                                    10: "bias"},
                   **{op: {} for op in ACTIVATION_OPS}}
 _OUTPUT_NAMES = {"RMSNorm": ("Y",), "AddRMSNorm": ("Y", "S"), "LayerNorm": ("Y",), "AddLayerNorm": ("Y", "S"),
                  "RotaryEmbedding": ("Y",), "RotaryEmbeddingQK": ("Q_out", "K_out"),

@@ -324,9 +324,9 @@ def _filled_mask_inputs(ctx: RewriteContext, match: Match, attributes: dict,
     return bias, ""
 
 
-# A sink logit at most this large: every finite fill the mask claims (<= -1e30) still masks a key
-# next to it (exp(fill - sink) is 0 in float32), and exp(s - sink) cannot overflow for scores the
-# exporters' masks leave finite.
+# A sink logit at most this large in magnitude: every finite fill a claimed mask may hold with
+# sinks (<= -1e30, mask_inputs) still hides a key next to it, exp(fill - sink) = 0 in float32, so a
+# row the mask hides entirely is 0 in the graph as in the op.
 _SINK_BOUND = 1e20
 
 

@@ -173,14 +173,14 @@ def analyse_sdpa(layout: Layout, ctx: RewriteContext, match: Match) -> Fusion:
         named["K"] = helpers.node("Transpose", [named["K"]], Fresh(f"{root.output[0]}/k_to_bnsd"),
                                   name=OutputName(), perm=perm)
     scores = (dims["B"], dims["N"], dims["Sq"], dims["Skv"])
+    if match.has("sink_concat"):  # gpt-oss: proven per-head constant logits, the sink column dropped
+        named["sinks"] = helpers.constant(chain.sinks(ctx.graph, match, dims["N"]), f"{root.output[0]}/sinks")
     slopes = alibi_before_fill(ctx, match, attributes_, helpers, scores)
     if slopes is not None:
         named["alibi_slopes"], named["key_padding_mask"] = slopes
     else:
         named["attn_bias"], named["key_padding_mask"] = chain.mask_inputs(ctx, match, attributes_, helpers, scores,
                                                                           sinks=match.has("sink_concat"))
-    if match.has("sink_concat"):  # gpt-oss: proven per-head constant logits, the sink column dropped
-        named["sinks"] = helpers.constant(chain.sinks(ctx.graph, match, dims["N"]), f"{root.output[0]}/sinks")
     outputs = {"Y": root.output[0]}
     if match.has("k_cache"):
         named.update(past_key=match.value("past_k"), past_value=match.value("past_v"))

@@ -103,28 +103,35 @@ def test_gpt_oss_left_padded_rows_are_zero_in_both(tmp_path):
 
 def sinks_model(*, slice_sink=True, scores_from_matmul=True, heads=2, head_dim=8, concat_axis=-1,
                 slice_bounds=(0, -1), per_row=False, second_reader=False, sinks_from_input=False, cache=False,
-                mask=False, max_shift=True) -> onnx.ModelProto:
+                mask=False, max_shift=True, causal_fill=None, dtype=np.float32) -> onnx.ModelProto:
     """q, k, v [B, N, S, D]: s = q·kᵀ * scale (+ mask), Concat(s, Expand(sinks)) - max, Softmax,
     [..., :-1], · v (gpt-oss's eager attention as dynamo writes it). ``cache``: k and v appended to
     past_k / past_v. Mutations: see the module's doc."""
     b = GraphBuilder()
+    elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     seq = 5 if per_row else "seq"
     shape = ["batch", heads, seq, head_dim]
-    q, k, v = (b.input(n, F32, shape) for n in ("q", "k", "v"))
+    q, k, v = (b.input(n, elem, shape) for n in ("q", "k", "v"))
     if cache:
         past = ["batch", heads, "past", head_dim]
-        k = b.node("Concat", [b.input("past_k", F32, past), k], axis=2)
-        v = b.node("Concat", [b.input("past_v", F32, past), v], axis=2)
+        k = b.node("Concat", [b.input("past_k", elem, past), k], axis=2)
+        v = b.node("Concat", [b.input("past_v", elem, past), v], axis=2)
     if scores_from_matmul:
         kt = b.node("Transpose", [k], perm=[0, 1, 3, 2])
-        scores = b.node("Mul", [b.node("MatMul", [q, kt]), b.const(np.float32(head_dim ** -0.5))])
+        scores = b.node("Mul", [b.node("MatMul", [q, kt]), b.const(dtype(head_dim ** -0.5))])
     else:
         scores = b.input("s", F32, ["batch", heads, seq, seq])
     if mask:
         scores = b.node("Add", [scores, b.input("mask", F32, ["batch", 1, seq, "total" if cache else seq])])
-    logits = np.linspace(-1, 1, heads, dtype=np.float32).reshape(1, heads, 1, 1)
+    if causal_fill is not None:  # HF's Where(kv_idx <= q_idx, 0, fill) over Range indices
+        n = b.node("Squeeze", [b.node("Shape", [q], start=2, end=3), b.const(np.array([0], np.int64))])
+        idx = b.node("Range", [b.const(np.int64(0)), n, b.const(np.int64(1))])
+        visible = b.node("LessOrEqual", [b.node("Unsqueeze", [idx, b.const(np.array([0], np.int64))]),
+                                         b.node("Unsqueeze", [idx, b.const(np.array([1], np.int64))])])
+        scores = b.node("Add", [scores, b.node("Where", [visible, b.const(dtype(0)), b.const(dtype(causal_fill))])])
+    logits = np.linspace(-1, 1, heads, dtype=dtype).reshape(1, heads, 1, 1)
     if per_row:
-        logits = np.linspace(-1, 1, heads * 5, dtype=np.float32).reshape(1, heads, 5, 1)
+        logits = np.linspace(-1, 1, heads * 5, dtype=dtype).reshape(1, heads, 5, 1)
     sinks = b.input("sinks", F32, [1, heads, 1, 1]) if sinks_from_input else b.const(logits)
     if concat_axis == 2:  # a sink row over the keys: [B, N, 1, Skv]
         rows = b.node("Concat", [b.node("Shape", [q], end=2), b.const(np.array([1], dtype=np.int64)),
@@ -143,13 +150,13 @@ def sinks_model(*, slice_sink=True, scores_from_matmul=True, heads=2, head_dim=8
         start, end = slice_bounds
         probs = b.node("Slice", [probs, i64(start), i64(end), i64(concat_axis), i64(1)])
     else:
-        pad = b.const(np.zeros((1, 1, 1, head_dim), np.float32))
+        pad = b.const(np.zeros((1, 1, 1, head_dim), dtype))
         zero_row = b.node("Expand", [pad, b.node("Concat", [b.node("Shape", [v], end=2),
                                                           b.const(np.array([1, head_dim], np.int64))], axis=0)])
         v = b.node("Concat", [v, zero_row], axis=2)
     out = b.node("MatMul", [probs, v])
     b.nodes[-1].output[0] = "y"
-    b.output("y", F32, shape)
+    b.output("y", elem, shape)
     return b.model()
 
 
@@ -197,6 +204,43 @@ def test_hand_built_sinks_match_the_graph(tmp_path, cache):
         feeds["past_k"], feeds["past_v"] = (rng.standard_normal((b, 2, p, 8), dtype=np.float32) for _ in "kv")
     result = otfuse.diff(src, out, inputs=feeds)
     assert result.ok, [row.to_dict() for row in result.outputs]
+
+
+@pytest.mark.parametrize("fill", [float(np.finfo(np.float32).min), -1e4])
+def test_a_causal_mask_is_claimed_with_sinks_only_when_its_fill_absorbs_the_scores(tmp_path, fill):
+    # finfo.min: s + fill rounds to fill, exp(fill - sink) is 0: causal, no bias, empty_rows zero.
+    # -1e4: a hidden key would keep exp(s - 1e4 - sink) in a row that sees no other key, so the mask
+    # stays the exact attn_bias (the op adds it before the sink joins), reported.
+    model = sinks_model(causal_fill=fill)
+    src, out = tmp_path / "m.onnx", tmp_path / "f.onnx"
+    onnx.save(model, src)
+    report = otfuse.fuse(src, out)
+    assert report.fusions.get("Attention") == 1, report.near_misses
+    (node,) = _attention_nodes(onnx.load(out))
+    a = attrs(node)
+    kept = [m for m in report.near_misses if m["family"] == "attention"]
+    if fill < -1e30:
+        assert a.get("causal") == 1 and not node.input[3] and not kept, (a, kept)
+        assert a.get("empty_rows", b"zero") == b"zero"
+    else:
+        assert not a.get("causal") and node.input[3], a
+        assert len(kept) == 1 and "absorbs the scores" in kept[0]["reason"], kept
+    assert otfuse.diff(src, out, dims={"batch": 2, "seq": 6}).ok
+
+
+@pytest.mark.parametrize("fill", [-np.inf, -65504.0])
+def test_float16_sinks(tmp_path, fill):
+    # float16: the logits are exact in float32; -inf masks are claimed, float16's -65504 (not an
+    # absorbing fill) stays the bias. Within the float16 tolerance of the graph.
+    model = sinks_model(causal_fill=fill, dtype=np.float16)
+    src, out = tmp_path / "m.onnx", tmp_path / "f.onnx"
+    onnx.save(model, src)
+    report = otfuse.fuse(src, out)
+    assert report.fusions.get("Attention") == 1, report.near_misses
+    (node,) = _attention_nodes(onnx.load(out))
+    assert bool(node.input[3]) == (fill == -65504.0)
+    np.testing.assert_array_equal(_sinks_of(onnx.load(out), node), np.linspace(-1, 1, 2, dtype=np.float16))
+    assert otfuse.diff(src, out, dims={"batch": 2, "seq": 6}).ok
 
 
 def _refused(model, reason: str | None = None):
