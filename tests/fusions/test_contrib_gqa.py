@@ -111,6 +111,10 @@ CASES = {
     "decode_with_past": (dict(past=True), 2, 1),
     "prompt_with_past": (dict(past=True), 1, 4),  # ORT: several queries with a past want batch 1
     "packed_past_window": (dict(packed=True, past=True, local_window_size=3), 1, 3),
+    # head_sink -> sinks (gpt-oss as onnxruntime-genai writes it, with provable lengths here)
+    "head_sink": (dict(extra_inputs=[(11, "sink", np.array([0.5, -2.0, 3.0, 0.0][:N], np.float32))]), 2, 5),
+    "head_sink_window_past": (dict(past=True, local_window_size=2,
+                                   extra_inputs=[(11, "sink", np.linspace(-3, 3, N).astype(np.float32))]), 2, 1),
 }
 
 
@@ -147,7 +151,8 @@ def _refused(model: onnx.ModelProto, reason: str) -> None:
     (dict(sliding_window_cache=1, local_window_size=2), "attribute 'sliding_window_cache' is 1"),
     (dict(extra_inputs=[(7, "cos", np.ones((16, D // 2), np.float32)), (8, "sin", np.ones((16, D // 2), np.float32))]),
      "cos_cache: the rotation (do_rotary) is not modelled"),
-    (dict(extra_inputs=[(11, "sink", np.ones(N, np.float32))]), "input head_sink ('sink') is not modelled"),
+    (dict(extra_inputs=[(11, "sink", np.ones(N + 1, np.float32))]), "head_sink 'sink' has shape (5,), not [4]"),
+    (dict(extra_inputs=[(12, "kscale", np.ones(1, np.float32))]), "input k_scale ('kscale') is not modelled"),
 ], ids=str)
 def test_group_query_attention_not_modelled_is_refused(spec, reason):
     _refused(gqa_model(**spec), reason)
@@ -176,4 +181,25 @@ def test_round_trip_through_the_targets(tmp_path, target, spec):
         assert attrs["causal"] == spec.get("causal", 1)
         assert attrs.get("local_window_size", -1) == spec.get("local_window_size", -1)
         assert len(gqa.input) <= 10, gqa.input  # no attention_bias: the op's own mask
+    assert otfuse.diff(src, out, inputs=_feeds(False, False, 2, 6)).ok
+
+
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+def test_head_sink_round_trip_through_the_targets(tmp_path, target):
+    """GroupQueryAttention with head_sink becomes Attention with sinks; ``ort`` writes it back as
+    GroupQueryAttention with head_sink and its own causal mask; ``onnx`` (no sink input) gives the
+    site back, saying why. Both diff clean in stock ORT."""
+    src, out = tmp_path / "gqa.onnx", tmp_path / f"gqa_{target}.onnx"
+    onnx.save(gqa_model(local_window_size=2, extra_inputs=[(11, "sink", np.linspace(-2, 2, N).astype(np.float32))]),
+              src)
+    report = otfuse.fuse(src, out, only=["attention"], target=target)
+    nodes = onnx.load(out).graph.node
+    assert not [n for n in nodes if n.domain == "otfuse"]
+    (gqa,) = [n for n in nodes if n.op_type == "GroupQueryAttention"]
+    if target == "ort":
+        assert report.fusions == {"Attention": 1}, report.near_misses
+        assert len(gqa.input) == 12 and gqa.input[11] and not gqa.input[10], gqa.input
+    else:
+        refused = [m for m in report.near_misses if m["reason"].startswith("target onnx cannot express")]
+        assert len(refused) == 1 and "no sink input" in refused[0]["reason"], report.near_misses
     assert otfuse.diff(src, out, inputs=_feeds(False, False, 2, 6)).ok

@@ -14,11 +14,14 @@ which nothing proves: refused with that reason.
 Then: ``causal = 1`` → ``causal`` (query ``i`` sees keys ``j <= P + i``), ``local_window_size = W > 0``
 → ``window = W`` (ORT 1.32's CPU kernel keeps ``W`` keys, the query's own among them: measured,
 tests/fusions/test_contrib_gqa.py);
-``causal = 0`` → no mask; ``scale`` (0 = ``1/sqrt(D)``), ``softcap``; packed QKV (no ``key``) cut
+``causal = 0`` → no mask; ``scale`` (0 = ``1/sqrt(D)``), ``softcap``; ``head_sink`` [N] → ``sinks``
+(float32; a float16 / bfloat16 one widened by a Cast, exact: ORT 1.32's kernel shifts by
+max(row max, sink) and adds exp(sink - max) to the denominator, measured, tests/targets/test_sinks.py);
+packed QKV (no ``key``) cut
 into Q, K, V by ``Slice``; ``past_*`` BNSD and ``present_*`` (their concatenation with the new
 keys). Refused: ``attention_bias`` (a row it masks entirely is 0 or NaN in ORT's kernel, by code
 path, also for ``finfo.min``), ``do_rotary`` (its cos/sin caches and ``position_ids``),
-``smooth_softmax``, ``head_sink``, the quantised caches,
+``smooth_softmax``, the quantised caches,
 ``sliding_window_cache``, the per-head Q/K norms, ``query_seqlens`` and the ``output_qk`` output.
 """
 
@@ -50,7 +53,7 @@ GROUP_QUERY_ATTENTION_OP = OpAllowList(
                 "local_window_size": None, "do_rotary": only(0), "rotary_interleaved": None,
                 "smooth_softmax": only(-1, 0), "qk_output": only(0), "sliding_window_cache": only(0),
                 "k_quant_type": only(b"NONE", "NONE"), "v_quant_type": only(b"NONE", "NONE")},
-    inputs=11,  # query .. attention_bias; cos/sin/position_ids refused by the rule (do_rotary = 0 only)
+    inputs=12,  # query .. head_sink; cos/sin/position_ids refused by the rule (do_rotary = 0 only)
     outputs=3,  # output, present_key, present_value (not output_qk)
     domain=CONTRIB_DOMAIN,
     notes={"kv_cache_bit_width": "quantised KV caches are not modelled",
@@ -59,8 +62,8 @@ GROUP_QUERY_ATTENTION_OP = OpAllowList(
            "k_norm_epsilon": "the per-head Q/K RMS norms are not modelled"},
     formals=_FORMALS)
 
-_INPUTS = ("k", "v", "past_k", "past_v", "seqlens_k", "total", "cos", "sin", "position_ids", "bias",
-           *(f"unmodelled{i}" for i in range(11, 17)))  # head_sink .. query_seqlens: named, then refused
+_INPUTS = ("k", "v", "past_k", "past_v", "seqlens_k", "total", "cos", "sin", "position_ids", "bias", "head_sink",
+           *(f"unmodelled{i}" for i in range(12, 17)))  # k_scale .. query_seqlens: named, then refused
 
 
 def _pattern():
@@ -153,6 +156,16 @@ def _past_length(graph: GraphIndex, match: Match, kv_heads: int, d: int):
     return shapes[0][2]
 
 
+def _sinks(graph: GraphIndex, head_sink: str, heads: int, elem: int, helpers: Helpers):
+    """``head_sink`` ``[N]`` in the query's type as the op's float32 ``sinks`` (widened exactly)."""
+    shape = graph.shape(head_sink)
+    if shape is None or len(shape) != 1 or shape[0] != heads or graph.elem_type(head_sink) != elem:
+        raise Refuse(f"head_sink {head_sink!r} has shape {shape}, not [{heads}] in the query's type")
+    if elem == onnx.TensorProto.FLOAT:
+        return head_sink
+    return helpers.node("Cast", [head_sink], to=onnx.TensorProto.FLOAT)
+
+
 def _mask_attributes(node) -> dict:
     causal, window = attr(node, "causal", 1), attr(node, "local_window_size", -1)
     if causal == 0:
@@ -192,6 +205,8 @@ def _analyse(ctx: RewriteContext, match: Match) -> Fusion:
         raise Refuse("attention_bias: ORT's kernel outputs 0 or NaN (by code path) for a query row the bias "
                      "masks entirely, also with finfo.min, where otfuse's op averages (measured with ORT 1.32)")
     past = {"past_key": match.value("past_k"), "past_value": match.value("past_v")} if match.has("past_k") else {}
+    if match.has("head_sink"):
+        past["sinks"] = _sinks(graph, match.value("head_sink"), heads, elem, helpers)
     present = dict(zip(("present_key", "present_value"), node.output[1:3]))
     call = ops.Attention(Q=q, K=k, V=v, **past, Y=node.output[0], **present, **attributes)
     return Fusion(call, match.covered, helpers)
