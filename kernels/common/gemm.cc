@@ -81,10 +81,11 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
   if (m > kStreamMaxRows) {
     const int64_t chunk_rows = RoundUp(CeilDiv(m, CeilDiv(m, kPackedChunkRows)), kRowBlock);
     for (size_t i = 0; i < products.size(); ++i) {
-      // Column ranges: staged (AVX-512) or packed tasks (gemm_tiles.inc chooses by the same ISA).
-      const int64_t range = isa == GemmIsa::kAvx512 ? gemm_detail::kStagedCols
-                            : products[i].transposed ? gemm_detail::kPackColsTransposed
-                                                     : gemm_detail::kPackCols;
+      // Column ranges: staged tasks for [n, k] weights with AVX-512, else packed ones (gemm_tiles.inc
+      // chooses by the same rule).
+      const int64_t range = !products[i].transposed  ? gemm_detail::kPackCols
+                            : isa == GemmIsa::kAvx512 ? gemm_detail::kStagedCols
+                                                      : gemm_detail::kPackColsTransposed;
       AddTasks(products, true, m, chunk_rows, i, range, &tasks, max_cells);
     }
     return tasks;
