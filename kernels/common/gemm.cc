@@ -75,13 +75,17 @@ void AddTasks(const std::vector<GemmProduct>& products, bool packed, int64_t m, 
   }
 }
 
-std::vector<Task> PlanTasks(int64_t m, const std::vector<GemmProduct>& products, int64_t* max_cells) {
+std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduct>& products, int64_t* max_cells) {
   std::vector<Task> tasks;
   *max_cells = 0;
   if (m > kStreamMaxRows) {
     const int64_t chunk_rows = RoundUp(CeilDiv(m, CeilDiv(m, kPackedChunkRows)), kRowBlock);
     for (size_t i = 0; i < products.size(); ++i) {
-      const int64_t range = products[i].transposed ? gemm_detail::kPackColsTransposed : gemm_detail::kPackCols;
+      // Column ranges: staged tasks for [n, k] weights with AVX-512, else packed ones (gemm_tiles.inc
+      // chooses by the same rule).
+      const int64_t range = !products[i].transposed  ? gemm_detail::kPackCols
+                            : isa == GemmIsa::kAvx512 ? gemm_detail::kStagedCols
+                                                      : gemm_detail::kPackColsTransposed;
       AddTasks(products, true, m, chunk_rows, i, range, &tasks, max_cells);
     }
     return tasks;
@@ -127,7 +131,7 @@ void GemmInPlace(const KernelContext& ctx, GemmIsa isa, int64_t m, int64_t k, co
   });
 
   int64_t max_cells = 0;
-  const std::vector<Task> tasks = PlanTasks(m, products, &max_cells);
+  const std::vector<Task> tasks = PlanTasks(isa, m, products, &max_cells);
   const gemm_detail::Job job{m, k, a_packed.get(), products.data()};
   const gemm_detail::TaskFn run = TaskFnFor(isa);
   const size_t stage_floats = static_cast<size_t>(gemm_detail::kStageFloats);

@@ -88,14 +88,27 @@ struct Task {
   int64_t cols;
 };
 
-// Packed tasks: blocks of kPackDepth k rows x at most kPackCols columns (kPackColsTransposed for
-// an [n, k] weight), two at a time (2 x 1 MiB in float32: they live in L3 and their panels pass
-// through L1).
+// Many rows, an [n, k] weight, AVX-512 micro-kernels: staged tasks, units of kStageDepth k rows x
+// kStageTiles tiles copied into two alternating [kStageTiles][kStageDepth][16] float32 stages
+// (2 x 32 KiB); the next unit is copied during the current one's calls, its lines prefetched
+// kStageLead calls before their copy. Measured on the AVX-512 Xeon (bench/README.md, 2026-12-05).
+constexpr int64_t kStageDepth = 256;
+constexpr int64_t kStageTiles = 2;
+constexpr int64_t kStageLead = 3;
+// Columns per staged task: its accumulators (rows x cols) and its A slice (rows x kStageDepth)
+// stay in L2 together.
+constexpr int64_t kStagedCols = 256;
+
+// Many rows otherwise ([k, n] weights; [n, k] ones with the AVX2 and portable kernels): packed
+// tasks, blocks of kPackDepth k rows x at most kPackCols columns (kPackColsTransposed for an
+// [n, k] weight), two at a time (2 x 1 MiB in float32: they live in L3 and their panels pass
+// through L1). Staged tasks ran [k, n] weights 0.95-0.97x these on the AVX-512 Xeon, and 0.82-0.89x
+// with the AVX2 kernels (bench/README.md).
 constexpr int64_t kPackDepth = 256;
 constexpr int64_t kPackCols = 1024;
 constexpr int64_t kPackColsTransposed = 128;
 
-// `stage`: kStageFloats floats; `acc`: rows * (cols rounded up to 16) floats.
+// `stage`: kStageFloats floats (either kind); `acc`: rows * (cols rounded up to 16) floats.
 constexpr int64_t kStageFloats = 2 * kPackDepth * kPackCols;
 using TaskFn = void (*)(const Job& job, const Task& task, float* stage, float* acc);
 

@@ -348,7 +348,8 @@ def rope_attention(
     kv_num_heads = kv_num_heads or num_heads
 
     def rotated(x: np.ndarray, heads: int) -> np.ndarray:
-        x4 = x.reshape(x.shape[0], x.shape[1], heads, -1) if layout == "BSND" and x.ndim == 3 else x
+        # the head size spelled out: numpy cannot infer a -1 dim of an empty array
+        x4 = x.reshape(x.shape[0], x.shape[1], heads, x.shape[2] // heads) if layout == "BSND" and x.ndim == 3 else x
         return rotary_embedding(x4, cos, sin, rotary_mode, rotary_dim, rotary_sections).reshape(x.shape)
 
     return attention(rotated(q, num_heads), rotated(k, kv_num_heads), v, attn_bias, key_padding_mask, past_key,

@@ -8,19 +8,12 @@ import numpy as np
 import pytest
 from peak_memory import run_child
 
-from kernels.attention.test_cpu import DTYPES, F16, F32, check, qkv, seeded
+from kernels.attention.test_cpu import DTYPES, F16, F32, check, qkv, seeded, with_past
 
 
 def bloom_slopes(n: int) -> np.ndarray:
     """BLOOM's / Press et al.'s geometric slopes 2^(-8 h / n) for a power-of-two n."""
     return np.array([2.0 ** (-8.0 * (h + 1) / n) for h in range(n)], np.float32)
-
-
-def with_past(inputs: dict, past: int) -> dict:
-    """Moves the first `past` keys/values of a BNSD K/V into past_key/past_value."""
-    inputs["past_key"], inputs["past_value"] = inputs["K"][:, :, :past], inputs["V"][:, :, :past]
-    inputs["K"], inputs["V"] = inputs["K"][:, :, past:], inputs["V"][:, :, past:]
-    return inputs
 
 
 def padding(rng, batch: int, skv: int) -> np.ndarray:

@@ -133,6 +133,13 @@ def qkv(rng, b, n, nkv, sq, skv, d, dtype, layout="BNSD", dv=None, scale=1.0):
     return {"Q": q, "K": k, "V": v}
 
 
+def with_past(inputs: dict, past: int) -> dict:
+    """Moves the first `past` keys/values of a BNSD K/V into past_key/past_value."""
+    inputs["past_key"], inputs["past_value"] = inputs["K"][:, :, :past], inputs["V"][:, :, :past]
+    inputs["K"], inputs["V"] = inputs["K"][:, :, past:], inputs["V"][:, :, past:]
+    return inputs
+
+
 def seeded(*parts) -> np.random.Generator:
     return np.random.default_rng(zlib.crc32(repr(parts).encode()))
 
@@ -162,9 +169,7 @@ def test_paths_and_tile_sizes(library, monkeypatch, path, tiles):
     for sq, skv, window in [(37, 37, 0), (37, 53, 0), (37, 53, 9), (1, 70, 0), (70, 70, 33)]:
         inputs = qkv(rng, 1, 2, 1, sq, skv, 40, F32, dv=24)
         if skv > sq:
-            past = skv - sq
-            inputs["past_key"], inputs["past_value"] = inputs["K"][:, :, :past], inputs["V"][:, :, :past]
-            inputs["K"], inputs["V"] = inputs["K"][:, :, past:], inputs["V"][:, :, past:]
+            inputs = with_past(inputs, skv - sq)
         check(library, inputs, {"num_heads": 2, "kv_num_heads": 1, "causal": 1, "window": window})
 
 
@@ -195,9 +200,7 @@ def test_float32_keys_packed_panel_by_panel(library, monkeypatch, tiles, d):
     monkeypatch.setenv("OTFUSE_ATTENTION_PATH", "packed")
     monkeypatch.setenv("OTFUSE_ATTENTION_TILES", tiles)
     rng = seeded("pack-panels", tiles, d)
-    inputs = qkv(rng, 1, 2, 1, 40, 67, d, F32, dv=32)
-    inputs["past_key"], inputs["past_value"] = inputs["K"][:, :, :27], inputs["V"][:, :, :27]
-    inputs["K"], inputs["V"] = inputs["K"][:, :, 27:], inputs["V"][:, :, 27:]
+    inputs = with_past(qkv(rng, 1, 2, 1, 40, 67, d, F32, dv=32), 27)
     attrs = {"num_heads": 2, "kv_num_heads": 1, "causal": 1}
     default, avx2, baseline = _under_each_isa(library, monkeypatch, inputs, attrs)
     assert_close(default, baseline)
@@ -215,9 +218,7 @@ def test_half_keys_and_values_packed(library, monkeypatch, dtype, tiles, d, dv):
     monkeypatch.setenv("OTFUSE_ATTENTION_PATH", "packed")
     monkeypatch.setenv("OTFUSE_ATTENTION_TILES", tiles)
     rng = seeded("pack-half", dtype.name, tiles, d, dv)
-    inputs = qkv(rng, 1, 2, 1, 40, 67, d, dtype, dv=dv)
-    inputs["past_key"], inputs["past_value"] = inputs["K"][:, :, :27], inputs["V"][:, :, :27]
-    inputs["K"], inputs["V"] = inputs["K"][:, :, 27:], inputs["V"][:, :, 27:]
+    inputs = with_past(qkv(rng, 1, 2, 1, 40, 67, d, dtype, dv=dv), 27)
     attrs = {"num_heads": 2, "kv_num_heads": 1, "causal": 1}
     default, avx2, baseline = _under_each_isa(library, monkeypatch, inputs, attrs)
     assert_close(default, baseline)

@@ -271,7 +271,7 @@ def _mutate_extras(rng: np.random.Generator, w: Draw, mutation: str) -> str:
     if mutation == "bias_dim":
         j = int(rng.integers(4))
         shape = [1] * 4
-        shape[j] = full[j] + 1 if full[j] != 1 else 2
+        shape[j] = full[j] + 1 if full[j] > 1 else 2  # neither the dim nor 1 (an empty dim: 1 would broadcast)
         x["attn_bias"] = values(rng, shape, F32)
         return r"attn_bias has shape .*not broadcastable"
     if mutation == "bias_dtype":

@@ -167,6 +167,9 @@ SHAPES = {
     "packed-one-chunk": ((65, 40), (48, 17), [0, 1]),  # the first packed size, one k block
     "packed-deep": ((2, 70, 601), (130, 13), [0, 1]),  # three k blocks (256, 256, 89), K % 8 != 0
     "packed-chunks": ((4, 203, 70), (1100, 9), [0, 1]),  # 812 rows: two row chunks, two column ranges
+    # [n, k] weights, many rows: AVX-512's staged units (two tiles, then a partial one) over three k
+    # blocks and two column ranges; the other kernels' packed blocks
+    "packed-transposed": ((2, 70, 601), (300, 40), [1, 1]),
 }
 
 
@@ -207,7 +210,7 @@ def test_empty_rows():
     assert got[0].shape == (0, 5, 8)
 
 
-@pytest.mark.parametrize("name", ["stream-blocks", "stream-ranges", "packed-deep", "packed-chunks"])
+@pytest.mark.parametrize("name", ["stream-blocks", "stream-ranges", "packed-deep", "packed-chunks", "packed-transposed"])
 def test_thread_count_does_not_change_results(name):
     shape, widths, transposed = SHAPES[name]
     case = Case("AddLayerNormLinear", shape=shape, widths=widths, transposed=transposed, seed=11)
@@ -237,7 +240,7 @@ def test_baseline_avx2_and_avx512_variants_agree(tmp_path):
     import sys
     cases = []
     for name in ("decode", "stream-blocks", "stream-deep", "stream-ranges", "packed-one-chunk", "packed-deep",
-                 "packed-chunks"):
+                 "packed-chunks", "packed-transposed"):
         shape, widths, transposed = SHAPES[name]
         for dtype in (F32, F16, BF16):
             cases.append(Case("RMSNormLinear", dtype, shape=shape, widths=widths, transposed=transposed, seed=5))

@@ -1,0 +1,131 @@
+"""Norm + Linear A/B: the unfused block against fused sessions that differ in the library they load,
+the environment their runs see, or the layout of the projection weights, side by side in one process
+(bench/norm_linear.py's block, sessions and turns; see bench/README.md, "Norm + Linear").
+
+    python bench/norm_linear_ab.py --dtype fp32 --tokens 512 2048 \
+        --variant main=/tmp/main.so new= newT=,T=1 knob=,OTFUSE_GEMM_ISA=avx2
+
+A variant is LABEL=LIBRARY[,KEY=VALUE...]: LIBRARY empty for OTFUSE_LIBRARY (the unfused session
+always loads that one, for its norm kernels); T=1 stores every projection weight transposed ([N, K],
+the contract's `transposed = 1`, as an exporter's Gemm(transB = 1) would) in that session's model;
+any other KEY=VALUE is set in the environment before each of that session's runs (and unset for
+the others'), so knobs read per call can be compared too. Knobs read when a kernel is created (such
+as OTFUSE_GEMM_ISA) are set around the session's creation as well. Prints per M the unfused time
+and, per variant, the median of per-turn unfused / variant ratios in wall and CPU time. Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import numpy_helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+import norm_linear as nl  # noqa: E402
+
+common.use_checkout()
+import otfuse  # noqa: E402
+
+
+def session(path: Path, threads: int, library: str, env: dict[str, str]) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.register_custom_ops_library(library)
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def transposed_copy(fused: Path, out: Path) -> None:
+    """The fused model with every *NormLinear weight stored [N, K] and `transposed` set to 1."""
+    model = onnx.load(fused)
+    inits = {init.name: init for init in model.graph.initializer}
+    for node in model.graph.node:
+        if not node.op_type.endswith("NormLinear"):
+            continue
+        for name in node.input:
+            if name in inits and len(inits[name].dims) == 2:
+                array = numpy_helper.to_array(inits[name])
+                inits[name].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(array.T), name))
+        for attribute in node.attribute:
+            if attribute.name == "transposed":
+                attribute.ints[:] = [1] * len(attribute.ints)
+    onnx.save(model, out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "fp16"])
+    parser.add_argument("--tokens", nargs="+", type=int, default=[512])
+    parser.add_argument("--variant", nargs="+", required=True, help="LABEL=LIBRARY[,KEY=VALUE...] (T=1: weights [N, K])")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=7, help="clean turns wanted")
+    parser.add_argument("--turns", type=int, default=9, help="turns at most")
+    args = parser.parse_args()
+    dtype = np.float32 if args.dtype == "fp32" else np.float16
+    default_library = otfuse.library_path()
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; CPU {common.cpu_identity()}; "
+          f"loadavg {open('/proc/loadavg').read().split()[:3]}", flush=True)
+    with tempfile.TemporaryDirectory() as folder:
+        folder = Path(folder)
+        src, base, fused, fused_t = (folder / f"{n}.onnx" for n in ("block", "base", "fused", "fused_t"))
+        onnx.save(nl.block_model(dtype), src)
+        otfuse.fuse(src, base, only=["norm"])
+        otfuse.fuse(src, fused, only=["norm", "norm_linear"])
+        sessions = [("unfused", session(base, args.threads, default_library, {}), {})]
+        for spec in args.variant:
+            label, rest = spec.split("=", 1)
+            library, *pairs = rest.split(",")
+            env = dict(pair.split("=", 1) for pair in pairs)
+            transposed = env.pop("T", "0") == "1"
+            if transposed and not fused_t.exists():
+                transposed_copy(fused, fused_t)
+            path = fused_t if transposed else fused
+            sessions.append((label, session(path, args.threads, library or default_library, env), env))
+        keys = sorted({key for _, _, env in sessions for key in env})
+
+        def runner(s, env, feeds):
+            def run():
+                for key in keys:
+                    os.environ.pop(key, None)
+                os.environ.update(env)
+                return s.run(None, feeds)
+            return run
+
+        for m in args.tokens:
+            feeds = nl.feeds_for(m, dtype)
+            runs = [runner(s, env, feeds) for _, s, env in sessions]
+            reference = runs[0]()
+            diffs = [max(float(np.max(np.abs(a.astype(np.float32) - b.astype(np.float32))))
+                         for a, b in zip(reference, run())) for run in runs[1:]]
+            times = common.side_by_side(runs, args.runs, args.turns)
+            base_t = times[0]
+            line = (f"{args.dtype} M={m}: unfused {base_t['median'] * 1e3:.1f} ms, clean {base_t['clean']}/{base_t['turns']}, "
+                    f"others {max(t['others'] for t in times):.2f} cores |")
+            for (label, _, _), t, diff in zip(sessions[1:], times[1:], diffs):
+                line += (f" {label} {t['median'] * 1e3:.1f} ms {common.paired_ratio(base_t, t):.3f}x "
+                         f"(cpu {common.paired_ratio(base_t, t, 'cpus'):.3f}x, diff {diff:.2g}) |")
+            print(line, flush=True)
+    for key in keys:
+        os.environ.pop(key, None)
+
+
+if __name__ == "__main__":
+    main()
