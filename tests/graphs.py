@@ -64,3 +64,13 @@ def retyped(model: onnx.ModelProto) -> onnx.ModelProto:
         if not output.type.tensor_type.elem_type and output.name in known:
             output.type.CopyFrom(known[output.name])
     return inferred
+
+
+def read_elsewhere(model: onnx.ModelProto, value: str, op: str = "Identity",
+                   elem: int = TensorProto.FLOAT) -> None:
+    """Mutation: ``value`` (an interior value of a subgraph a rule matches) gains a reader outside
+    the match, ``op`` into a new graph output, so fusing the subgraph would drop a value the model
+    still needs."""
+    out = f"{value}_read_elsewhere"
+    model.graph.node.append(helper.make_node(op, [value], [out]))
+    model.graph.output.append(helper.make_tensor_value_info(out, elem, None))

@@ -20,6 +20,7 @@ from fusing import attrs, fused_nodes
 from onnx import helper, numpy_helper
 
 import otfuse
+from graphs import read_elsewhere
 
 DATA = Path(__file__).with_name("data")
 HELIUM = DATA / "helium_eps.onnx"
@@ -77,8 +78,7 @@ def _helium_swapped_input(model):
 
 def _helium_extra_reader(model):
     sqrt = next(n for n in model.graph.node if n.op_type == "Sqrt")
-    model.graph.node.append(helper.make_node("Neg", [sqrt.output[0]], ["sqrt_read"]))
-    model.graph.output.append(helper.make_tensor_value_info("sqrt_read", onnx.TensorProto.FLOAT, None))
+    read_elsewhere(model, sqrt.output[0], op="Neg")
 
 
 @pytest.mark.parametrize("mutate", [_helium_changed_exponent, _helium_swapped_input, _helium_extra_reader])

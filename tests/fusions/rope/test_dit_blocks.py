@@ -23,6 +23,7 @@ from fusing import attrs, fused_nodes
 from onnx import helper, numpy_helper
 
 import otfuse
+from graphs import read_elsewhere
 
 DIT = Path(__file__).resolve().parents[3] / "models" / "fixtures" / "dit"
 MANIFEST = json.loads((DIT / "manifest.json").read_text())["fixtures"]
@@ -72,7 +73,7 @@ def test_wan_attention_folds_the_scattered_rotation(tmp_path, name):
     _diff_ok(src, out)
 
 
-# -- mutations of the q rotation of flux_attention --
+# -- mutations of the q rotation: flux_attention, then wan_attention_static --
 
 def _node(model, name):
     return next(n for n in model.graph.node if n.name == name)
@@ -92,22 +93,8 @@ def _odd_lane_from_zero(model):
 
 
 def _lane_read_elsewhere(model):
-    lane = _node(model, "node_unbind__1").output[0]
-    model.graph.node.append(helper.make_node("Identity", [lane], ["lane_out"]))
-    model.graph.output.append(helper.make_tensor_value_info("lane_out", onnx.TensorProto.FLOAT, None))
+    read_elsewhere(model, _node(model, "node_unbind__1").output[0])
 
-
-@pytest.mark.parametrize("mutate", [_neg_of_lane_zero, _odd_lane_from_zero, _lane_read_elsewhere])
-def test_flux_rotation_mutations_are_near_misses(tmp_path, mutate):
-    model = onnx.load(DIT / "flux_attention.onnx")
-    mutate(model)
-    src, out, report = _fuse(tmp_path, model, only=["rope"])
-    assert report.fusions == {"RotaryEmbedding": 1}, report.fusions  # k alone, nothing to pair with
-    assert [m for m in report.near_misses if m["family"] == "rope"], "the mutated rotation is not reported"
-    _diff_ok(src, out)
-
-
-# -- mutations of the q rotation of wan_attention_static --
 
 def _odd_lanes_changed(model):
     # the odd scatter writes lane 13 twice and never lane 15 (which keeps the base's zeros)
@@ -123,14 +110,17 @@ def _real_part_swapped(model):
 
 
 def _first_scatter_read_elsewhere(model):
-    scatter = _node(model, "node_ScatterND_249").output[0]
-    model.graph.node.append(helper.make_node("Identity", [scatter], ["scatter_out"]))
-    model.graph.output.append(helper.make_tensor_value_info("scatter_out", onnx.TensorProto.FLOAT, None))
+    read_elsewhere(model, _node(model, "node_ScatterND_249").output[0])
 
 
-@pytest.mark.parametrize("mutate", [_odd_lanes_changed, _real_part_swapped, _first_scatter_read_elsewhere])
-def test_wan_rotation_mutations_are_near_misses(tmp_path, mutate):
-    model = onnx.load(DIT / "wan_attention_static.onnx")
+# Each mutation breaks the q rotation only: k still fuses alone, the q site is one rope near miss.
+@pytest.mark.parametrize("fixture,mutate", [
+    ("flux_attention", _neg_of_lane_zero), ("flux_attention", _odd_lane_from_zero),
+    ("flux_attention", _lane_read_elsewhere), ("wan_attention_static", _odd_lanes_changed),
+    ("wan_attention_static", _real_part_swapped), ("wan_attention_static", _first_scatter_read_elsewhere),
+])
+def test_rotation_mutations_are_near_misses(tmp_path, fixture, mutate):
+    model = onnx.load(DIT / f"{fixture}.onnx")
     mutate(model)
     src, out, report = _fuse(tmp_path, model, only=["rope"])
     assert report.fusions == {"RotaryEmbedding": 1}, report.fusions  # k alone, nothing to pair with

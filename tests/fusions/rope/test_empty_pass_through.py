@@ -14,6 +14,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 import otfuse
+from graphs import read_elsewhere
 
 PHI3 = Path(__file__).with_name("data") / "phi3_ts17.onnx"
 DIMS = {"batch": 2, "seq": 7}
@@ -52,8 +53,7 @@ def _non_empty_pass_through(model):
 
 def _rotation_read_elsewhere(model):
     concat, _ = _q_concat(model)
-    model.graph.node.append(helper.make_node("Neg", [concat.input[0]], ["rotated_read"]))
-    model.graph.output.append(helper.make_tensor_value_info("rotated_read", onnx.TensorProto.FLOAT, None))
+    read_elsewhere(model, concat.input[0], op="Neg")
 
 
 @pytest.mark.parametrize("mutate", [_non_empty_pass_through, _rotation_read_elsewhere])
