@@ -168,12 +168,20 @@ def draw(rng: np.random.Generator, op: str, backend: str) -> Draw:
     return w
 
 
-def expected(w: Draw) -> list[np.ndarray]:
+def expected(w: Draw, backend: str = "cpu") -> list[np.ndarray]:
     names = ROPE_INPUTS if w.op == "RopeAttention" else ATTENTION_INPUTS
     fn = reference.rope_attention if w.op == "RopeAttention" else reference.attention
     kw = dict(w.attrs)
     kw.setdefault("layout", w.layout)
-    outputs = fn(*[w.inputs.get(name) for name in names], **kw)
+    inputs = dict(w.inputs)
+    if backend == "ascend" and w.t != F32:
+        # The Ascend kernel casts float32 cos/sin to T before rotating (docs/ops.md, RotaryEmbedding
+        # on Ascend). A large scale makes the softmax sharp enough that this rounding alone moves an
+        # output past the tolerance (case ascend-RopeAttention-valid-84 at 150 cases: 0.055).
+        for name in ("cos", "sin"):
+            if inputs.get(name) is not None and inputs[name].dtype == F32:
+                inputs[name] = inputs[name].astype(w.t)
+    outputs = fn(*[inputs.get(name) for name in names], **kw)
     return [o for i, o in enumerate(outputs) if i not in w.omit]
 
 
@@ -208,7 +216,7 @@ def valid(rng: np.random.Generator, op: str, backend: str) -> Case:
     if op == "Attention" and chance(rng, 0.05):
         return _long_window(rng, w)
     may_refuse = ASCEND_FORM_REFUSAL if backend == "ascend" and op == "RopeAttention" else None
-    return w.case(expected(w), may_refuse=may_refuse,
+    return w.case(expected(w, backend), may_refuse=may_refuse,
                   note=f"valid {w.layout}{' rank 3' if w.rank3 else ''} B {w.b} N {w.n}/{w.nkv} Sq {w.sq} "
                        f"S {w.s_new} P {w.past} D {w.d}/{w.dv} {w.t.name}")
 
