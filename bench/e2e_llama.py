@@ -11,6 +11,10 @@ each ``--seqs`` length per variant, each in a fresh child process:
 1. ``unfused``    the export in plain onnxruntime (default graph optimisations);
 2. ``openvino``   the export in OpenVINO's CPU plugin: ``compile_model(read_model(path), "CPU",
                   {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads})``;
+2b. ``openvino_torch`` the same weights converted from the PyTorch model by ``openvino.convert_model``
+                  (as optimum-intel converts; in ``--export-python``, which needs ``openvino`` then),
+                  compiled the same way: OpenVINO's own conversion keeps SDPA as one op, which its CPU
+                  plugin fuses; its ONNX frontend gets the exporter's decomposed attention;
 3. ``onnxscript`` ``onnxscript.rewriter.ort_fusions.optimize_for_ort`` output in plain onnxruntime;
 4. ``otfuse``     ``otfuse.fuse(export, fused)`` run with ``otfuse.InferenceSession`` (its defaults).
 
@@ -45,7 +49,7 @@ The export needs torch + transformers: it runs in ``--export-python`` (default
 (onnxruntime, and openvino / onnxscript for those variants), with this checkout's otfuse on the
 path (its kernels come from the installed otfuse library: ``pip install .`` first).
 
-    python bench/e2e_llama.py [--seqs 2048,8192] [--variants unfused,openvino,onnxscript,otfuse[,otfuse_all]]
+    python bench/e2e_llama.py [--seqs 2048,8192] [--variants unfused,openvino,openvino_torch,onnxscript,otfuse[,otfuse_all]]
                               [--vocab 1024] [--workdir DIR] [--json out.json] [--profile otfuse]
                               [--no-arena --no-mem-pattern] [--merge a.json b.json ...]
 """
@@ -77,7 +81,8 @@ EXPORT_BATCH, EXPORT_SEQ = 2, 16
 REFERENCE_MAX_ROWS = 2048  # rows of the ORT MatMul reference GEMMs
 OPSET = 20
 
-VARIANTS = ("unfused", "openvino", "onnxscript", "otfuse")
+VARIANTS = ("unfused", "openvino", "openvino_torch", "onnxscript", "otfuse")
+OPENVINO_VARIANTS = ("openvino", "openvino_torch")
 # Not run unless named: otfuse with every family, the opt-in ones too (norm_linear).
 EXTRA_VARIANTS = ("otfuse_all",)
 OTFUSE_VARIANTS = ("otfuse", "otfuse_all")
@@ -173,6 +178,31 @@ def _export(workdir: Path, intermediate: int, vocab: int) -> None:
         "ort_vs_torch_max_abs_diff_seq96": diff,
     }
     (workdir / "export" / "meta.json").write_text(json.dumps(meta, indent=2))
+    print(json.dumps(meta))
+
+
+def _convert_openvino(workdir: Path, intermediate: int, vocab: int) -> None:
+    """OpenVINO IR of the same model (same seed, same weights), converted from PyTorch by OpenVINO
+    itself: traced at batch 1 x 16 tokens, dynamic batch and seq kept, weights stay float32."""
+    import openvino as ov
+    import torch
+
+    model, wrapper = _torch_model(intermediate, vocab)
+    seq = 16
+    example = (torch.randint(0, vocab, (1, seq), generator=torch.Generator().manual_seed(1)),
+               torch.ones(1, seq, dtype=torch.int64), torch.arange(seq, dtype=torch.int64).unsqueeze(0))
+    start = time.perf_counter()
+    with torch.no_grad():
+        converted = ov.convert_model(wrapper, example_input=example)
+    out = workdir / "openvino_torch" / "model.xml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    ov.save_model(converted, str(out), compress_to_fp16=False)
+    ops = sorted({op.get_type_name() for op in converted.get_ops()})
+    meta = {"converter": f"openvino.convert_model, openvino {ov.__version__}, torch {torch.__version__}",
+            "convert_seconds": round(time.perf_counter() - start, 1),
+            "sdpa_ops": sum(op.get_type_name() == "ScaledDotProductAttention" for op in converted.get_ops()),
+            "op_types": ops}
+    (out.parent / "meta.json").write_text(json.dumps(meta, indent=2))
     print(json.dumps(meta))
 
 
@@ -406,7 +436,7 @@ def _run(c: dict) -> None:
     result: dict = {"variant": c["variant"], "seq": c["seq"], "rss_start_mib": common.proc_memory_mib()["rss_mib"]}
     feeds = _feeds(c["seq"], c["vocab"])
     start = time.perf_counter()
-    if c["variant"] == "openvino":
+    if c["variant"] in OPENVINO_VARIANTS:
         session, run = _openvino_runner(c, feeds, result)
     else:
         session, run = _ort_runner(c, feeds, result)
@@ -654,6 +684,8 @@ def prepare(args) -> dict[str, dict]:
     out = {"unfused": {"path": export, "export": json.loads(meta_path.read_text())}}
     if "openvino" in args.variants:
         out["openvino"] = {"path": export, "what": "the unfused export, compiled by OpenVINO's CPU plugin"}
+    if "openvino_torch" in args.variants:
+        out["openvino_torch"] = _prepare_openvino_ir(args, meta_path)
     if "onnxscript" in args.variants:
         dst = wd / "onnxscript" / "model.onnx"
         stats = dst.parent / "stats.json"
@@ -679,9 +711,24 @@ def prepare(args) -> dict[str, dict]:
             out[variant] = {"path": dst, **json.loads(dst.with_suffix(".fuse.json").read_text())}
             out[variant]["attention_nodes"] = attention_nodes(dst)
     for variant, info in out.items():
-        if info.get("path"):
+        if info.get("path") and info["path"].suffix == ".onnx":
             info["ops"] = op_census(info["path"])
     return out
+
+
+def _prepare_openvino_ir(args, export_meta: Path) -> dict:
+    """OpenVINO's own conversion of the model (cached, redone when the export is newer)."""
+    ir = args.workdir / "openvino_torch" / "model.xml"
+    meta = ir.with_name("meta.json")
+    if args.refresh or not meta.exists() or meta.stat().st_mtime < export_meta.stat().st_mtime:
+        print(f"openvino.convert_model with {args.export_python} ...", flush=True)
+        meta.unlink(missing_ok=True)
+        proc = subprocess.run([args.export_python, __file__, "_convert_openvino", str(args.workdir),
+                               str(args.intermediate), str(args.vocab)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            return {"path": None, "error": (proc.stderr.strip().splitlines() or ["?"])[-1]}
+    return {"path": ir, "what": "OpenVINO's own conversion from PyTorch, compiled by its CPU plugin",
+            **json.loads(meta.read_text())}
 
 
 def attention_nodes(model: Path) -> list[dict]:
@@ -942,7 +989,7 @@ def profile_variants(args, prepared: dict) -> dict:
     for variant in [v for v in args.profile.split(",") if v]:
         for seq in profile_seqs:
             info = prepared.get(variant, {})
-            if not info.get("path") or (variant, str(seq)) in args.skip or variant == "openvino":
+            if not info.get("path") or (variant, str(seq)) in args.skip or variant in OPENVINO_VARIANTS:
                 continue
             print(f"[{time.strftime('%H:%M:%S')}] profiling {variant} S={seq} ...", flush=True)
             row = run_child(args, variant, info["path"], seq, profile_prefix=str(args.workdir / f"profile_{variant}_{seq}"))
@@ -1037,9 +1084,10 @@ def cpu_per_thread(r: dict) -> float | None:
 
 
 def openvino_seconds(reports: list[dict], seq: int, key: str = "seconds") -> float | None:
-    """OpenVINO's best time at `seq` over the reports (the reference of the issue's ratios)."""
+    """OpenVINO's best time at `seq` over the reports and over both of its routes (the ONNX export, its
+    own conversion from PyTorch): the reference of the issue's ratios."""
     times = [r[key] if key in r else cpu_per_thread(r) for rep in reports for r in rep["rows"]
-             if r["variant"] == "openvino" and r["seq"] == seq and r["status"] == "ok"]
+             if r["variant"] in OPENVINO_VARIANTS and r["seq"] == seq and r["status"] == "ok"]
     return min(t for t in times if t) if any(times) else None
 
 
@@ -1167,6 +1215,8 @@ if __name__ == "__main__":
         cmd, rest = sys.argv[1], sys.argv[2:]
         if cmd == "_export":
             _export(Path(rest[0]), int(rest[1]), int(rest[2]))
+        elif cmd == "_convert_openvino":
+            _convert_openvino(Path(rest[0]), int(rest[1]), int(rest[2]))
         elif cmd == "_torch_reference":
             _torch_reference(Path(rest[0]), int(rest[1]), int(rest[2]), int(rest[3]), int(rest[4]), Path(rest[5]))
         elif cmd == "_onnxscript":
