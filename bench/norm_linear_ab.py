@@ -6,12 +6,13 @@ the environment their runs see, or the layout of the projection weights, side by
         --variant main=/tmp/main.so new= newT=,T=1 knob=,OTFUSE_GEMM_ISA=avx2
 
 A variant is LABEL=LIBRARY[,KEY=VALUE...]: LIBRARY empty for OTFUSE_LIBRARY (the unfused session
-always loads that one, for its norm kernels); T=1 stores every projection weight transposed ([N, K],
-the contract's `transposed = 1`, as an exporter's Gemm(transB = 1) would) in that session's model;
-any other KEY=VALUE is set in the environment before each of that session's runs (and unset for
-the others'), so knobs read per call can be compared too. Knobs read when a kernel is created (such
-as OTFUSE_GEMM_ISA) are set around the session's creation as well. Prints per M the unfused time
-and, per variant, the median of per-turn unfused / variant ratios in wall and CPU time. Not a test.
+always loads that one, for its norm kernels); T=1 stores every projection weight [N, K] (the
+contract's `transposed = 1`, as an exporter's Gemm(transB = 1) would), T=0 every one [K, N] (as a
+MatMul export has them), in that session's model; without T the session gets the layout the fusion
+chose. Any other KEY=VALUE is set in the environment before each of that session's runs (and unset
+for the others'), so knobs read per call can be compared too. Knobs read when a kernel is created
+(such as OTFUSE_GEMM_ISA) are set around the session's creation as well. Prints per M the unfused
+time and, per variant, the median of per-turn unfused / variant ratios in wall and CPU time. Not a test.
 """
 
 from __future__ import annotations
@@ -53,20 +54,24 @@ def session(path: Path, threads: int, library: str, env: dict[str, str]) -> ort.
                 os.environ[key] = value
 
 
-def transposed_copy(fused: Path, out: Path) -> None:
-    """The fused model with every *NormLinear weight stored [N, K] and `transposed` set to 1."""
+def layout_copy(fused: Path, out: Path, transposed: bool) -> None:
+    """The fused model with every *NormLinear weight stored [N, K] (`transposed` = 1) or [K, N] (0)."""
     model = onnx.load(fused)
     inits = {init.name: init for init in model.graph.initializer}
     for node in model.graph.node:
         if not node.op_type.endswith("NormLinear"):
             continue
-        for name in node.input:
-            if name in inits and len(inits[name].dims) == 2:
+        widths = next(list(a.ints) for a in node.attribute if a.name == "out_features")
+        weights = [name for name in node.input if name in inits and len(inits[name].dims) == 2][-len(widths):]
+        flags = next((a for a in node.attribute if a.name == "transposed"), None)
+        if flags is None:
+            flags = onnx.helper.make_attribute("transposed", [0] * len(widths))
+            node.attribute.append(flags)
+        for i, name in enumerate(weights):
+            if flags.ints[i] != int(transposed):
                 array = numpy_helper.to_array(inits[name])
                 inits[name].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(array.T), name))
-        for attribute in node.attribute:
-            if attribute.name == "transposed":
-                attribute.ints[:] = [1] * len(attribute.ints)
+        flags.ints[:] = [int(transposed)] * len(widths)
     onnx.save(model, out)
 
 
@@ -74,7 +79,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "fp16"])
     parser.add_argument("--tokens", nargs="+", type=int, default=[512])
-    parser.add_argument("--variant", nargs="+", required=True, help="LABEL=LIBRARY[,KEY=VALUE...] (T=1: weights [N, K])")
+    parser.add_argument("--variant", nargs="+", required=True,
+                        help="LABEL=LIBRARY[,KEY=VALUE...] (T=1: weights [N, K], T=0: [K, N])")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", type=int, default=7, help="clean turns wanted")
     parser.add_argument("--turns", type=int, default=9, help="turns at most")
@@ -85,7 +91,7 @@ def main() -> None:
           f"loadavg {open('/proc/loadavg').read().split()[:3]}", flush=True)
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
-        src, base, fused, fused_t = (folder / f"{n}.onnx" for n in ("block", "base", "fused", "fused_t"))
+        src, base, fused = (folder / f"{n}.onnx" for n in ("block", "base", "fused"))
         onnx.save(nl.block_model(dtype), src)
         otfuse.fuse(src, base, only=["norm"])
         otfuse.fuse(src, fused, only=["norm", "norm_linear"])
@@ -94,10 +100,10 @@ def main() -> None:
             label, rest = spec.split("=", 1)
             library, *pairs = rest.split(",")
             env = dict(pair.split("=", 1) for pair in pairs)
-            transposed = env.pop("T", "0") == "1"
-            if transposed and not fused_t.exists():
-                transposed_copy(fused, fused_t)
-            path = fused_t if transposed else fused
+            layout = env.pop("T", None)
+            path = fused if layout is None else folder / f"fused_t{layout}.onnx"
+            if not path.exists():
+                layout_copy(fused, path, layout == "1")
             sessions.append((label, session(path, args.threads, library or default_library, env), env))
         keys = sorted({key for _, _, env in sessions for key in env})
 

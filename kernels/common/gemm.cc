@@ -39,7 +39,8 @@ int64_t RoundUp(int64_t a, int64_t b) { return CeilDiv(a, b) * b; }
 
 // Few rows: W read in place, kStreamDepth rows in lockstep. At M = 64 this beat packing (0.79x
 // vs 0.66x the unfused MLAS); at 512 and 2048 packing wins.
-constexpr int64_t kStreamMaxRows = 64;
+using gemm_detail::kStreamMaxRows;
+using gemm_detail::TaskKind;
 // (kStreamDepth, common/gemm.h: 16 lockstep rows beat 8 and 32 at M = 16, fp32 0.98x vs 0.88x /
 // 0.80x the unfused time, fp16 1.20x vs 1.02x / 1.09x.)
 // Column ranges as wide as the accumulators allow, at most a quarter of the node's columns:
@@ -61,14 +62,14 @@ int64_t StreamAccumulatorFloats() {
 // slice (rows x kPackDepth floats) stays in L3 and whose accumulators take at most 3 MiB.
 constexpr int64_t kPackedChunkRows = 768;
 
-void AddTasks(const std::vector<GemmProduct>& products, bool packed, int64_t m, int64_t chunk_rows, size_t product,
+void AddTasks(const std::vector<GemmProduct>& products, TaskKind kind, int64_t m, int64_t chunk_rows, size_t product,
               int64_t range, std::vector<Task>* tasks, int64_t* max_cells) {
   const int64_t n = products[product].n;
   const int64_t cols = RoundUp(CeilDiv(n, CeilDiv(n, range)), kTileWidth);  // equal ranges of whole tiles
   for (int64_t row0 = 0; row0 < m; row0 += chunk_rows) {
     const int64_t rows = std::min(chunk_rows, m - row0);
     for (int64_t col0 = 0; col0 < n; col0 += cols) {
-      const Task task{static_cast<int64_t>(product), packed, row0, rows, col0, std::min(cols, n - col0)};
+      const Task task{static_cast<int64_t>(product), kind, row0, rows, col0, std::min(cols, n - col0)};
       tasks->push_back(task);
       *max_cells = std::max(*max_cells, rows * RoundUp(task.cols, kTileWidth));
     }
@@ -86,7 +87,7 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
       const int64_t range = !products[i].transposed  ? gemm_detail::kPackCols
                             : isa == GemmIsa::kAvx512 ? gemm_detail::kStagedCols
                                                       : gemm_detail::kPackColsTransposed;
-      AddTasks(products, true, m, chunk_rows, i, range, &tasks, max_cells);
+      AddTasks(products, TaskKind::kPacked, m, chunk_rows, i, range, &tasks, max_cells);
     }
     return tasks;
   }
@@ -94,8 +95,11 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
   for (const GemmProduct& p : products) total_cols += p.n;
   const int64_t max_range = std::max(kTileWidth, StreamAccumulatorFloats() / m / kTileWidth * kTileWidth);
   const int64_t wanted = std::max(kMinRangeCols, RoundUp(CeilDiv(total_cols, kStreamTasks), kTileWidth));
+  // [n, k] weights: the dot form up to kDotMaxRows rows, else the lane form (gemm_few_rows.inc).
+  const TaskKind transposed_kind = m <= gemm_detail::kDotMaxRows ? TaskKind::kDot : TaskKind::kLane;
   for (size_t i = 0; i < products.size(); ++i) {
-    AddTasks(products, false, m, m, i, std::min(max_range, wanted), &tasks, max_cells);
+    const TaskKind kind = products[i].transposed ? transposed_kind : TaskKind::kPlain;
+    AddTasks(products, kind, m, m, i, std::min(max_range, wanted), &tasks, max_cells);
   }
   return tasks;
 }
@@ -111,16 +115,29 @@ float* ThreadBuffer(size_t floats) {
   return buffer.get();
 }
 
+std::unique_ptr<float[]> AllocateA(int64_t floats) {
+  std::unique_ptr<float[]> buffer(new (std::nothrow) float[static_cast<size_t>(floats)]);
+  if (!buffer) throw Error("out of memory for a " + std::to_string(floats) + "-float GEMM operand");
+  return buffer;
+}
+
 }  // namespace
 
 void GemmInPlace(const KernelContext& ctx, GemmIsa isa, int64_t m, int64_t k, const float* a,
                  const std::vector<GemmProduct>& products) {
   if (m <= 0 || products.empty()) return;
+  int64_t max_cells = 0;
+  const std::vector<Task> tasks = PlanTasks(isa, m, products, &max_cells);
+  bool wants_packed = false, wants_lanes = false;
+  for (const Task& task : tasks) {
+    wants_packed |= task.kind != TaskKind::kDot && task.kind != TaskKind::kLane;
+    wants_lanes |= task.kind == TaskKind::kLane;
+  }
   // A in row blocks of up to 6 rows, [k][rows] each (one broadcast per row and k).
-  std::unique_ptr<float[]> a_packed(new (std::nothrow) float[static_cast<size_t>(m * k)]);
-  if (!a_packed) throw Error("out of memory for a " + std::to_string(m) + "x" + std::to_string(k) + " GEMM operand");
+  std::unique_ptr<float[]> a_packed;
+  if (wants_packed) a_packed = AllocateA(m * k);
   const int64_t blocks = CeilDiv(m, kRowBlock);
-  ctx.ParallelFor(static_cast<size_t>(blocks), [&](size_t block) {
+  ctx.ParallelFor(static_cast<size_t>(wants_packed ? blocks : 0), [&](size_t block) {
     const int64_t row0 = static_cast<int64_t>(block) * kRowBlock;
     const int64_t rows = std::min(kRowBlock, m - row0);
     float* dst = a_packed.get() + row0 * k;
@@ -129,10 +146,20 @@ void GemmInPlace(const KernelContext& ctx, GemmIsa isa, int64_t m, int64_t k, co
       for (int64_t kk = 0; kk < k; ++kk) dst[kk * rows + r] = src[kk];
     }
   });
+  // A in groups of 16 rows, [k][16] each, for the lane form.
+  std::unique_ptr<float[]> a_lanes;
+  const int64_t groups = CeilDiv(m, 16);
+  if (wants_lanes) a_lanes = AllocateA(groups * 16 * k);
+  ctx.ParallelFor(static_cast<size_t>(wants_lanes ? groups : 0), [&](size_t group) {
+    const int64_t row0 = static_cast<int64_t>(group) * 16;
+    float* dst = a_lanes.get() + row0 * k;
+    for (int64_t r = 0; r < 16; ++r) {
+      const float* src = row0 + r < m ? a + (row0 + r) * k : nullptr;
+      for (int64_t kk = 0; kk < k; ++kk) dst[kk * 16 + r] = src != nullptr ? src[kk] : 0.0f;
+    }
+  });
 
-  int64_t max_cells = 0;
-  const std::vector<Task> tasks = PlanTasks(isa, m, products, &max_cells);
-  const gemm_detail::Job job{m, k, a_packed.get(), products.data()};
+  const gemm_detail::Job job{m, k, a_packed.get(), products.data(), a, a_lanes.get()};
   const gemm_detail::TaskFn run = TaskFnFor(isa);
   const size_t stage_floats = static_cast<size_t>(gemm_detail::kStageFloats);
   const size_t buffer_floats = stage_floats + static_cast<size_t>(max_cells);

@@ -9,7 +9,7 @@
 // this project's Zen 3 machine streams at half the rate of a sequential read (bench/README.md).
 // The products here read W in the order that streams fastest, measured on that machine: for a
 // [k, n] weight, kDepthPlain rows in lockstep along the task's columns (8 concurrent streams beat
-// one sequential stream, 32 were 2.5x slower); for an [n, k] weight, kTileWidth rows along k.
+// one sequential stream, 32 were 2.5x slower); for an [n, k] weight, its rows along k.
 // cpu/norm_linear.cc chooses between this and MLAS per product size (bench/README.md says which
 // wins where, per CPU).
 //
@@ -20,12 +20,23 @@
 // its accumulators (rows x range floats) stay in L2 for the whole k loop, and are biased, rounded
 // to T and stored once at the end. The micro-kernel computes a 6 x 16 block over a depth of kb
 // rows of W read straight from W (float32, [k, n]) or from a [kb][16] float32 stage in L1
-// (16-bit weights widened, [n, k] weights transposed, partial tiles zero-padded).
+// (16-bit weights widened, [n, k] weights transposed when many rows share them, partial tiles
+// zero-padded).
 //
-// Numerics: float32 products summed in a fixed order (k ascending), whatever the thread count.
-// The AVX2 and AVX-512 variants use the same FMAs in the same order (bit-identical results), the
-// baseline variant multiply + add, so it agrees with them within float32 rounding, not bit for
-// bit.
+// Few rows (up to kStreamMaxRows) and an [n, k] weight (common/gemm_few_rows.inc): no stage of
+// transposes; each of W's rows is read along k once per call for all rows of A. Up to kDotMaxRows
+// rows as dot products (16-lane partial sums along k per (row of A, row of W), in registers for a
+// group of W's rows against every row of A, summed across lanes once at the end); more rows with
+// A's rows in the vector lanes ([k][16] per 16 rows) and each element of W broadcast against
+// them, W's rows copied (16-bit ones widened) a k block at a time into an L1 stage.
+//
+// Numerics: float32 products summed in a fixed order, whatever the thread count: k ascending in
+// one float32 sum, except for the dot form ([n, k] weight, up to kDotMaxRows rows), where lane j
+// of 16 sums the products of k = 16c + j (c ascending), the last k % 16 products are added to
+// lanes 0, 1, ... in turn, and the lanes are summed by a fixed tree (lanes j and j + 8, then j and
+// j + 4, j and j + 2, 0 and 1). The AVX2 and AVX-512 variants use the same FMAs in the same order
+// (bit-identical results), the baseline variant multiply + add, so it agrees with them within
+// float32 rounding, not bit for bit.
 #pragma once
 
 #include <cstddef>
@@ -68,8 +79,6 @@ constexpr int64_t kRowBlock = 6;
 constexpr int64_t kTileWidth = 16;
 // k rows per step over a [k, n] weight read in place: rows read in lockstep (gemm.cc).
 constexpr int64_t kStreamDepth = 16;
-// k rows per stage of an [n, k] weight: a [256][16] float32 stage is 16 KiB, half of L1.
-constexpr int64_t kDepthTransposed = 256;
 
 // Plain data: crosses between the translation units built for each ISA.
 struct Job {
@@ -77,11 +86,28 @@ struct Job {
   int64_t k;
   const float* a_packed;  // row block b at a_packed + b * kRowBlock * k: [k][rows of the block]
   const GemmProduct* products;
+  const float* a;        // row-major [m, k]
+  const float* a_lanes;  // group g of 16 rows at a_lanes + g * k * 16: [k][16], zero rows past m
 };
+
+// How a task reads W (gemm.cc plans, gemm_tiles.inc runs).
+enum class TaskKind {
+  kPlain,       // [k, n], few rows: in place, kStreamDepth rows in lockstep
+  kDot,         // [n, k], up to kDotMaxRows rows: dot products along k (gemm_few_rows.inc)
+  kLane,        // [n, k], more rows: A's rows in the vector lanes, W's elements broadcast
+  kPacked,      // many rows: W packed (or staged) per call
+};
+
+// Few rows: W read in place up to this many rows (gemm.cc).
+constexpr int64_t kStreamMaxRows = 64;
+// [n, k] weights, few rows: the dot form up to this many rows, the lane form above (its register
+// tile holds at most 4 rows of A; on the AVX-512 Xeon, float32 block, one thread, the dot form ran
+// 30.0 vs 53.1 ms at 2 rows and 39.9 vs 43.5 at 4: bench/README.md, "Issue 12, session 9").
+constexpr int64_t kDotMaxRows = 4;
 
 struct Task {
   int64_t product;
-  bool packed;  // W packed per call (many rows); else read in place
+  TaskKind kind;
   int64_t row0;  // a multiple of kRowBlock
   int64_t rows;
   int64_t col0;  // a multiple of kTileWidth

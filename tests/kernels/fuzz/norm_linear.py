@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from cpu_isa import cpu_isas
+
 from otfuse.verify import reference
 
 from .case import (F32, F64, FLOAT_TYPES, I64, MISSING_INPUT, X_TYPE_ERROR, Case, Const, Empty, chance, dims,
@@ -100,7 +102,14 @@ def expected(w: Draw) -> list[np.ndarray]:
 
 def valid(rng: np.random.Generator, op: str, backend: str) -> Case:
     w = draw(rng, op, backend)
-    return w.case(expected(w), env=environment(rng), threads=int(rng.integers(1, 3)),
+    if backend == "cpu" and chance(rng, 0.3):
+        # More rows than the lead dims give: the [N, K] lane form's several vectors and chunks.
+        w.lead = [int(pick(rng, [5, 16, 17, 33, 48, 64]))]
+        w.x = [values(rng, w.lead + [w.k], w.t, 2.0, 0.5) for _ in w.x]
+    env = environment(rng)
+    if backend == "cpu" and not env and chance(rng, 0.3) and "avx2" in cpu_isas():
+        env = {"OTFUSE_GEMM_ISA": "avx2"}  # the AVX2 micro-kernels on an AVX-512 CPU too
+    return w.case(expected(w), env=env, threads=int(rng.integers(1, 3)),
                   note=f"valid X {w.lead + [w.k]} widths {w.widths} {'const' if w.const else 'fed'} weights")
 
 

@@ -170,6 +170,18 @@ SHAPES = {
     # [n, k] weights, many rows: AVX-512's staged units (two tiles, then a partial one) over three k
     # blocks and two column ranges; the other kernels' packed blocks
     "packed-transposed": ((2, 70, 601), (300, 40), [1, 1]),
+    # [n, k] weights, up to 4 rows: the dot form (16-lane partial sums along k, W's rows in groups of
+    # 8 / 6 / 4 (AVX-512) or 6 / 3 / 2 / 1, then one row at a time), with a k tail and k < 16
+    "dot-rows": ((3, 1, 37), (9, 17, 1), [1, 1, 1]),
+    "dot-four": ((4, 300), (50, 3, 8), [1, 0, 1]),
+    "dot-short-k": ((2, 7), (13, 6), [1, 1]),
+    # [n, k] weights, 5 to 64 rows: the lane form (A's rows in the lanes, tiles of 24 / 12 / 8 / 6 of
+    # W's rows by 1-4 zmm, or 12 / 6 / 4 by 1-3 ymm, and every smaller height for the tails), k in
+    # blocks of 128 / 64 (AVX-512) or 256 / 128 with a tail, vectors in several chunks with AVX2
+    "lane-one-vector": ((5, 64), (24, 23, 1), [1, 1, 1]),
+    "lane-two-vectors": ((17, 129), (25, 24), [1, 1]),
+    "lane-three-vectors": ((40, 300), (61, 30), [1, 0]),
+    "lane-64-rows": ((2, 32, 280), (50, 9), [1, 1]),
 }
 
 
@@ -183,7 +195,7 @@ def test_odd_sizes(name, dtype):
 
 
 @pytest.mark.parametrize("path", ["ort", "own"])
-@pytest.mark.parametrize("name", ["one-row-one-col", "decode", "stream-blocks", "packed-deep"])
+@pytest.mark.parametrize("name", ["one-row-one-col", "decode", "stream-blocks", "packed-deep", "dot-rows"])
 def test_forced_float32_paths(monkeypatch, path, name):
     """ORT's Gemm and ours on every row count, both layouts and biases."""
     monkeypatch.setenv("OTFUSE_NORM_LINEAR_GEMM", path)
@@ -210,13 +222,34 @@ def test_empty_rows():
     assert got[0].shape == (0, 5, 8)
 
 
-@pytest.mark.parametrize("name", ["stream-blocks", "stream-ranges", "packed-deep", "packed-chunks", "packed-transposed"])
+@pytest.mark.parametrize("name", ["stream-blocks", "stream-ranges", "packed-deep", "packed-chunks", "packed-transposed",
+                                  "dot-four", "lane-three-vectors"])
 def test_thread_count_does_not_change_results(name):
     shape, widths, transposed = SHAPES[name]
     case = Case("AddLayerNormLinear", shape=shape, widths=widths, transposed=transposed, seed=11)
     one, two = case.run(threads=1), case.run(threads=2)
     for a, b in zip(one, two):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 5, 16, 40, 64])
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
+def test_transposed_weights_agree_with_k_n_ones(rows, dtype):
+    """The same weights stored [K, N] and [N, K]: from 5 rows on the [N, K] lane form runs the same
+    FMAs in the same order as the [K, N] path (bit-identical results); up to 4 rows the dot form sums
+    16 lanes of partial sums, so the two agree within float32 rounding (docs/ops.md)."""
+    widths = (37, 16)
+    plain = Case("RMSNormLinear", dtype, shape=(rows, 200), widths=widths, transposed=[0, 0], seed=17)
+    flipped = Case("RMSNormLinear", dtype, shape=(rows, 200), widths=widths, transposed=[1, 1], seed=17)
+    flipped.weights = [np.ascontiguousarray(w.T) for w in plain.weights]
+    a, b = plain.run(), flipped.run()
+    _check(flipped, b)
+    for x, y in zip(a, b):
+        if rows > 4:
+            np.testing.assert_array_equal(x, y)
+        else:
+            np.testing.assert_allclose(x.astype(np.float32), y.astype(np.float32), rtol=TOLERANCE[dtype],
+                                       atol=TOLERANCE[dtype])
 
 
 _RUN_IN_CHILD = (
@@ -239,8 +272,9 @@ def test_baseline_avx2_and_avx512_variants_agree(tmp_path):
     import subprocess
     import sys
     cases = []
-    for name in ("decode", "stream-blocks", "stream-deep", "stream-ranges", "packed-one-chunk", "packed-deep",
-                 "packed-chunks", "packed-transposed"):
+    for name in SHAPES:
+        if name == "one-row-one-col":
+            continue
         shape, widths, transposed = SHAPES[name]
         for dtype in (F32, F16, BF16):
             cases.append(Case("RMSNormLinear", dtype, shape=shape, widths=widths, transposed=transposed, seed=5))
