@@ -14,8 +14,10 @@
 //
 // ISA: avx512, avx2, baseline. MODE: decode (one query, 32:8 heads over a past of S keys, the
 // direct path), causal, window (S/4), softcap (50), cache (S/4 new rows over 3S/4 past), gqa
-// (16:4, causal); 16 heads x 128 otherwise. TYPE: fp32, fp16. BQ=rows sets the query tile.
-// HUGE=1 puts the past K/V on transparent huge pages. Keep runs short and under the bench lock.
+// (16:4, causal), dense (not causal); 16 heads x 128 otherwise. TYPE: fp32, fp16. BQ=rows sets the query tile.
+// HUGE=1 puts the past K/V on transparent huge pages. DESC=1 runs a head's query tiles last first
+// (the op's order); INTERLEAVE=1 packs each kv head's tiles just before its query heads' tasks
+// (reported as attend time, pack 0). Keep runs short and under the bench lock.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -77,7 +79,7 @@ int Run(const char* isa, const std::string& mode, int64_t S, int reps) {
   for (auto& x : vn) x = Conv<T>(rnd());
   AttentionJob<T> job{};
   job.batch = 1; job.q_heads = nq; job.kv_heads = nkv; job.group = nq / nkv; job.sq = sq; job.skv = skv; job.d = D; job.dv = D;
-  job.causal_offset = skv - sq; job.causal = true; job.window = mode == "window" ? S / 4 : 0;
+  job.causal_offset = skv - sq; job.causal = mode != "dense"; job.window = mode == "window" ? S / 4 : 0;
   job.scale = 1.0f / std::sqrt((float)D); job.softcap = mode == "softcap" ? 50.0f : 0.0f;
   job.q = q.data(); job.q_sb = nq * sq * D; job.q_sh = sq * D; job.q_ss = D;
   job.k_past = past ? kp : nullptr; job.v_past = past ? vp : nullptr; job.k_past_len = job.v_past_len = past;
@@ -99,6 +101,19 @@ int Run(const char* isa, const std::string& mode, int64_t S, int reps) {
   double best = 1e9, best_pack = 1e9;
   for (int rep = 0; rep < reps; ++rep) {
     double t0 = Now();
+    if (packed_path && getenv("INTERLEAVE")) {  // pack a kv head's tiles, then attend its query heads
+      int64_t first_key = job.window > 0 ? std::max<int64_t>(0, job.causal_offset - job.window + 1) : 0;
+      int64_t BQv = job.block_q, q_tiles = (sq + BQv - 1) / BQv;
+      for (int64_t g = 0; g < nkv; ++g) {
+        for (int64_t t = first_key / 128; t < job.kv_tiles; ++t) fns.pack_kv(job, 0, g, t, scratch.data());
+        for (int64_t h = g * job.group; h < (g + 1) * job.group; ++h)
+          for (int64_t qt = q_tiles - 1; qt >= 0; --qt)
+            fns.attend(job, 0, h, 1, qt * BQv, std::min<int64_t>(BQv, sq - qt * BQv), scratch.data());
+      }
+      double t2 = Now();
+      best = std::min(best, t2 - t0); best_pack = 0;
+      continue;
+    }
     if (packed_path) {
       int64_t first_key = job.window > 0 ? std::max<int64_t>(0, job.causal_offset - job.window + 1) : 0;
       for (int64_t g = 0; g < nkv; ++g)
@@ -108,8 +123,8 @@ int Run(const char* isa, const std::string& mode, int64_t S, int reps) {
     if (packed_path) {
       int64_t BQv = job.block_q; int64_t q_tiles = (sq + BQv - 1) / BQv;
       for (int64_t h = 0; h < nq; ++h)
-        for (int64_t qt = 0; qt < q_tiles; ++qt) {
-          int64_t i0 = qt * BQv;
+        for (int64_t step = 0; step < q_tiles; ++step) {
+          int64_t i0 = (getenv("DESC") ? q_tiles - 1 - step : step) * BQv;  // DESC=1: the op's order
           fns.attend(job, 0, h, 1, i0, std::min<int64_t>(BQv, sq - i0), scratch.data());
         }
     } else {
@@ -121,7 +136,7 @@ int Run(const char* isa, const std::string& mode, int64_t S, int reps) {
   // useful flops
   double pairs = 0;
   for (int64_t i = 0; i < sq; ++i) {
-    int64_t t = skv - sq + i; int64_t hi = t + 1; int64_t lo = job.window ? std::max<int64_t>(0, t - job.window + 1) : 0;
+    int64_t t = skv - sq + i; int64_t hi = job.causal ? t + 1 : skv; int64_t lo = job.window ? std::max<int64_t>(0, t - job.window + 1) : 0;
     pairs += hi - lo;
   }
   double flops = 4.0 * D * nq * pairs;
