@@ -110,10 +110,10 @@ int Run(const char* isa, const std::string& mode, int64_t S, int reps) {
       for (int64_t h = 0; h < nq; ++h)
         for (int64_t qt = 0; qt < q_tiles; ++qt) {
           int64_t i0 = qt * BQv;
-          fns.attend(job, 0, h, 1, i0, std::min<int64_t>(BQv, sq - i0), scratch.data());
+          fns.attend(job, 0, h, 1, i0, std::min<int64_t>(BQv, sq - i0), 0, scratch.data());
         }
     } else {
-      for (int64_t g = 0; g < nkv; ++g) fns.attend(job, 0, g * job.group, job.group, 0, sq, scratch.data());
+      for (int64_t g = 0; g < nkv; ++g) fns.attend(job, 0, g * job.group, job.group, 0, sq, 0, scratch.data());
     }
     double t2 = Now();
     best = std::min(best, t2 - t1); best_pack = std::min(best_pack, t1 - t0);
