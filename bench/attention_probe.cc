@@ -14,7 +14,8 @@
 //
 // ISA: avx512, avx2, baseline. MODE: decode (one query, 32:8 heads over a past of S keys, the
 // direct path), causal, window (S/4), softcap (50), cache (S/4 new rows over 3S/4 past), gqa
-// (16:4, causal); 16 heads x 128 otherwise. TYPE: fp32, fp16. BQ=rows sets the query tile.
+// (16:4, causal); 16 heads x 128 otherwise. TYPE: fp32, fp16. BQ=rows sets the query tile, BKV=keys
+// the key tile.
 // HUGE=1 puts the past K/V on transparent huge pages. Keep runs short and under the bench lock.
 #include <cmath>
 #include <cstdio>
@@ -84,8 +85,8 @@ int Run(const char* isa, const std::string& mode, int64_t S, int reps) {
   job.k_new = kn.data(); job.k_sb = nkv * fresh * D; job.k_sh = fresh * D; job.k_ss = D;
   job.v_new = vn.data(); job.v_sb = nkv * fresh * D; job.v_sh = fresh * D; job.v_ss = D;
   job.y = y.data(); job.y_sb = nq * sq * D; job.y_sh = sq * D; job.y_ss = D;
-  job.block_q = getenv("BQ") ? atol(getenv("BQ")) : 64; job.block_kv = 128; job.kv_tiles = (skv + 127) / 128; job.dv_padded = D;
-  job.k_tile_floats = 128 * D; job.v_tile_floats = 128 * D;
+  job.block_q = getenv("BQ") ? atol(getenv("BQ")) : 64; job.block_kv = getenv("BKV") ? atol(getenv("BKV")) : 128; job.kv_tiles = (skv + job.block_kv - 1) / job.block_kv; job.dv_padded = D;
+  job.k_tile_floats = job.block_kv * D; job.v_tile_floats = job.block_kv * D;
   AttentionFns<T> fns = Fns<T>(isa);
   std::vector<float> packed;
   bool packed_path = sq >= 8;

@@ -37,7 +37,7 @@ constexpr int64_t kMinRowsForPacking = 8;
 // The direct path splits the keys of too few row blocks (decoding: one per kv head) into ranges of
 // at least kMinSplitTiles key tiles, up to kSplitTasks tasks in all (bench/README.md, "Decode,
 // session 9").
-constexpr int64_t kSplitTasks = 32;
+constexpr int64_t kSplitTasks = 16;
 constexpr int64_t kMinSplitTiles = 4;
 
 using Layout = AttentionLayout;
@@ -540,8 +540,8 @@ class AttentionKernel {
   // Direct path: too few row blocks to keep the threads busy and balanced (decoding: one per kv
   // head) split the keys the job sees into kv_splits ranges of whole tiles, up to kSplitTasks
   // tasks in all and at least kMinSplitTiles tiles each; partials gets their results. One split
-  // leaves the job unchanged. The split depends on the shapes only: the same result on any
-  // number of threads.
+  // leaves the job unchanged. The split depends on the shapes and tiles only: the same result on
+  // any number of threads.
   template <typename T>
   static void PlanKeySplits(AttentionJob<T>& job, int64_t row_blocks, std::unique_ptr<float[]>& partials) {
     job.partials = nullptr;
