@@ -14,9 +14,9 @@
 //
 // ISA: avx512, avx2, baseline. MODE: decode (one query, 32:8 heads over a past of S keys, the
 // direct path), causal, window (S/4), softcap (50), cache (S/4 new rows over 3S/4 past), gqa
-// (16:4, causal), dense (not causal); 16 heads x 128 otherwise. TYPE: fp32, fp16. BQ=rows sets the query tile.
-// HUGE=1 puts the past K/V on transparent huge pages. DESC=1 runs a head's query tiles last first
-// (the op's order); INTERLEAVE=1 packs each kv head's tiles just before its query heads' tasks
+// (16:4, causal), dense (not causal); 16 heads x 128 otherwise. TYPE: fp32, fp16. BQ=rows sets the query tile,
+// BKV=keys the key tile. HUGE=1 puts the past K/V on transparent huge pages. DESC=1 runs a head's query tiles
+// last first (the op's order); INTERLEAVE=1 packs each kv head's tiles just before its query heads' tasks
 // (reported as attend time, pack 0). Keep runs short and under the bench lock.
 #include <cmath>
 #include <cstdio>
@@ -86,8 +86,8 @@ int Run(const char* isa, const std::string& mode, int64_t S, int reps) {
   job.k_new = kn.data(); job.k_sb = nkv * fresh * D; job.k_sh = fresh * D; job.k_ss = D;
   job.v_new = vn.data(); job.v_sb = nkv * fresh * D; job.v_sh = fresh * D; job.v_ss = D;
   job.y = y.data(); job.y_sb = nq * sq * D; job.y_sh = sq * D; job.y_ss = D;
-  job.block_q = getenv("BQ") ? atol(getenv("BQ")) : 64; job.block_kv = 128; job.kv_tiles = (skv + 127) / 128; job.dv_padded = D;
-  job.k_tile_floats = 128 * D; job.v_tile_floats = 128 * D;
+  job.block_q = getenv("BQ") ? atol(getenv("BQ")) : 64; job.block_kv = getenv("BKV") ? atol(getenv("BKV")) : 128; job.kv_tiles = (skv + job.block_kv - 1) / job.block_kv; job.dv_padded = D;
+  job.k_tile_floats = job.block_kv * D; job.v_tile_floats = job.block_kv * D;
   AttentionFns<T> fns = Fns<T>(isa);
   std::vector<float> packed;
   bool packed_path = sq >= 8;
@@ -108,7 +108,7 @@ int Run(const char* isa, const std::string& mode, int64_t S, int reps) {
         for (int64_t t = first_key / 128; t < job.kv_tiles; ++t) fns.pack_kv(job, 0, g, t, scratch.data());
         for (int64_t h = g * job.group; h < (g + 1) * job.group; ++h)
           for (int64_t qt = q_tiles - 1; qt >= 0; --qt)
-            fns.attend(job, 0, h, 1, qt * BQv, std::min<int64_t>(BQv, sq - qt * BQv), scratch.data());
+            fns.attend(job, 0, h, 1, qt * BQv, std::min<int64_t>(BQv, sq - qt * BQv), 0, scratch.data());
       }
       double t2 = Now();
       best = std::min(best, t2 - t0); best_pack = 0;
@@ -125,10 +125,10 @@ int Run(const char* isa, const std::string& mode, int64_t S, int reps) {
       for (int64_t h = 0; h < nq; ++h)
         for (int64_t step = 0; step < q_tiles; ++step) {
           int64_t i0 = (getenv("DESC") ? q_tiles - 1 - step : step) * BQv;  // DESC=1: the op's order
-          fns.attend(job, 0, h, 1, i0, std::min<int64_t>(BQv, sq - i0), scratch.data());
+          fns.attend(job, 0, h, 1, i0, std::min<int64_t>(BQv, sq - i0), 0, scratch.data());
         }
     } else {
-      for (int64_t g = 0; g < nkv; ++g) fns.attend(job, 0, g * job.group, job.group, 0, sq, scratch.data());
+      for (int64_t g = 0; g < nkv; ++g) fns.attend(job, 0, g * job.group, job.group, 0, sq, 0, scratch.data());
     }
     double t2 = Now();
     best = std::min(best, t2 - t1); best_pack = std::min(best_pack, t1 - t0);

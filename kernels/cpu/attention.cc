@@ -35,6 +35,11 @@ constexpr int64_t kBlockKv = 128;
 // Fewer query rows than this (decoding) read K/V rows in place instead of packing them first:
 // packing costs a pass over the whole cache that so few rows cannot amortise.
 constexpr int64_t kMinRowsForPacking = 8;
+// The direct path splits the keys of too few row blocks (decoding: one per kv head) into ranges of
+// at least kMinSplitTiles key tiles, up to kSplitTasks tasks in all (bench/README.md, "Decode,
+// session 9").
+constexpr int64_t kSplitTasks = 16;
+constexpr int64_t kMinSplitTiles = 4;
 
 using Layout = AttentionLayout;
 
@@ -517,25 +522,64 @@ class AttentionKernel {
       RunTasks(ctx, batch * nq * q_tiles, AttendScratchFloats(job), [&](int64_t task, float* scratch) {
         const int64_t bh = task / q_tiles;
         const int64_t i0 = (q_tiles - 1 - task % q_tiles) * job.block_q;
-        fns.attend(job, bh / nq, bh % nq, 1, i0, std::min(job.block_q, sq - i0), scratch);
+        fns.attend(job, bh / nq, bh % nq, 1, i0, std::min(job.block_q, sq - i0), 0, scratch);
       });
       return;
     }
     // Direct path: a task takes up to block_q rows = the query heads of one kv head (or a slice
-    // of them) x a few positions.
+    // of them) x a few positions, and one split of their keys.
     const int64_t heads_per_task = std::min(job.group, job.block_q);
     const int64_t head_chunks = (job.group + heads_per_task - 1) / heads_per_task;
     const int64_t positions = std::max<int64_t>(1, job.block_q / heads_per_task);
     const int64_t q_chunks = (sq + positions - 1) / positions;
-    RunTasks(ctx, batch * nkv * head_chunks * q_chunks, AttendScratchFloats(job), [&](int64_t task, float* scratch) {
-      const int64_t q_chunk = task % q_chunks;
-      const int64_t head_chunk = task / q_chunks % head_chunks;
-      const int64_t bg = task / q_chunks / head_chunks;
+    const int64_t row_blocks = batch * nkv * head_chunks * q_chunks;
+    AttentionJob<T> split_job = job;
+    std::unique_ptr<float[]> partials;
+    PlanKeySplits(split_job, row_blocks, partials);
+    const int64_t splits = split_job.kv_splits;
+    // The last split of a row block to finish merges the block's partials.
+    std::unique_ptr<std::atomic<int64_t>[]> finished(splits > 1 ? new std::atomic<int64_t>[row_blocks]() : nullptr);
+    RunTasks(ctx, row_blocks * splits, AttendScratchFloats(job), [&](int64_t task, float* scratch) {
+      const int64_t block = task / splits, split = task % splits;
+      const int64_t q_chunk = block % q_chunks;
+      const int64_t head_chunk = block / q_chunks % head_chunks;
+      const int64_t bg = block / q_chunks / head_chunks;
       const int64_t h0 = bg % nkv * job.group + head_chunk * heads_per_task;
       const int64_t i0 = q_chunk * positions;
-      fns.attend(job, bg / nkv, h0, std::min(heads_per_task, job.group - head_chunk * heads_per_task), i0,
-                 std::min(positions, sq - i0), scratch);
+      const int64_t heads = std::min(heads_per_task, job.group - head_chunk * heads_per_task);
+      fns.attend(split_job, bg / nkv, h0, heads, i0, std::min(positions, sq - i0), split, scratch);
+      if (splits > 1 && finished[block].fetch_add(1, std::memory_order_acq_rel) == splits - 1) {
+        fns.combine_splits(split_job, bg / nkv, h0, heads, i0, std::min(positions, sq - i0), scratch);
+      }
     });
+  }
+
+  // Direct path: too few row blocks to keep the threads busy and balanced (decoding: one per kv
+  // head) split the keys the job sees into kv_splits ranges of whole tiles, up to kSplitTasks
+  // tasks in all and at least kMinSplitTiles tiles each; partials gets their results. One split
+  // leaves the job unchanged. The split depends on the shapes and tiles only: the same result on
+  // any number of threads.
+  template <typename T>
+  static void PlanKeySplits(AttentionJob<T>& job, int64_t row_blocks, std::unique_ptr<float[]>& partials) {
+    job.partials = nullptr;
+    job.kv_splits = 1;
+    const int64_t end_key = job.causal ? std::min(job.skv, std::max<int64_t>(job.causal_offset + job.sq, 0)) : job.skv;
+    const int64_t first_key = job.window > 0 ? std::max<int64_t>(0, job.causal_offset - job.window + 1) : 0;
+    const int64_t split0 = first_key / job.block_kv * job.block_kv;
+    const int64_t tiles = (end_key - split0 + job.block_kv - 1) / job.block_kv;
+    const int64_t wanted = (kSplitTasks + row_blocks - 1) / row_blocks;
+    int64_t splits = std::min(wanted, tiles / kMinSplitTiles);
+    if (splits <= 1) return;
+    const int64_t split_tiles = (tiles + splits - 1) / splits;
+    splits = (tiles + split_tiles - 1) / split_tiles;
+    const size_t floats = static_cast<size_t>(DimProduct(Shape{job.batch, job.q_heads, job.sq, splits}, 0, 4) *
+                                              PartialFloats(job));
+    partials.reset(new (std::nothrow) float[floats]);
+    if (!partials) throw Error("out of memory for the key splits' partials (" + std::to_string(floats) + " floats)");
+    job.partials = partials.get();
+    job.kv_splits = splits;
+    job.kv_split0 = split0;
+    job.kv_split_len = split_tiles * job.block_kv;
   }
 
   // Phase 4 (empty_rows = "uniform"): the mean of V into the flagged rows, per (batch, kv head);

@@ -114,6 +114,16 @@ struct AttentionJob {
   int64_t v_tile_floats;
   float* k_packed;  // null: direct path
   float* v_packed;  // null on the packed path: float32 values with dv % 16 == 0, read in place
+
+  // Direct path split over the keys (flash decoding): with `partials` set, Attend's task `split`
+  // sees only keys [kv_split0 + split * kv_split_len, + kv_split_len) (kv_split0 and
+  // kv_split_len multiples of block_kv) and leaves each row's unnormalised O, running max and
+  // sum in partials + (((b * q_heads + h) * sq + i) * kv_splits + split) * PartialFloats(job);
+  // CombineSplits then merges a row's kv_splits partials into Y. null: no split.
+  float* partials;
+  int64_t kv_splits;
+  int64_t kv_split0;
+  int64_t kv_split_len;
 };
 
 // Phase 1 inputs: where present / the rotated keys go, and the rotation of the new keys.
@@ -145,6 +155,12 @@ static int64_t AttendScratchFloats(const AttentionJob<T>& job) {
          (job.k_packed == nullptr ? bkv * job.dv_padded : 0);
 }
 
+// One row's partial result of a key split: O [dv_padded], then the running max and sum.
+template <typename T>
+static int64_t PartialFloats(const AttentionJob<T>& job) {
+  return job.dv_padded + 2;
+}
+
 template <typename T>
 static int64_t KvRowsScratchFloats(const AttentionJob<T>& job) {
   return 2 * job.d + 2 * job.rotary_dim;
@@ -165,9 +181,12 @@ struct AttentionFns {
   void (*kv_rows)(const AttentionJob<T>& job, const KvRowsJob<T>& rows, int64_t b, int64_t g, float* scratch);
   void (*pack_kv)(const AttentionJob<T>& job, int64_t b, int64_t g, int64_t tile, float* scratch);
   // Query rows (b, h0 + hh, i0 + ii), hh < heads, ii < positions, heads * positions <= block_q,
-  // all heads of one kv head.
+  // all heads of one kv head; `split`: the key split (0 when job.partials is null).
   void (*attend)(const AttentionJob<T>& job, int64_t b, int64_t h0, int64_t heads, int64_t i0, int64_t positions,
-                 float* scratch);
+                 int64_t split, float* scratch);
+  // The same rows once every key split has attended: their partials merged into Y.
+  void (*combine_splits)(const AttentionJob<T>& job, int64_t b, int64_t h0, int64_t heads, int64_t i0,
+                         int64_t positions, float* scratch);
   void (*fill_empty_rows)(const AttentionJob<T>& job, int64_t b, int64_t g, float* scratch);
 };
 

@@ -173,6 +173,37 @@ def test_paths_and_tile_sizes(library, monkeypatch, path, tiles):
         check(library, inputs, {"num_heads": 2, "kv_num_heads": 1, "causal": 1, "window": window})
 
 
+@pytest.mark.parametrize("case", ["plain", "window", "padding", "alibi_softcap", "empty"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_decode_key_splits(library, monkeypatch, dtype, case):
+    # Decoding over a long past: the direct path splits the keys of its few row blocks into
+    # ranges of whole tiles (4 x 16 tiles over 300 keys: 4 splits of 5 tiles for one query row,
+    # 2 of 10 for three; with the window 3 and 2 splits from key 96, the first tile on its edge)
+    # and merges the splits' partial results. Some splits see no key (padding); with "empty" every
+    # row of batch 1 sees none at all (empty_rows = "uniform": the mean of V).
+    monkeypatch.setenv("OTFUSE_ATTENTION_TILES", "4x16")
+    rng = seeded("splits", dtype.name, case)
+    b, n, nkv, d, skv = 2, 4, 2, 24, 300
+    for sq in (1, 3):
+        inputs = with_past(qkv(rng, b, n, nkv, sq, skv, d, dtype, dv=40), skv - sq)
+        attrs = {"num_heads": n, "kv_num_heads": nkv, "causal": 1}
+        mask = np.ones((b, skv), np.int64)
+        if case == "window":
+            attrs["window"] = 200
+        elif case == "padding":
+            mask[0, :200] = 0
+            mask[1, 50:140] = 0
+        elif case == "alibi_softcap":
+            inputs["alibi_slopes"] = (2.0 ** (-8.0 * np.arange(1, n + 1) / n)).astype(F32)
+            attrs["softcap"] = 5.0
+        elif case == "empty":
+            mask[1] = 0
+            attrs["empty_rows"] = "uniform"
+        if not mask.all():
+            inputs["key_padding_mask"] = mask
+        check(library, inputs, attrs)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("path", ["direct", "packed"])
 @pytest.mark.parametrize("softcap", [0.0, 3.0])
