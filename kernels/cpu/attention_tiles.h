@@ -11,6 +11,8 @@
 //   2. PackKv (per batch x kv head x key tile, "packed" path only): keys widened to float32 and
 //      transposed once into panels the micro-kernels stream (O(Skv * D) floats); values too,
 //      unless they are float32 rows of a multiple of 16 lanes, which are read in place.
+//      By default (pack_state set) not a phase of its own: Attend packs each tile when the first
+//      task reaches it (EnsurePacked in attention_tiles.inc).
 //   3. Attend (per batch x head x query tile): flash attention with an online softmax; key tiles
 //      wholly outside the causal/window band are skipped, only tiles that straddle its edges are
 //      masked element by element.
@@ -114,6 +116,10 @@ struct AttentionJob {
   int64_t v_tile_floats;
   float* k_packed;  // null: direct path
   float* v_packed;  // null on the packed path: float32 values with dv % 16 == 0, read in place
+  // Lazy packing: [B][kv_heads][kv_tiles] states (0 not packed, 1 being packed, 2 packed), zeroed
+  // by the caller; Attend packs each tile when the first task reaches it (EnsurePacked). null:
+  // the tiles were packed beforehand (phase 2).
+  int32_t* pack_state;
 
   // Direct path split over the keys (flash decoding): with `partials` set, Attend's task `split`
   // sees only keys [kv_split0 + split * kv_split_len, + kv_split_len) (kv_split0 and

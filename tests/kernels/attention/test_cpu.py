@@ -256,6 +256,36 @@ def test_half_keys_and_values_packed(library, monkeypatch, dtype, tiles, d, dv):
     assert_close(avx2, baseline)
 
 
+@pytest.mark.parametrize("dtype", [F32, F16], ids=lambda d: d.name)
+@pytest.mark.parametrize("case", ["causal", "window", "alibi", "padding"])
+def test_lazy_packing_equals_a_packing_phase(library, monkeypatch, dtype, case):
+    # Each key tile is packed by the first task that reads it (tasks that find it being packed
+    # pack the tiles they read next): bit for bit what packing every tile in a phase of its own
+    # gives, on 1, 2 and 4 threads. 7 x 16 tiles over 130 keys: many tasks race for each tile;
+    # ALiBi walks the tiles backwards, padding skips a whole tile (never packed).
+    monkeypatch.setenv("OTFUSE_ATTENTION_PATH", "packed")
+    monkeypatch.setenv("OTFUSE_ATTENTION_TILES", "7x16")
+    rng = seeded("lazy-pack", dtype.name, case)
+    n, nkv = 4, 2
+    inputs = with_past(qkv(rng, 2, n, nkv, 90, 130, 24, dtype, dv=40), 40)
+    attrs = {"num_heads": n, "kv_num_heads": nkv, "causal": 1}
+    if case == "window":
+        attrs["window"] = 37
+    elif case == "alibi":
+        inputs["alibi_slopes"] = (2.0 ** (-8.0 * np.arange(1, n + 1) / n)).astype(F32)
+    elif case == "padding":
+        mask = np.ones((2, 130), np.int64)
+        mask[0, 16:40] = 0
+        inputs["key_padding_mask"] = mask
+    (lazy,) = check(library, inputs, attrs)
+    for threads in (1, 4):
+        (other,) = run_op(library, "Attention", inputs, attrs, threads=threads)
+        np.testing.assert_array_equal(other.view(np.uint8), lazy.view(np.uint8))
+    monkeypatch.setenv("OTFUSE_ATTENTION_PACK", "phase")
+    (phase,) = run_op(library, "Attention", inputs, attrs)
+    np.testing.assert_array_equal(phase.view(np.uint8), lazy.view(np.uint8))
+
+
 def _under_each_isa(library, monkeypatch, inputs, attrs):
     """The op's output with the default kernels, the AVX2 variant forced, and the baseline."""
     (default,) = check(library, inputs, attrs)
