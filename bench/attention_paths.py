@@ -360,21 +360,19 @@ def path_cells(p: Path, r: dict, refs: dict, threads: int, failures: list) -> st
         r["vs_read_kv_cpu"] = r["kv_gbps_cpu"] / kv_ref["best"] if kv_ref else None
         r["vs_read_dram"] = r["kv_gbps"] / dram["best"] if dram else None
         r["vs_read_dram_cpu"] = r["kv_gbps_cpu"] / dram["best"] if dram else None
-        if p.layers > 1:  # a cold cache is read from memory: the DRAM-sized stream_read is its reference
-            if (r["vs_read_dram"] is not None and max(r["vs_read_dram"], r["vs_read_dram_cpu"]) < 0.70
-                    and r["isa"] == "native"):
-                failures.append(f"{p.name}: {r['vs_read_dram']:.2f} of the DRAM read bandwidth by wall, "
-                                f"{r['vs_read_dram_cpu']:.2f} by CPU time (goal 0.70)")
-            return (f"{'':>8} {'':>8} {'':>6} {'':>6} {r['kv_gbps']:6.1f} {'':>7}"
-                    f" {r['vs_read_dram'] or 0:7.2f}" + ab + f"   by CPU: {r['kv_gbps_cpu']:.1f} GB/s,"
-                    f" {r['vs_read_dram_cpu'] or 0:.2f} of DRAM read; {p.layers} layers' caches in turn")
-        if (r["vs_read_kv"] is not None and max(r["vs_read_kv"], r["vs_read_kv_cpu"]) < 0.70 and not p.present
+        # The goal's reference: stream_read on the K/V's own size (a hot cache stays in L3 between
+        # calls), or for a cold cache, read from memory, the DRAM-sized one.
+        cold = p.layers > 1
+        ratio, ratio_cpu = ("vs_read_dram", "vs_read_dram_cpu") if cold else ("vs_read_kv", "vs_read_kv_cpu")
+        what = "the DRAM read bandwidth" if cold else "the read bandwidth on its K/V size"
+        if (r[ratio] is not None and max(r[ratio], r[ratio_cpu]) < 0.70 and not p.present
                 and r["isa"] == "native"):
-            failures.append(f"{p.name}: {r['vs_read_kv']:.2f} of the read bandwidth on its K/V size by wall, "
-                            f"{r['vs_read_kv_cpu']:.2f} by CPU time (goal 0.70)")
-        return (f"{'':>8} {'':>8} {'':>6} {'':>6} {r['kv_gbps']:6.1f} {r['vs_read_kv'] or 0:7.2f}"
+            failures.append(f"{p.name}: {r[ratio]:.2f} of {what} by wall, {r[ratio_cpu]:.2f} by CPU time (goal 0.70)")
+        hot_cell = "" if cold else f"{r['vs_read_kv'] or 0:7.2f}"
+        note = f" of DRAM read; {p.layers} layers' caches in turn" if cold else " of read"
+        return (f"{'':>8} {'':>8} {'':>6} {'':>6} {r['kv_gbps']:6.1f} {hot_cell:>7}"
                 f" {r['vs_read_dram'] or 0:7.2f}" + ab + f"   by CPU: {r['kv_gbps_cpu']:.1f} GB/s,"
-                f" {r['vs_read_kv_cpu'] or 0:.2f} of read")
+                f" {r[ratio_cpu] or 0:.2f}" + note)
     r["vs_matmul"] = r["gflops"] / reference_rate(refs, r["s"], "gflops")
     r["vs_matmul_cpu"] = r["gflops_cpu"] / reference_rate(refs, r["s"], "gflops_cpu")
     if max(r["vs_matmul"], r["vs_matmul_cpu"]) < 0.85 and r["isa"] == "native":
