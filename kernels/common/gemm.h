@@ -79,6 +79,9 @@ constexpr int64_t kRowBlock = 6;
 constexpr int64_t kTileWidth = 16;
 // k rows per step over a [k, n] weight read in place: rows read in lockstep (gemm.cc).
 constexpr int64_t kStreamDepth = 16;
+// ... for a task of more than kStreamMaxRows rows (two tiles per call, AVX-512): fewer reloads
+// of its accumulators per FMA (bench/README.md, "norm_linear, middle rows, session 9").
+constexpr int64_t kStreamDepthPaired = 32;
 
 // Plain data: crosses between the translation units built for each ISA.
 struct Job {
