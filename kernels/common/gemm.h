@@ -105,9 +105,9 @@ enum class TaskKind {
 constexpr int64_t kStreamMaxRows = 64;
 // ... and up to this many for a [k, n] weight with the AVX-512 kernels, two tiles per call above
 // kStreamMaxRows rows (PlainTask). On the Emerald Rapids Xeon (bench/README.md, "norm_linear,
-// middle rows, session 9") this beat packing by 6-10% at 96 and 128 rows, tied at 160 and lost
-// at 192; with the AVX2 kernels (one tile per call) packing wins from 96-128 rows on.
-constexpr int64_t kStreamMaxRowsAvx512 = 128;
+// middle rows, session 9") this beat packing by 2-20% at 96-256 rows and lost at 384; with the
+// AVX2 kernels (one tile per call) packing wins from 96-128 rows on.
+constexpr int64_t kStreamMaxRowsAvx512 = 256;
 // [n, k] weights, few rows: the dot form up to this many rows, the lane form above (its register
 // tile holds at most 4 rows of A; on the AVX-512 Xeon, float32 block, one thread, the dot form ran
 // 30.0 vs 53.1 ms at 2 rows and 39.9 vs 43.5 at 4: bench/README.md, "Issue 12, session 9").
