@@ -76,21 +76,15 @@ void AddTasks(const std::vector<GemmProduct>& products, TaskKind kind, int64_t m
   }
 }
 
+// Rows up to which a product reads W in place (common/gemm.h).
+int64_t StreamMaxRows(GemmIsa isa, const GemmProduct& product) {
+  return isa == GemmIsa::kAvx512 && !product.transposed ? gemm_detail::kStreamMaxRowsAvx512 : kStreamMaxRows;
+}
+
 std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduct>& products, int64_t* max_cells) {
   std::vector<Task> tasks;
   *max_cells = 0;
-  if (m > kStreamMaxRows) {
-    const int64_t chunk_rows = RoundUp(CeilDiv(m, CeilDiv(m, kPackedChunkRows)), kRowBlock);
-    for (size_t i = 0; i < products.size(); ++i) {
-      // Column ranges: staged tasks for [n, k] weights with AVX-512, else packed ones (gemm_tiles.inc
-      // chooses by the same rule).
-      const int64_t range = !products[i].transposed  ? gemm_detail::kPackCols
-                            : isa == GemmIsa::kAvx512 ? gemm_detail::kStagedCols
-                                                      : gemm_detail::kPackColsTransposed;
-      AddTasks(products, TaskKind::kPacked, m, chunk_rows, i, range, &tasks, max_cells);
-    }
-    return tasks;
-  }
+  const int64_t chunk_rows = RoundUp(CeilDiv(m, CeilDiv(m, kPackedChunkRows)), kRowBlock);
   int64_t total_cols = 0;
   for (const GemmProduct& p : products) total_cols += p.n;
   const int64_t max_range = std::max(kTileWidth, StreamAccumulatorFloats() / m / kTileWidth * kTileWidth);
@@ -98,6 +92,15 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
   // [n, k] weights: the dot form up to kDotMaxRows rows, else the lane form (gemm_few_rows.inc).
   const TaskKind transposed_kind = m <= gemm_detail::kDotMaxRows ? TaskKind::kDot : TaskKind::kLane;
   for (size_t i = 0; i < products.size(); ++i) {
+    if (m > StreamMaxRows(isa, products[i])) {
+      // Column ranges: staged tasks for [n, k] weights with AVX-512, else packed ones (gemm_tiles.inc
+      // chooses by the same rule).
+      const int64_t range = !products[i].transposed  ? gemm_detail::kPackCols
+                            : isa == GemmIsa::kAvx512 ? gemm_detail::kStagedCols
+                                                      : gemm_detail::kPackColsTransposed;
+      AddTasks(products, TaskKind::kPacked, m, chunk_rows, i, range, &tasks, max_cells);
+      continue;
+    }
     const TaskKind kind = products[i].transposed ? transposed_kind : TaskKind::kPlain;
     AddTasks(products, kind, m, m, i, std::min(max_range, wanted), &tasks, max_cells);
   }

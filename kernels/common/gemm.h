@@ -79,6 +79,9 @@ constexpr int64_t kRowBlock = 6;
 constexpr int64_t kTileWidth = 16;
 // k rows per step over a [k, n] weight read in place: rows read in lockstep (gemm.cc).
 constexpr int64_t kStreamDepth = 16;
+// ... for a task of more than kStreamMaxRows rows (two tiles per call, AVX-512): fewer reloads
+// of its accumulators per FMA (bench/README.md, "norm_linear, middle rows, session 9").
+constexpr int64_t kStreamDepthPaired = 32;
 
 // Plain data: crosses between the translation units built for each ISA.
 struct Job {
@@ -100,6 +103,11 @@ enum class TaskKind {
 
 // Few rows: W read in place up to this many rows (gemm.cc).
 constexpr int64_t kStreamMaxRows = 64;
+// ... and up to this many for a [k, n] weight with the AVX-512 kernels, two tiles per call above
+// kStreamMaxRows rows (PlainTask). On the Emerald Rapids Xeon (bench/README.md, "norm_linear,
+// middle rows, session 9") this beat packing by 2-20% at 96-256 rows and lost at 384; with the
+// AVX2 kernels (one tile per call) packing wins from 96-128 rows on.
+constexpr int64_t kStreamMaxRowsAvx512 = 256;
 // [n, k] weights, few rows: the dot form up to this many rows, the lane form above (its register
 // tile holds at most 4 rows of A; on the AVX-512 Xeon, float32 block, one thread, the dot form ran
 // 30.0 vs 53.1 ms at 2 rows and 39.9 vs 43.5 at 4: bench/README.md, "Issue 12, session 9").

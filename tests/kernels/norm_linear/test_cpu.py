@@ -2,7 +2,7 @@
 
 Weights are constant initializers or graph inputs; the kernel reads both in place, so they must
 give the same bits. The products take one of three paths (kernels/cpu/norm_linear.cc): ORT's own
-Gemm (float32, one row, CPUs without AVX-512), our GEMM reading W in place (up to 64 rows) or packing it per task (more
+Gemm (float32, one row, CPUs without AVX-512), our GEMM reading W in place (up to 64 rows; 256 for [K, N] weights with AVX-512) or packing it per task (more
 rows); OTFUSE_NORM_LINEAR_GEMM=ort / own forces ORT's or ours for float32, OTFUSE_CPU_ISA=baseline
 the portable micro-kernels, OTFUSE_GEMM_ISA=avx2 the AVX2 ones on an AVX-512 CPU. The shapes below reach every path, layout and edge (partial tiles,
 k blocks, row chunks, column ranges) on every path the machine has. bfloat16 crosses the graph
@@ -164,7 +164,11 @@ SHAPES = {
     "stream-blocks": ((13, 70), (5, 33, 16), [0, 1, 0]),  # 13 rows = 6 + 6 + 1, odd K, partial tiles
     "stream-deep": ((2, 3, 300), (100, 7), [1, 0]),  # K past one 256-deep transposed stage, K % 16 != 0
     "stream-ranges": ((64, 100), (1100,), [0]),  # 64 rows: the most streamed, four column ranges
-    "packed-one-chunk": ((65, 40), (48, 17), [0, 1]),  # the first packed size, one k block
+    # 100 rows, [K, N]: streamed two tiles per call with AVX-512 (pairs, a lone tile, a partial one),
+    # packed with the other kernels
+    "stream-pairs": ((100, 70), (80, 33), [0, 0]),
+    "packed-one-chunk": ((65, 40), (48, 17), [0, 1]),  # the first packed size (AVX-512: [N, K] only), one k block
+    "packed-first-avx512": ((257, 40), (48, 17), [0, 1]),  # the first packed size of AVX-512's [K, N] weights
     "packed-deep": ((2, 70, 601), (130, 13), [0, 1]),  # three k blocks (256, 256, 89), K % 8 != 0
     "packed-chunks": ((4, 203, 70), (1100, 9), [0, 1]),  # 812 rows: two row chunks, two column ranges
     # [n, k] weights, many rows: AVX-512's staged units (two tiles, then a partial one) over three k
@@ -222,7 +226,7 @@ def test_empty_rows():
     assert got[0].shape == (0, 5, 8)
 
 
-@pytest.mark.parametrize("name", ["stream-blocks", "stream-ranges", "packed-deep", "packed-chunks", "packed-transposed",
+@pytest.mark.parametrize("name", ["stream-blocks", "stream-ranges", "stream-pairs", "packed-deep", "packed-chunks", "packed-transposed",
                                   "dot-four", "lane-three-vectors"])
 def test_thread_count_does_not_change_results(name):
     shape, widths, transposed = SHAPES[name]
@@ -267,7 +271,7 @@ def test_baseline_avx2_and_avx512_variants_agree(tmp_path):
     each against the reference; AVX2 and the default agree bit for bit (the same FMAs in the same
     order), baseline within float32 rounding; on every path of otfuse's GEMM (forced for float32,
     whose one-row products would otherwise take ORT's Gemm), including AVX-512's paired row blocks
-    (13, 64, 65, 140 and 812 rows)."""
+    (13, 64, 65, 100, 140, 257 and 812 rows)."""
     import os
     import subprocess
     import sys
