@@ -124,3 +124,25 @@ def test_bad_sinks_fail_with_one_message(library, bad):
 
 def test_bf16_dtype_is_covered():
     assert BF16 in DTYPES
+
+
+@pytest.mark.parametrize("mask", ["none", "window", "padding"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_sinks_count_once_when_decoding_splits_the_keys(library, monkeypatch, dtype, mask):
+    # Decoding over a long past splits the keys of each row block across tasks and merges their
+    # partial results (test_cpu.test_decode_key_splits): the sink is one key of the row, so it
+    # belongs to one split only, not to each. Padding hides every key of batch 1's first split.
+    monkeypatch.setenv("OTFUSE_ATTENTION_TILES", "4x16")
+    rng = seeded("sinks-splits", dtype.name, mask)
+    b, n, nkv, d, skv = 2, 4, 2, 24, 300
+    for sq in (1, 3):
+        inputs = with_past(qkv(rng, b, n, nkv, sq, skv, d, dtype), skv - sq)
+        inputs["sinks"] = gpt_oss_sinks(n, rng)
+        attrs = {"num_heads": n, "kv_num_heads": nkv, "causal": 1}
+        if mask == "window":
+            attrs["window"] = 200
+        elif mask == "padding":
+            key_mask = np.ones((b, skv), np.int64)
+            key_mask[1, :100] = 0
+            inputs["key_padding_mask"] = key_mask
+        check(library, inputs, attrs)
