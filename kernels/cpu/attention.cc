@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "common/attention_params.h"
@@ -475,6 +476,15 @@ class AttentionKernel {
     }
   }
 
+  // The keys any query row may see, [first, end): up to the last row's position when causal, from
+  // the first row's window start.
+  template <typename T>
+  static std::pair<int64_t, int64_t> VisibleKeys(const AttentionJob<T>& job) {
+    const int64_t end = job.causal ? std::min(job.skv, std::max<int64_t>(job.causal_offset + job.sq, 0)) : job.skv;
+    const int64_t first = job.window > 0 ? std::max<int64_t>(0, job.causal_offset - job.window + 1) : 0;
+    return {first, end};
+  }
+
   // Phase 2 (packed path): the float32 panels of the used key/value tiles; packed here, or (lazy
   // packing, the default) each by the first Attend task that reads it, which overlaps the packing
   // with the other thread's tiles (bench/README.md, "Every path, session 9": AVX-512 window S/4
@@ -482,10 +492,9 @@ class AttentionKernel {
   template <typename T>
   void PackKv(const KernelContext& ctx, const AttentionFns<T>& fns, AttentionJob<T>& job,
               RunBuffers<T>& buffers) const {
-    const int64_t batch = job.batch, nkv = job.kv_heads, sq = job.sq, skv = job.skv, window = job.window;
-    // Keys any query may see: [first_key, end_key); tiles outside are never packed nor read.
-    const int64_t end_key = causal_ ? std::min(skv, std::max<int64_t>(job.causal_offset + sq, 0)) : skv;
-    const int64_t first_key = window > 0 ? std::max<int64_t>(0, job.causal_offset - window + 1) : 0;
+    const int64_t batch = job.batch, nkv = job.kv_heads, sq = job.sq;
+    // Tiles outside the keys any query may see are never packed nor read.
+    const auto [first_key, end_key] = VisibleKeys(job);
     const bool packed = tiles_.force_path == 2 || (tiles_.force_path == 0 && sq >= kMinRowsForPacking);
     if (!packed || first_key >= end_key) return;
     // float32 values whose rows fill whole 16-lane panels are read in place.
@@ -577,8 +586,7 @@ class AttentionKernel {
   static void PlanKeySplits(AttentionJob<T>& job, int64_t row_blocks, std::unique_ptr<float[]>& partials) {
     job.partials = nullptr;
     job.kv_splits = 1;
-    const int64_t end_key = job.causal ? std::min(job.skv, std::max<int64_t>(job.causal_offset + job.sq, 0)) : job.skv;
-    const int64_t first_key = job.window > 0 ? std::max<int64_t>(0, job.causal_offset - job.window + 1) : 0;
+    const auto [first_key, end_key] = VisibleKeys(job);
     const int64_t split0 = first_key / job.block_kv * job.block_kv;
     const int64_t tiles = (end_key - split0 + job.block_kv - 1) / job.block_kv;
     const int64_t wanted = (kSplitTasks + row_blocks - 1) / row_blocks;
