@@ -8,7 +8,8 @@ node), never crash. `.ci/sanitize` runs this file against the AddressSanitizer +
 UndefinedBehaviorSanitizer build with more cases.
 
 Deterministic: case `i` of (backend, op, kind) is drawn from a generator seeded with
-crc32("{seed}/{backend}/{op}/{kind}/{i}"). OTFUSE_FUZZ_CASES (default 6) sets the cases per
+crc32("{seed}/{backend}/{op}/{kind}/{i}"); a family may add CPU kinds of its own (CPU_KINDS: the
+attention's decode key splits). OTFUSE_FUZZ_CASES (default 6) sets the cases per
 (backend, op, kind), OTFUSE_FUZZ_SEED (default 0) the seed. A failing case reruns alone with
 `pytest tests/kernels/test_fuzz.py -k "cpu-RMSNorm-invalid-3"`.
 """
@@ -38,7 +39,7 @@ def _params():
     for family in FAMILIES:
         for op in family.OPS:
             for backend in BACKENDS:
-                for kind in KINDS:
+                for kind in KINDS + (getattr(family, "CPU_KINDS", ()) if backend == "cpu" else ()):
                     for index in range(CASES):
                         yield pytest.param(family, op, backend, kind, index, id=f"{backend}-{op}-{kind}-{index}")
 

@@ -13,12 +13,17 @@ from .case import (BF16, BOOL, F16, F32, F64, FLOAT_TYPES, I32, I64, INT64_MAX, 
 from .rotary import ASCEND_FORM_REFUSAL, split_even
 
 OPS = ("Attention", "RopeAttention")
+CPU_KINDS = ("decode_splits",)  # beside valid / invalid (tests/kernels/test_fuzz.py)
 ATTENTION_INPUTS = ["Q", "K", "V", "attn_bias", "key_padding_mask", "past_key", "past_value", "alibi_slopes", "sinks"]
 ROPE_INPUTS = ["Q", "K", "V", "cos", "sin", "attn_bias", "key_padding_mask", "past_key", "past_value", "alibi_slopes",
                "sinks"]
 # The Ascend kernel refuses any sinks input (docs/ops.md, "Ascend mapping").
 ASCEND_NO_SINKS = r"attention sinks are not mapped"
 TILES = ["16x16", "5x32", "1x16", "7x48", "64x128", "3x16"]
+# Key tiles of 16 with at least 8 of them (2 x kMinSplitTiles, kernels/cpu/attention.cc): a few query
+# rows then take the decode key splits (flash decoding), which the other draws, at most 110 keys over
+# tiles of 16+, never reach. The sinks counted once per split went unseen that way (8cc2a74).
+SPLIT_TILES = ["1x16", "2x16", "3x16", "16x16"]
 
 
 @dataclass
@@ -140,13 +145,18 @@ def _inputs(rng: np.random.Generator, w: Draw, ascend: bool = False) -> None:
         x["sinks"] = _sinks(rng, w.n)
 
 
-def draw(rng: np.random.Generator, op: str, backend: str) -> Draw:
+def draw(rng: np.random.Generator, op: str, backend: str, splits: bool = False) -> Draw:
     ascend = backend == "ascend"
     nkv = int(pick(rng, [1, 2, 3]))
     n = nkv * int(pick(rng, [1, 2, 3, 4]))
     sq = 0 if chance(rng, 0.04) else int(pick(rng, [1, 1, 2, 3, 5, 8, 13, 20, 33, 64, 70]))
     s_new = sq if chance(rng, 0.6) else int(pick(rng, [0, 1, 2, 5, 9, 17, 40, 70]))
     past = int(pick(rng, [0, 1, 3, 8, 20, 40])) if chance(rng, 0.4) else None
+    splits = splits or (not ascend and chance(rng, 0.15))
+    if splits:  # decoding over a long past: the key splits, with any attribute or input drawn below
+        sq = int(pick(rng, [1, 1, 2, 3]))
+        s_new = sq if chance(rng, 0.6) else int(pick(rng, [0, 1, 2]))
+        past = int(rng.integers(8 * 16, 40 * 16))
     if ascend:  # aclnnFusedInferAttentionScoreV3: Dv = D, 16-byte aligned (docs/ops.md refusals)
         d = dv = int(pick(rng, [8, 16, 24, 32, 64]))
     else:
@@ -160,10 +170,17 @@ def draw(rng: np.random.Generator, op: str, backend: str) -> Draw:
     _inputs(rng, w, ascend)
     w.omit = frozenset(i for i in (1, 2) if chance(rng, 0.5))
     w.env = environment(rng)
-    if chance(rng, 0.5):
-        w.env["OTFUSE_ATTENTION_TILES"] = pick(rng, TILES)
-    if chance(rng, 0.4):
-        w.env["OTFUSE_ATTENTION_PATH"] = pick(rng, ["direct", "packed"])
+    if splits:
+        w.env["OTFUSE_ATTENTION_TILES"] = pick(rng, SPLIT_TILES)
+        if chance(rng, 0.3):
+            w.env["OTFUSE_ATTENTION_PATH"] = "direct"
+    else:
+        if chance(rng, 0.5):
+            w.env["OTFUSE_ATTENTION_TILES"] = pick(rng, TILES)
+        if chance(rng, 0.4):
+            w.env["OTFUSE_ATTENTION_PATH"] = pick(rng, ["direct", "packed"])
+    if chance(rng, 0.15):  # the packing phase before the tasks instead of lazy packing
+        w.env["OTFUSE_ATTENTION_PACK"] = "phase"
     w.threads = int(rng.integers(1, 3))
     return w
 
@@ -219,6 +236,14 @@ def valid(rng: np.random.Generator, op: str, backend: str) -> Case:
     return w.case(expected(w, backend), may_refuse=may_refuse,
                   note=f"valid {w.layout}{' rank 3' if w.rank3 else ''} B {w.b} N {w.n}/{w.nkv} Sq {w.sq} "
                        f"S {w.s_new} P {w.past} D {w.d}/{w.dv} {w.t.name}")
+
+
+def decode_splits(rng: np.random.Generator, op: str, backend: str) -> Case:
+    """A valid CPU case that always takes the decode key splits, with every other draw as random as in
+    `valid`: kernel paths that the random draws reach rarely get cases of their own in every run."""
+    w = draw(rng, op, backend, splits=True)
+    return w.case(expected(w, backend), note=f"decode key splits {w.layout} B {w.b} N {w.n}/{w.nkv} Sq {w.sq} "
+                                             f"S {w.s_new} P {w.past} D {w.d}/{w.dv} {w.t.name}")
 
 
 def _mutate_shapes(rng: np.random.Generator, w: Draw, mutation: str) -> str:
@@ -326,7 +351,8 @@ ATTRIBUTE_MUTATIONS = {
     "kv_heads_negative": ({"kv_num_heads": -1}, r"num_heads and kv_num_heads must be >= 1"),
     "num_heads_float": ({"num_heads": 2.0}, r"attribute 'num_heads' must be an int"),
     "num_heads_huge": ({"num_heads": 2**62, "kv_num_heads": 1},
-                       r"heads in layout .* but num_heads|is not a multiple of num_heads|at most 256 query heads"),
+                       r"heads in layout .* but num_heads|is not a multiple of num_heads|at most 256 query heads"
+                       r"|num_heads \* Dv = .* overflows int64"),  # rank-3 Q of hidden 0: D = 0 fits any num_heads
     "window_no_causal": ({"causal": 0, "window": 4}, r"attribute 'window' > 0 needs causal = 1"),
     "window_negative": ({"causal": 1, "window": -1}, r"attribute 'window' must be >= 0"),
     "causal_two": ({"causal": 2}, r"attribute 'causal' must be 0 or 1"),
