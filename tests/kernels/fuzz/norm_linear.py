@@ -103,12 +103,16 @@ def expected(w: Draw) -> list[np.ndarray]:
 def valid(rng: np.random.Generator, op: str, backend: str) -> Case:
     w = draw(rng, op, backend)
     if backend == "cpu" and chance(rng, 0.3):
-        # More rows than the lead dims give: the [N, K] lane form's several vectors and chunks.
-        w.lead = [int(pick(rng, [5, 16, 17, 33, 48, 64]))]
+        # More rows than the lead dims give: the [N, K] lane form's several vectors and chunks, and
+        # past kStreamMaxRows (64) / kStreamMaxRowsAvx512 (256) the paired-tile streams and the packed
+        # tasks (common/gemm.h), which no draw reached before.
+        w.lead = [int(pick(rng, [5, 16, 17, 33, 48, 64, 65, 100, 257, 300]))]
         w.x = [values(rng, w.lead + [w.k], w.t, 2.0, 0.5) for _ in w.x]
     env = environment(rng)
     if backend == "cpu" and not env and chance(rng, 0.3) and "avx2" in cpu_isas():
         env = {"OTFUSE_GEMM_ISA": "avx2"}  # the AVX2 micro-kernels on an AVX-512 CPU too
+    if backend == "cpu" and chance(rng, 0.3):
+        env = dict(env, OTFUSE_NORM_LINEAR_GEMM=pick(rng, ["own", "ort"]))  # float32 weights: either GEMM
     return w.case(expected(w), env=env, threads=int(rng.integers(1, 3)),
                   note=f"valid X {w.lead + [w.k]} widths {w.widths} {'const' if w.const else 'fed'} weights")
 
