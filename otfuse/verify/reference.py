@@ -430,7 +430,7 @@ def gelu_exact(x: np.ndarray, approximate: str = "none") -> np.ndarray:
         return _times_sigmoid(x64, np.where(np.isnan(t), x64, t))
     if approximate != "none":
         raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
-    phi = _ERFC(-x64 / math.sqrt(2.0)).astype(np.float64) / 2.0
+    phi = np.asarray(_ERFC(-x64 / math.sqrt(2.0)), dtype=np.float64) / 2.0  # rank 0: frompyfunc gives a float
     with np.errstate(invalid="ignore"):
         return np.where(np.isneginf(x64), -0.0, x64 * phi)
 

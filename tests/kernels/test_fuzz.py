@@ -23,10 +23,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from fake_cann import fake_mode_options
-from kernels.fuzz import attention, model, norm, norm_linear, rotary
+from kernels.fuzz import activation, attention, model, norm, norm_linear, rotary
 from kernels.fuzz.regressions import REGRESSIONS
 
-FAMILIES = (norm, norm_linear, rotary, attention)
+FAMILIES = (norm, norm_linear, rotary, attention, activation)
 BACKENDS = ("cpu", "ascend")
 KINDS = ("valid", "invalid")
 CASES = int(os.environ.get("OTFUSE_FUZZ_CASES", "6"))
