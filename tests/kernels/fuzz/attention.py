@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from cpu_isa import cpu_isas
 
 from otfuse.verify import reference
 
@@ -179,6 +180,8 @@ def draw(rng: np.random.Generator, op: str, backend: str, splits: bool = False) 
             w.env["OTFUSE_ATTENTION_TILES"] = pick(rng, TILES)
         if chance(rng, 0.4):
             w.env["OTFUSE_ATTENTION_PATH"] = pick(rng, ["direct", "packed"])
+    if not ascend and "OTFUSE_CPU_ISA" not in w.env and chance(rng, 0.3) and "avx2" in cpu_isas():
+        w.env["OTFUSE_ATTENTION_ISA"] = "avx2"  # the AVX2 tiles on an AVX-512 CPU too (no CPUID faulting needed)
     if chance(rng, 0.15):  # the packing phase before the tasks instead of lazy packing
         w.env["OTFUSE_ATTENTION_PACK"] = "phase"
     w.threads = int(rng.integers(1, 3))
