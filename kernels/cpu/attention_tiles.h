@@ -130,6 +130,17 @@ struct AttentionJob {
   int64_t kv_splits;
   int64_t kv_split0;
   int64_t kv_split_len;
+
+  // present_key / present_value = past ++ new, written by the tasks (WritePresentTile): the first
+  // task to reach key tile t of (b, kv head g) claims present_state[(b*kv_heads + g)*kv_tiles + t]
+  // and copies the tile's key and value rows there with streaming stores, while they are read
+  // anyway; WritePresentRest copies the tiles no task reached. The job itself never reads
+  // present. Keys [present_keys_written, skv) are there already (RopeAttention's rotated new keys,
+  // written by phase 1). present_state null: no present output.
+  T* present_key;    // [B, Nkv, skv, D] or null
+  T* present_value;  // [B, Nkv, skv, Dv] or null
+  int64_t present_keys_written;
+  int32_t* present_state;  // zeroed by the caller
 };
 
 // Phase 1 inputs: where present / the rotated keys go, and the rotation of the new keys.
@@ -194,6 +205,8 @@ struct AttentionFns {
   void (*combine_splits)(const AttentionJob<T>& job, int64_t b, int64_t h0, int64_t heads, int64_t i0,
                          int64_t positions, float* scratch);
   void (*fill_empty_rows)(const AttentionJob<T>& job, int64_t b, int64_t g, float* scratch);
+  // The present rows of (b, g)'s key tiles that no Attend task claimed.
+  void (*write_present_rest)(const AttentionJob<T>& job, int64_t b, int64_t g);
 };
 
 namespace baseline {
