@@ -4,10 +4,9 @@
 // an AttentionJob and schedules the phases below on ORT's thread pool.
 //
 // Phases of one Compute:
-//   1. KvRows (per batch x kv head, only when needed): present_key / present_value = past ++ new,
-//      new keys rotated for RopeAttention; or, for RopeAttention without present_key, the
-//      rotated new keys into a scratch tensor of K's size. Afterwards every key is read from one
-//      place per segment and never rotated again.
+//   1. KvRows (per batch x kv head, RopeAttention only): the rotated new keys into present_key's
+//      new rows, or without present_key into a scratch tensor of K's size. Afterwards every key
+//      is read from one place per segment and never rotated again.
 //   2. PackKv (per batch x kv head x key tile, "packed" path only): keys widened to float32 and
 //      transposed once into panels the micro-kernels stream (O(Skv * D) floats); values too,
 //      unless they are float32 rows of a multiple of 16 lanes, which are read in place.
@@ -19,6 +18,9 @@
 //   4. FillEmptyRows (per batch x kv head, empty_rows = "uniform" only): when some row of that kv
 //      head's query heads saw no key, the mean of V over all keys is computed once and written
 //      into those rows; nothing is read for a kv head without such rows.
+//   5. WritePresentRest (per batch x kv head, present_* outputs only): the present rows of the key
+//      tiles no Attend task reached; Attend copies every other tile as it first reads it
+//      (AttentionJob::present_state).
 // The "direct" path (few query rows, e.g. decoding) skips phase 2, reads the key/value rows where
 // they are and serves all query heads of a kv head in one task (each row read once per group).
 #pragma once
@@ -61,8 +63,8 @@ struct AttentionJob {
   const T* q;
   int64_t q_sb, q_sh, q_ss;
 
-  // Keys and values [0, past_len) come from a BNSD tensor [B, Nkv, past_len, D] (past_key, or
-  // present_key once written, then past_len == skv); keys [past_len, skv) from the new tensor.
+  // Keys and values [0, past_len) come from a BNSD tensor [B, Nkv, past_len, D] (past_key);
+  // keys [past_len, skv) from the new tensor (RopeAttention: rotated, in present_key or scratch).
   const T* k_past;
   const T* v_past;
   int64_t k_past_len;
@@ -143,14 +145,12 @@ struct AttentionJob {
   int32_t* present_state;  // zeroed by the caller
 };
 
-// Phase 1 inputs: where present / the rotated keys go, and the rotation of the new keys.
+// Phase 1 inputs: where the rotated new keys go, into present_key's new rows (the Attend tasks
+// copy the past ones, see AttentionJob::present_state) or else rotated_key; their rotation.
 template <typename T>
 struct KvRowsJob {
-  T* present_key;    // [B, Nkv, past + new, D] or null
-  T* present_value;  // [B, Nkv, past + new, Dv] or null
-  T* rotated_key;    // [B, Nkv, new, D] scratch, or null
-  const T* past_key;
-  const T* past_value;
+  T* present_key;  // [B, Nkv, past + new, D] or null
+  T* rotated_key;  // [B, Nkv, new, D] scratch, used when present_key is null
   int64_t past_len;
   int64_t new_len;
   // cos/sin broadcast over K's (b, kv head, i); rotary_dim == 0: no rotation.
