@@ -292,13 +292,14 @@ class AttentionKernel {
 
     PlanPresent(present, job, buffers);
     RotateNewKeys(ctx, fns, present, kv.seq, job, rows, buffers);
-    if (job.batch > 0 && job.q_heads > 0 && job.sq > 0 && job.dv > 0) {
+    const bool attend = job.batch > 0 && job.q_heads > 0 && job.sq > 0 && job.dv > 0;
+    if (attend) {
       PackKv(ctx, fns, job, buffers);
       FlagEmptyRows(job, buffers);
       Attend(ctx, fns, job);
-      FillEmptyRows(ctx, fns, job);
     }
-    WritePresentRest(ctx, fns, job);
+    WritePresentRest(ctx, fns, job);  // before FillEmptyRows, which may read present_value
+    if (attend) FillEmptyRows(ctx, fns, job);
   }
 
   // The job's dims, scale and the Q, past and new K/V it reads.
@@ -453,6 +454,8 @@ class AttentionKernel {
     job.present_key = key ? key.As<T>() : nullptr;
     job.present_value = value ? value.As<T>() : nullptr;
     job.present_keys_written = job.skv;
+    job.present_value_source = job.v_past;
+    job.present_past_len = job.v_past_len;
     if ((!key && !value) || job.skv == 0) return;
     const size_t states = static_cast<size_t>(DimProduct(Shape{job.batch, job.kv_heads, job.kv_tiles}, 0, 3));
     buffers.present_state.reset(new (std::nothrow) int32_t[states]());
@@ -522,6 +525,12 @@ class AttentionKernel {
     }
     job.k_packed = packed_kv;
     job.v_packed = pack_values ? packed_kv + batch * nkv * job.kv_tiles * job.k_tile_floats : nullptr;
+    if (!pack_values && job.present_value != nullptr) {
+      // P·V reads the values from present_value, which the packing tasks write (AttentionJob).
+      job.present_value_read = true;
+      job.v_past = job.present_value;
+      job.v_past_len = job.skv;
+    }
     if (tiles_.lazy_pack) {
       const size_t states = static_cast<size_t>(DimProduct(Shape{batch, nkv, job.kv_tiles}, 0, 3));
       buffers.pack_state.reset(new (std::nothrow) int32_t[states]());

@@ -134,15 +134,24 @@ struct AttentionJob {
   int64_t kv_split_len;
 
   // present_key / present_value = past ++ new, written by the tasks (WritePresentTile): the first
-  // task to reach key tile t of (b, kv head g) claims present_state[(b*kv_heads + g)*kv_tiles + t]
-  // and copies the tile's key and value rows there with streaming stores, while they are read
-  // anyway; WritePresentRest copies the tiles no task reached. The job itself never reads
-  // present. Keys [present_keys_written, skv) are there already (RopeAttention's rotated new keys,
+  // task to pack key tile t of (b, kv head g), or on the direct path to read it, claims
+  // present_state[(b*kv_heads + g)*kv_tiles + t] and copies the tile's key and value rows there
+  // while they are read anyway, with streaming stores; WritePresentRest copies the tiles no task
+  // reached. Keys [present_keys_written, skv) are there already (RopeAttention's rotated new keys,
   // written by phase 1). present_state null: no present output.
+  // present_value_read: the packed path's P·V reads float32 values in place from present_value
+  // (v_past = present_value, v_past_len = skv): each tile's values are written, with ordinary
+  // stores, by the task that packs the tile, before any task reads it; present_value_source and
+  // present_past_len keep past_value as given. present_value is 64-byte aligned (ORT's
+  // allocator), the caller's past_value need not be (numpy's: 16 bytes), and P·V's loads then
+  // split cache lines (perf: TilePv +10% at 16-byte offsets).
   T* present_key;    // [B, Nkv, skv, D] or null
   T* present_value;  // [B, Nkv, skv, Dv] or null
   int64_t present_keys_written;
   int32_t* present_state;  // zeroed by the caller
+  bool present_value_read;
+  const T* present_value_source;
+  int64_t present_past_len;
 };
 
 // Phase 1 inputs: where the rotated new keys go, into present_key's new rows (the Attend tasks
