@@ -19,8 +19,8 @@
 //      head's query heads saw no key, the mean of V over all keys is computed once and written
 //      into those rows; nothing is read for a kv head without such rows.
 //   5. WritePresentRest (per batch x kv head, present_* outputs only): the present rows of the key
-//      tiles no Attend task reached; Attend copies every other tile as it first reads it
-//      (AttentionJob::present_state).
+//      tiles no task reached; the others were copied by the task that packed them (packed path)
+//      or first read them (direct path), see AttentionJob::present_state.
 // The "direct" path (few query rows, e.g. decoding) skips phase 2, reads the key/value rows where
 // they are and serves all query heads of a kv head in one task (each row read once per group).
 #pragma once
