@@ -214,6 +214,7 @@ struct RunBuffers {
   ArenaFloats packed_kv;                // phase 2's panels
   std::unique_ptr<int32_t[]> pack_state;  // lazy packing: a state per key tile
   std::unique_ptr<uint8_t[]> empty_flags;  // empty_rows = "uniform"
+  std::unique_ptr<int32_t[]> present_state;  // a claim per key tile of present
 };
 
 template <bool kRope>
@@ -289,12 +290,16 @@ class AttentionKernel {
     PlanTiles(job);
     const AttentionFns<T> fns = Functions<T>();
 
-    WriteKvRows(ctx, fns, present, kv.seq, job, rows, buffers);
-    if (job.batch == 0 || job.q_heads == 0 || job.sq == 0 || job.dv == 0) return;
-    PackKv(ctx, fns, job, buffers);
-    FlagEmptyRows(job, buffers);
-    Attend(ctx, fns, job);
-    FillEmptyRows(ctx, fns, job);
+    PlanPresent(present, job, buffers);
+    RotateNewKeys(ctx, fns, present, kv.seq, job, rows, buffers);
+    const bool attend = job.batch > 0 && job.q_heads > 0 && job.sq > 0 && job.dv > 0;
+    if (attend) {
+      PackKv(ctx, fns, job, buffers);
+      FlagEmptyRows(job, buffers);
+      Attend(ctx, fns, job);
+    }
+    WritePresentRest(ctx, fns, job);  // before FillEmptyRows, which may read present_value
+    if (attend) FillEmptyRows(ctx, fns, job);
   }
 
   // The job's dims, scale and the Q, past and new K/V it reads.
@@ -439,40 +444,53 @@ class AttentionKernel {
     job.v_tile_floats = job.block_kv * job.dv_padded;
   }
 
-  // Phase 1: present = past ++ new (keys rotated for RopeAttention), or rotated keys to scratch;
-  // afterwards the job reads every key and value from there.
+  // present_key / present_value: the Attend tasks copy each key tile's rows there from past and
+  // new as they first read the tile (AttentionJob::present_state), so the copy overlaps the tiles
+  // and reads nothing twice; WritePresentRest copies the tiles no task reached.
   template <typename T>
-  static void WriteKvRows(const KernelContext& ctx, const AttentionFns<T>& fns, const Presents& present,
-                          int64_t s_new, AttentionJob<T>& job, KvRowsJob<T>& rows, RunBuffers<T>& buffers) {
-    const OutputTensor& present_k = present.key;
-    const OutputTensor& present_v = present.value;
+  static void PlanPresent(const Presents& present, AttentionJob<T>& job, RunBuffers<T>& buffers) {
+    const OutputTensor& key = present.key;
+    const OutputTensor& value = present.value;
+    job.present_key = key ? key.As<T>() : nullptr;
+    job.present_value = value ? value.As<T>() : nullptr;
+    job.present_keys_written = job.skv;
+    job.present_value_source = job.v_past;
+    job.present_past_len = job.v_past_len;
+    if ((!key && !value) || job.skv == 0) return;
+    const size_t states = static_cast<size_t>(DimProduct(Shape{job.batch, job.kv_heads, job.kv_tiles}, 0, 3));
+    buffers.present_state.reset(new (std::nothrow) int32_t[states]());
+    if (!buffers.present_state) throw Error("out of memory for the present states (" + std::to_string(states) + ")");
+    job.present_state = buffers.present_state.get();
+  }
+
+  // Phase 1 (RopeAttention): the new keys rotated, into present_key's new rows when the node has
+  // that output (the tasks copy the past ones), else into scratch; afterwards every key is read
+  // from one place per segment and never rotated again.
+  template <typename T>
+  static void RotateNewKeys(const KernelContext& ctx, const AttentionFns<T>& fns, const Presents& present,
+                            int64_t s_new, AttentionJob<T>& job, KvRowsJob<T>& rows, RunBuffers<T>& buffers) {
+    if (!kRope || s_new == 0) return;
     const int64_t batch = job.batch, nkv = job.kv_heads, d = job.d, past = job.k_past_len, skv = job.skv;
-    const bool rotate_to_scratch = kRope && !present_k && s_new > 0;
-    if (!present_k && !present_v && !rotate_to_scratch) return;
-    rows.present_key = present_k ? present_k.As<T>() : nullptr;
-    rows.present_value = present_v ? present_v.As<T>() : nullptr;
-    if (rotate_to_scratch) {
+    rows.past_len = past;
+    rows.new_len = s_new;
+    const OutputTensor& present_key = present.key;
+    if (present_key) {
+      rows.present_key = present_key.As<T>();
+    } else {
       buffers.rotated.reset(new (std::nothrow) T[static_cast<size_t>(DimProduct(Shape{batch, nkv, s_new, d}, 0, 4))]);
       if (!buffers.rotated) throw Error("out of memory for the rotated keys");
       rows.rotated_key = buffers.rotated.get();
     }
-    rows.past_key = job.k_past;
-    rows.past_value = job.v_past;
-    rows.past_len = past;
-    rows.new_len = s_new;
     RunTasks(ctx, batch * nkv, KvRowsScratchFloats(job), [&](int64_t task, float* scratch) {
       fns.kv_rows(job, rows, task / nkv, task % nkv, scratch);
     });
-    if (present_k) {
-      job.k_past = present_k.As<T>();
-      job.k_past_len = skv;
-    } else if (rotate_to_scratch) {
+    if (present_key) {
+      job.k_new = rows.present_key + past * d;
+      job.k_sb = nkv * skv * d, job.k_sh = skv * d, job.k_ss = d;
+      job.present_keys_written = past;
+    } else {
       job.k_new = buffers.rotated.get();
       job.k_sb = nkv * s_new * d, job.k_sh = s_new * d, job.k_ss = d;
-    }
-    if (present_v) {
-      job.v_past = present_v.As<T>();
-      job.v_past_len = skv;
     }
   }
 
@@ -507,6 +525,12 @@ class AttentionKernel {
     }
     job.k_packed = packed_kv;
     job.v_packed = pack_values ? packed_kv + batch * nkv * job.kv_tiles * job.k_tile_floats : nullptr;
+    if (!pack_values && job.present_value != nullptr) {
+      // P·V reads the values from present_value, which the packing tasks write (AttentionJob).
+      job.present_value_read = true;
+      job.v_past = job.present_value;
+      job.v_past_len = job.skv;
+    }
     if (tiles_.lazy_pack) {
       const size_t states = static_cast<size_t>(DimProduct(Shape{batch, nkv, job.kv_tiles}, 0, 3));
       buffers.pack_state.reset(new (std::nothrow) int32_t[states]());
@@ -615,6 +639,16 @@ class AttentionKernel {
         fns.fill_empty_rows(job, task / nkv, task % nkv, scratch);
       });
     }
+  }
+
+  // Last phase: the present rows of the key tiles no Attend task claimed, per (batch, kv head);
+  // nothing when the tasks claimed them all (every tile some row sees).
+  template <typename T>
+  static void WritePresentRest(const KernelContext& ctx, const AttentionFns<T>& fns, const AttentionJob<T>& job) {
+    if (job.present_state == nullptr) return;
+    const int64_t nkv = job.kv_heads, states = job.batch * nkv * job.kv_tiles;
+    if (std::find(job.present_state, job.present_state + states, 0) == job.present_state + states) return;
+    RunTasks(ctx, job.batch * nkv, 0, [&](int64_t task, float*) { fns.write_present_rest(job, task / nkv, task % nkv); });
   }
 
   // Runs fn(task, scratch) for every task on ORT's thread pool with `scratch_floats` floats of

@@ -4,10 +4,9 @@
 // an AttentionJob and schedules the phases below on ORT's thread pool.
 //
 // Phases of one Compute:
-//   1. KvRows (per batch x kv head, only when needed): present_key / present_value = past ++ new,
-//      new keys rotated for RopeAttention; or, for RopeAttention without present_key, the
-//      rotated new keys into a scratch tensor of K's size. Afterwards every key is read from one
-//      place per segment and never rotated again.
+//   1. KvRows (per batch x kv head, RopeAttention only): the rotated new keys into present_key's
+//      new rows, or without present_key into a scratch tensor of K's size. Afterwards every key
+//      is read from one place per segment and never rotated again.
 //   2. PackKv (per batch x kv head x key tile, "packed" path only): keys widened to float32 and
 //      transposed once into panels the micro-kernels stream (O(Skv * D) floats); values too,
 //      unless they are float32 rows of a multiple of 16 lanes, which are read in place.
@@ -19,6 +18,9 @@
 //   4. FillEmptyRows (per batch x kv head, empty_rows = "uniform" only): when some row of that kv
 //      head's query heads saw no key, the mean of V over all keys is computed once and written
 //      into those rows; nothing is read for a kv head without such rows.
+//   5. WritePresentRest (per batch x kv head, present_* outputs only): the present rows of the key
+//      tiles no task reached; the others were copied by the task that packed them (packed path)
+//      or first read them (direct path), see AttentionJob::present_state.
 // The "direct" path (few query rows, e.g. decoding) skips phase 2, reads the key/value rows where
 // they are and serves all query heads of a kv head in one task (each row read once per group).
 #pragma once
@@ -61,8 +63,8 @@ struct AttentionJob {
   const T* q;
   int64_t q_sb, q_sh, q_ss;
 
-  // Keys and values [0, past_len) come from a BNSD tensor [B, Nkv, past_len, D] (past_key, or
-  // present_key once written, then past_len == skv); keys [past_len, skv) from the new tensor.
+  // Keys and values [0, past_len) come from a BNSD tensor [B, Nkv, past_len, D] (past_key);
+  // keys [past_len, skv) from the new tensor (RopeAttention: rotated, in present_key or scratch).
   const T* k_past;
   const T* v_past;
   int64_t k_past_len;
@@ -130,16 +132,34 @@ struct AttentionJob {
   int64_t kv_splits;
   int64_t kv_split0;
   int64_t kv_split_len;
+
+  // present_key / present_value = past ++ new, written by the tasks (WritePresentTile): the first
+  // task to pack key tile t of (b, kv head g), or on the direct path to read it, claims
+  // present_state[(b*kv_heads + g)*kv_tiles + t] and copies the tile's key and value rows there
+  // while they are read anyway, with streaming stores; WritePresentRest copies the tiles no task
+  // reached. Keys [present_keys_written, skv) are there already (RopeAttention's rotated new keys,
+  // written by phase 1). present_state null: no present output.
+  // present_value_read: the packed path's P·V reads float32 values in place from present_value
+  // (v_past = present_value, v_past_len = skv): each tile's values are written, with ordinary
+  // stores, by the task that packs the tile, before any task reads it; present_value_source and
+  // present_past_len keep past_value as given. present_value is 64-byte aligned (ORT's
+  // allocator), the caller's past_value need not be (numpy's: 16 bytes), and P·V's loads then
+  // split cache lines (perf: TilePv +10% at 16-byte offsets).
+  T* present_key;    // [B, Nkv, skv, D] or null
+  T* present_value;  // [B, Nkv, skv, Dv] or null
+  int64_t present_keys_written;
+  int32_t* present_state;  // zeroed by the caller
+  bool present_value_read;
+  const T* present_value_source;
+  int64_t present_past_len;
 };
 
-// Phase 1 inputs: where present / the rotated keys go, and the rotation of the new keys.
+// Phase 1 inputs: where the rotated new keys go, into present_key's new rows (the Attend tasks
+// copy the past ones, see AttentionJob::present_state) or else rotated_key; their rotation.
 template <typename T>
 struct KvRowsJob {
-  T* present_key;    // [B, Nkv, past + new, D] or null
-  T* present_value;  // [B, Nkv, past + new, Dv] or null
-  T* rotated_key;    // [B, Nkv, new, D] scratch, or null
-  const T* past_key;
-  const T* past_value;
+  T* present_key;  // [B, Nkv, past + new, D] or null
+  T* rotated_key;  // [B, Nkv, new, D] scratch, used when present_key is null
   int64_t past_len;
   int64_t new_len;
   // cos/sin broadcast over K's (b, kv head, i); rotary_dim == 0: no rotation.
@@ -194,6 +214,8 @@ struct AttentionFns {
   void (*combine_splits)(const AttentionJob<T>& job, int64_t b, int64_t h0, int64_t heads, int64_t i0,
                          int64_t positions, float* scratch);
   void (*fill_empty_rows)(const AttentionJob<T>& job, int64_t b, int64_t g, float* scratch);
+  // The present rows of (b, g)'s key tiles that no Attend task claimed.
+  void (*write_present_rest)(const AttentionJob<T>& job, int64_t b, int64_t g);
 };
 
 namespace baseline {

@@ -417,6 +417,74 @@ def test_present_without_past(library):
           outputs=("Y", "present_key", "present_value"))
 
 
+PRESENT_CASES = ["gqa", "no_past", "bsnd", "window", "padding", "empty_rows", "decode_splits", "no_query", "rope"]
+
+
+def present_case(rng, case: str, dtype, dv: int):
+    """(op, inputs, attrs) of test_present_written_by_the_tasks: 2 x 4 query heads over 2 kv heads,
+    D = 20, 23 past + 47 new keys unless the case says otherwise."""
+    b, n, nkv, d = 2, 4, 2, 20
+    past, new, sq = {"no_past": (0, 47, 47), "window": (64, 6, 6), "decode_splits": (299, 1, 1),
+                     "no_query": (23, 5, 0)}.get(case, (23, 47, 47))
+    layout = "BSND" if case == "bsnd" else "BNSD"
+    inputs = qkv(rng, b, n, nkv, sq, new, d, dtype, layout, dv=dv)
+    inputs["past_key"] = rand(rng, (b, nkv, past, d), dtype)  # always BNSD
+    inputs["past_value"] = rand(rng, (b, nkv, past, dv), dtype)
+    attrs = {"num_heads": n, "kv_num_heads": nkv, "causal": 1, "layout": layout}
+    if case == "window":
+        attrs["window"] = 9  # the last rows see keys 61..69: tiles 0-2 are read by no task
+    elif case == "padding":
+        mask = np.ones((b, past + new), np.int64)
+        mask[:, 16:40] = 0  # tile 1 wholly padded out: read by no task
+        inputs["key_padding_mask"] = mask
+    elif case == "empty_rows":
+        mask = np.ones((b, past + new), np.int64)
+        mask[1] = 0  # no task reads batch 1's tiles; its rows get the mean of every value
+        inputs["key_padding_mask"] = mask
+        attrs["empty_rows"] = "uniform"
+    elif case == "rope":
+        c, s = cos_sin(rng, past + np.arange(new), d, dtype)
+        inputs["cos"], inputs["sin"] = c[None, None], s[None, None]  # [1, 1, S, r]
+        return "RopeAttention", inputs, attrs
+    return "Attention", inputs, attrs
+
+
+@pytest.mark.parametrize("dv", [40, 32])
+@pytest.mark.parametrize("path", ["direct", "packed"])
+@pytest.mark.parametrize("case", PRESENT_CASES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_present_written_by_the_tasks(library, monkeypatch, dtype, case, path, dv):
+    # present_key / present_value are copied tile by tile by the task that packs each key tile, or
+    # on the direct path the first task that reads it (streaming stores), and the tiles no task
+    # reads (below the window, padded out, no query row) afterwards: exact copies of past ++ new
+    # (new keys rotated) on every path, ISA, packing mode and thread count, either output alone;
+    # Y bit for bit what the node gives without present outputs. float32 values of Dv = 32 (whole
+    # 16-lane panels) are read in place by the packed path from present_value, written before the
+    # tile is marked packed (and before the uniform empty rows read every value). 16-key tiles
+    # straddle past and new; float16 rows of 40 / 80 bytes start off 64-byte lines (the copy's
+    # unaligned heads and tails); BSND new rows are strided; decoding over 300 keys splits them.
+    monkeypatch.setenv("OTFUSE_ATTENTION_PATH", path)
+    monkeypatch.setenv("OTFUSE_ATTENTION_TILES", "4x16" if case == "decode_splits" else "7x16")
+    rng = seeded("present-tasks", dtype.name, case, path, dv)
+    op, inputs, attrs = present_case(rng, case, dtype, dv)
+    both = ("Y", "present_key", "present_value")
+    want = check(library, inputs, attrs, op=op, outputs=both)
+    (alone,) = run_op(library, op, inputs, attrs)
+    np.testing.assert_array_equal(alone.view(np.uint8), want[0].view(np.uint8))
+    runs = [run_op(library, op, inputs, attrs, outputs=both, threads=threads) for threads in (1, 3)]
+    runs.append([want[0], *run_op(library, op, inputs, attrs, outputs=("Y", "present_key"))[1:], want[2]])
+    runs.append([want[0], want[1], *run_op(library, op, inputs, attrs, outputs=("Y", "present_value"))[1:]])
+    for knob, value in [("OTFUSE_ATTENTION_PACK", "phase"), ("OTFUSE_ATTENTION_ISA", "avx2"),
+                        ("OTFUSE_CPU_ISA", "baseline")]:
+        monkeypatch.setenv(knob, value)
+        got = run_op(library, op, inputs, attrs, outputs=both)
+        runs.append(got if knob == "OTFUSE_ATTENTION_PACK" else [want[0], *got[1:]])  # Y: other FMAs
+        monkeypatch.delenv(knob)
+    for got in runs:
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8))
+
+
 BIAS_SHAPES = {
     "1x1x1xSkv": lambda b, n, sq, skv: (1, 1, 1, skv),
     "BxNx1xSkv": lambda b, n, sq, skv: (b, n, 1, skv),
