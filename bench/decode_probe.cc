@@ -1,4 +1,4 @@
-// In-process A/B probe of the decode op's direct path (bench/README.md, "Session 10, fp16 decode"):
+// In-process A/B probe of the decode op's direct path (bench/README.md, "Decode, session 10: fp16"):
 // one query, 32 query heads over 8 kv heads, a past of P keys (+ 1 new), D = 128, scheduled as the
 // op schedules it (attention.cc: 8 kv heads x up to 16 / 8 key splits, the last split of a kv
 // head merges) on T threads that pull tasks from one counter. Several builds of the tile kernels
@@ -17,8 +17,13 @@
 //   g++ $F -pthread bench/decode_probe.cc /tmp/v512_a.o /tmp/v512_b.o /tmp/v2_a.o /tmp/v2_b.o -o /tmp/decode_probe
 //   /tmp/decode_probe ISA TYPE LAYERS ROUNDS [THREADS]    # e.g. avx512 fp16 32 20: main (a) vs this tree (b)
 //
-// Prints per variant the best and median ms per call (wall) and the median over turns of a's time /
-// b's. Keep runs short and under the bench lock. Not part of the build or the tests.
+// With -DFOUR_VARIANTS two more objects (namespaces v512_c, v512_d, v2_c, v2_d) are linked and
+// timed too (e.g. builds with different -D knobs). Environment: CPU=1 times process CPU instead
+// of wall (with THREADS 1: no spinning pool in it); HUGE=1 puts the caches on transparent huge
+// pages (numpy's large arrays get them, so the bench's caches may); PAST=keys; SPLIT_TASKS=16 or
+// a list, one per variant ("16,32": a with 16 tasks, b with 32).
+// Prints per variant the best and median ms per call and the median over turns of a's time /
+// each other's. Keep runs short and under the bench lock. Not part of the build or the tests.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -166,27 +171,34 @@ int Run(const std::string& isa, int64_t layers, int rounds, int threads) {
   job.y = y.data(); job.y_sb = nq * D; job.y_sh = D; job.y_ss = D;
   job.block_q = 64; job.block_kv = 128; job.kv_tiles = (skv + 127) / 128; job.dv_padded = D;
   job.k_tile_floats = job.v_tile_floats = 128 * D;
-  // PlanKeySplits (attention.cc): up to 16 tasks, at least 4 tiles a split.
-  const int64_t split_tasks = getenv("SPLIT_TASKS") ? atol(getenv("SPLIT_TASKS")) : 16;
-  int64_t splits = std::min((split_tasks + nkv - 1) / nkv, job.kv_tiles / 4);
-  if (splits < 1) splits = 1;
-  const int64_t split_tiles = (job.kv_tiles + splits - 1) / splits;
-  splits = (job.kv_tiles + split_tiles - 1) / split_tiles;
-  std::vector<float> partials(nq * splits * PartialFloats(job));
-  if (splits > 1) {
-    job.partials = partials.data(); job.kv_splits = splits; job.kv_split0 = 0; job.kv_split_len = split_tiles * 128;
-  } else {
-    job.kv_splits = 1;
+  // PlanKeySplits (attention.cc): up to 16 tasks, at least 4 tiles a split. SPLIT_TASKS=16 or a
+  // list, one per variant (e.g. "16,32,16,32": variants a-d with those task counts).
+  struct Plan {
+    int64_t splits, split_tiles;
+  };
+  std::vector<Plan> plans;
+  const char* list = getenv("SPLIT_TASKS") ? getenv("SPLIT_TASKS") : "16";
+  for (size_t v = 0; v < variants.size(); ++v) {
+    const int64_t split_tasks = atol(list);
+    if (const char* comma = strchr(list, ',')) list = comma + 1;
+    int64_t splits = std::max<int64_t>(1, std::min((split_tasks + nkv - 1) / nkv, job.kv_tiles / 4));
+    const int64_t split_tiles = (job.kv_tiles + splits - 1) / splits;
+    plans.push_back({(job.kv_tiles + split_tiles - 1) / split_tiles, split_tiles});
   }
+  std::vector<float> partials(nq * job.kv_tiles * PartialFloats(job));
   Pool pool(threads);
   std::vector<std::vector<float>> scratch(threads * 64);
   std::atomic<int> slot{0};
   thread_local int my_slot = -1;
-  const int64_t tasks = nkv * splits;
-  auto call = [&](const AttentionFns<T>& fns, int64_t l) {
+  auto call = [&](const AttentionFns<T>& fns, const Plan& plan, int64_t l) {
     job.k_past = kp[l]; job.v_past = vp[l];
+    const int64_t splits = plan.splits;
+    job.partials = splits > 1 ? partials.data() : nullptr;
+    job.kv_splits = splits;
+    job.kv_split0 = 0;
+    job.kv_split_len = plan.split_tiles * job.block_kv;
     std::unique_ptr<std::atomic<int64_t>[]> finished(new std::atomic<int64_t>[nkv]());
-    pool.Run(tasks, [&](int64_t task) {
+    pool.Run(nkv * splits, [&](int64_t task) {
       if (my_slot < 0) my_slot = slot.fetch_add(1);
       auto& sc = scratch[my_slot];
       if (sc.empty()) sc.resize(AttendScratchFloats(job) + 64);
@@ -200,7 +212,7 @@ int Run(const std::string& isa, int64_t layers, int rounds, int threads) {
   for (int round = -1; round < rounds; ++round) {
     for (size_t v = 0; v < variants.size(); ++v) {
       const double t0 = Seconds();
-      for (int64_t l = 0; l < layers; ++l) call(variants[v].second, l);
+      for (int64_t l = 0; l < layers; ++l) call(variants[v].second, plans[v], l);
       const double t = (Seconds() - t0) / layers;
       if (round >= 0) times[v].push_back(t);
       uint64_t h = 1469598103934665603ull;
@@ -210,12 +222,12 @@ int Run(const std::string& isa, int64_t layers, int rounds, int threads) {
     }
   }
   const double bytes = 2.0 * nkv * skv * D * sizeof(T);
-  printf("%s %s past %ld, %ld layer(s), %ld splits, %d threads, %d rounds\n", isa.c_str(),
-         std::is_same_v<T, float> ? "fp32" : "fp16", (long)past, (long)layers, (long)splits, threads, rounds);
+  printf("%s %s past %ld, %ld layer(s), %d threads, %d rounds\n", isa.c_str(), std::is_same_v<T, float> ? "fp32" : "fp16",
+         (long)past, (long)layers, threads, rounds);
   for (size_t v = 0; v < variants.size(); ++v) {
     std::vector<double> t = times[v];
     std::sort(t.begin(), t.end());
-    printf("  %s: best %.3f ms (%.1f GB/s), median %.3f ms (%.1f GB/s)  hash %016llx\n", variants[v].first, t[0] * 1e3,
+    printf("  %s (%ld splits): best %.3f ms (%.1f GB/s), median %.3f ms (%.1f GB/s)  hash %016llx\n", variants[v].first, (long)plans[v].splits, t[0] * 1e3,
            bytes / t[0] * 1e-9, t[t.size() / 2] * 1e3, bytes / t[t.size() / 2] * 1e-9, (unsigned long long)hashes[v]);
   }
   for (size_t v = 1; v < variants.size(); ++v) {
