@@ -331,6 +331,27 @@ def test_decode_values_read_in_place_over_past_and_new(library, monkeypatch, dty
     assert_close(avx2, baseline)
 
 
+@pytest.mark.parametrize("order", ["forwards", "alibi_backwards"])
+@pytest.mark.parametrize("dtype", [F16, BF16], ids=lambda d: d.name)
+def test_decode_next_key_tile_fetch_edges(library, monkeypatch, dtype, order):
+    # AVX-512, float16 / bfloat16 decode: each tile's P·V pass fetches the next tile's past keys
+    # into L2 (NextKeyTile), the score pass the block's values. The next tile may be cut by the
+    # end of the past (new rows after it), by the end of the task's key split, or lie before the
+    # current one (ALiBi walks the tiles backwards); pasts of a whole number of tiles, one key
+    # more and one less; D = 40 (a row of 80 bytes: the fetched range ends inside a line).
+    monkeypatch.setenv("OTFUSE_ATTENTION_TILES", "4x16")
+    rng = seeded("next-keys", dtype.name, order)
+    n, nkv, d = 8, 2, 40
+    for past, new in [(64, 1), (63, 2), (65, 1), (160, 3), (17, 1)]:
+        inputs = qkv(rng, 1, n, nkv, new, new, d, dtype)
+        inputs["past_key"] = rand(rng, (1, nkv, past, d), dtype)
+        inputs["past_value"] = rand(rng, (1, nkv, past, d), dtype)
+        attrs = {"num_heads": n, "kv_num_heads": nkv, "causal": 1}
+        if order == "alibi_backwards":
+            inputs["alibi_slopes"] = (2.0 ** (-8.0 * np.arange(1, n + 1) / n)).astype(F32)
+        check(library, inputs, attrs)
+
+
 @pytest.mark.parametrize("window", [1, 16, 100, 500])
 @pytest.mark.parametrize("dtype", [F32, F16], ids=lambda d: d.name)
 def test_sliding_window(library, dtype, window):
