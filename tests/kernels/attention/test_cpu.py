@@ -367,6 +367,26 @@ def test_window_one_sees_only_itself(library):
     np.testing.assert_allclose(y, inputs["V"], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("layout", ["BNSD", "BSND"])
+def test_window_fetches_the_tile_below_without_changing_results(library, monkeypatch, layout):
+    # A sliding-window task fetches the raw rows of the key tile below its first one (the next
+    # tasks' first tile, packed lazily) and its output rows while its tiles run: with the tile
+    # below in the past, in the new rows, across both (contiguous or not: BSND new rows are
+    # strided), none, or the window wider than every row's keys; on 1 and 2 threads.
+    monkeypatch.setenv("OTFUSE_ATTENTION_PATH", "packed")
+    monkeypatch.setenv("OTFUSE_ATTENTION_TILES", "8x16")
+    rng = seeded("window-below", layout)
+    for sq, past, window in [(70, 0, 40), (40, 60, 45), (40, 30, 33), (50, 20, 1), (30, 10, 500)]:
+        inputs = qkv(rng, 1, 2, 1, sq, sq, 16, F32, layout=layout)
+        if past:
+            inputs["past_key"] = rand(rng, (1, 1, past, 16), F32)
+            inputs["past_value"] = rand(rng, (1, 1, past, 16), F32)
+        attrs = {"num_heads": 2, "kv_num_heads": 1, "causal": 1, "window": window, "layout": layout}
+        (y,) = check(library, inputs, attrs)
+        (one,) = run_op(library, "Attention", inputs, attrs, threads=1)
+        np.testing.assert_array_equal(one.view(np.uint8), y.view(np.uint8))
+
+
 @pytest.mark.parametrize("tiles", ["64x128", "28x32", "20x48"])
 @pytest.mark.parametrize("dtype", [F32, F16], ids=lambda d: d.name)
 def test_edge_tiles_skip_what_no_row_block_sees(library, monkeypatch, dtype, tiles):
