@@ -13,7 +13,7 @@
 //   /tmp/attention_probe ISA MODE TYPE S REPS     # e.g. avx512 decode fp16 4096 150
 //
 // ISA: avx512, avx2, baseline. MODE: decode (one query, 32:8 heads over a past of S keys, the
-// direct path), causal, window (S/4), softcap (50), cache (S/4 new rows over 3S/4 past), gqa
+// direct path), causal, window (S/4), softcap (50), alibi (causal), bias ([1, 1, 1, S], dense), cache (S/4 new rows over 3S/4 past), gqa
 // (16:4, causal), dense (not causal); 16 heads x 128 otherwise. TYPE: fp32, fp16. BQ=rows sets the query tile,
 // BKV=keys the key tile. HUGE=1 puts the past K/V on transparent huge pages. DESC=1 runs a head's query tiles
 // last first (the op's order); INTERLEAVE=1 packs each kv head's tiles just before its query heads' tasks
@@ -82,6 +82,13 @@ int Run(const char* isa, const std::string& mode, int64_t S, int reps) {
   job.batch = 1; job.q_heads = nq; job.kv_heads = nkv; job.group = nq / nkv; job.sq = sq; job.skv = skv; job.d = D; job.dv = D;
   job.causal_offset = skv - sq; job.causal = mode != "dense"; job.window = mode == "window" ? S / 4 : 0;
   job.scale = 1.0f / std::sqrt((float)D); job.softcap = mode == "softcap" ? 50.0f : 0.0f;
+  std::vector<float> slopes(nq), bias_row(skv);
+  for (int64_t h = 0; h < nq; ++h) slopes[h] = std::pow(2.0f, -8.0f * (h + 1) / nq);
+  for (auto& x : bias_row) x = 0.5f * rnd();
+  if (mode == "alibi") job.alibi_slopes = slopes.data();
+  if (mode == "bias") {  // a BERT bias [1, 1, 1, S], not causal
+    job.causal = false; job.bias = bias_row.data(); job.bias_is_float = true; job.bias_sj = 1;
+  }
   job.q = q.data(); job.q_sb = nq * sq * D; job.q_sh = sq * D; job.q_ss = D;
   job.k_past = past ? kp : nullptr; job.v_past = past ? vp : nullptr; job.k_past_len = job.v_past_len = past;
   job.k_new = kn.data(); job.k_sb = nkv * fresh * D; job.k_sh = fresh * D; job.k_ss = D;

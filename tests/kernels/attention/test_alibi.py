@@ -57,6 +57,28 @@ def test_alibi_with_window_softcap_bias_and_rope(library, dtype):
     check(library, inputs, {"num_heads": 2, "causal": 1, "window": 9, "softcap": 4.0}, op="RopeAttention")
 
 
+@pytest.mark.parametrize("positions", ["index", "mask_cumsum"])
+@pytest.mark.parametrize("isa", ["default", "avx2", "baseline"])
+def test_alibi_with_window_and_padding_on_edge_and_inner_tiles(library, monkeypatch, isa, positions):
+    # ALiBi's score pass takes each row's max as it stores the row, except on the tiles of the
+    # causal / window edge (their masked columns are set after it): 8 x 32 tiles over 100 keys with
+    # a window of 40 give both kinds, padding holes mask keys inside both; with and without a bias.
+    if isa == "avx2":
+        monkeypatch.setenv("OTFUSE_ATTENTION_ISA", "avx2")
+    elif isa == "baseline":
+        monkeypatch.setenv("OTFUSE_CPU_ISA", "baseline")
+    monkeypatch.setenv("OTFUSE_ATTENTION_PATH", "packed")
+    monkeypatch.setenv("OTFUSE_ATTENTION_TILES", "8x32")
+    rng = seeded("alibi-window-padding", isa, positions)
+    inputs = qkv(rng, 2, 4, 2, 100, 100, 32, F32)
+    inputs["alibi_slopes"] = bloom_slopes(4)
+    inputs["key_padding_mask"] = padding(rng, 2, 100)
+    attrs = {"num_heads": 4, "kv_num_heads": 2, "causal": 1, "window": 40, "alibi_positions": positions}
+    check(library, inputs, attrs)
+    inputs["attn_bias"] = rng.standard_normal((1, 1, 1, 100), dtype=np.float32)
+    check(library, inputs, attrs)
+
+
 def test_mask_cumsum_without_a_mask_counts_every_key(library):
     # k_pos = j (all ones); against "index" the rows differ by the constant slope * t only.
     rng = seeded("alibi-nomask")

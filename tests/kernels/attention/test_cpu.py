@@ -717,6 +717,44 @@ def test_softcap(library, dtype, softcap):
     check(library, inputs, {"num_heads": 2, "causal": 1, "softcap": softcap, "scale": 0.5})
 
 
+@pytest.mark.parametrize("magnitude", ["small", "mixed", "saturating"])
+@pytest.mark.parametrize("path", ["direct", "packed"])
+def test_softcap_alone_at_every_magnitude(library, monkeypatch, path, magnitude):
+    # The softcap without a bias or ALiBi is computed in the exp pass, from the raw scores: tanh's
+    # polynomial when a vector's |s * scale / softcap| <= 0.625, the rational form otherwise
+    # ("mixed": both in one row; "saturating": |a| up to ~10, tanh = ±1), the max capped from the
+    # raw max. Masked keys (holes in the padding, a batch row with none visible, the causal edge
+    # of 7 x 32 tiles) must stay exp = 0 through tanh: every variant, no NaN, zeros where no key is seen.
+    monkeypatch.setenv("OTFUSE_ATTENTION_PATH", path)
+    monkeypatch.setenv("OTFUSE_ATTENTION_TILES", "7x32")
+    rng = seeded("softcap-magnitude", path, magnitude)
+    spread = {"small": 0.3, "mixed": 1.3, "saturating": 4.0}[magnitude]
+    inputs = qkv(rng, 2, 2, 2, 45, 45, 24, F32, scale=spread)
+    mask = np.ones((2, 45), np.int64)
+    mask[0, rng.random(45) < 0.3] = 0
+    mask[1] = 0
+    inputs["key_padding_mask"] = mask
+    attrs = {"num_heads": 2, "causal": 1, "softcap": 5.0}
+    for y in _under_each_isa(library, monkeypatch, inputs, attrs):
+        assert np.isfinite(y).all()
+        assert not y[1].any()
+
+
+@pytest.mark.parametrize("dtype", [F32, F16], ids=lambda d: d.name)
+def test_softcap_with_an_infinite_mask_bias(library, monkeypatch, dtype):
+    # With attn_bias the capped scores are formed in the score pass (tanh, then + bias): a bias of
+    # -inf masks keys after the cap, on every variant, without NaN; the scores cover both tanh forms.
+    monkeypatch.setenv("OTFUSE_ATTENTION_TILES", "7x32")
+    rng = seeded("softcap-inf-bias", dtype.name)
+    inputs = qkv(rng, 1, 2, 2, 40, 40, 16, dtype, scale=2.0)
+    bias = rand(rng, (1, 2, 40, 40), F32)
+    bias[rng.random(bias.shape) < 0.3] = -np.inf
+    bias[..., 0] = 0.0  # every row sees key 0
+    inputs["attn_bias"] = bias
+    for y in _under_each_isa(library, monkeypatch, inputs, {"num_heads": 2, "softcap": 2.0}):
+        assert np.isfinite(y.astype(np.float32)).all()
+
+
 @pytest.mark.parametrize("layout,output_layout", [("BNSD", "BSND"), ("BSND", "BNSD"), ("BSND", "BSND")])
 def test_layouts(library, layout, output_layout):
     rng = seeded("layouts", layout, output_layout)
