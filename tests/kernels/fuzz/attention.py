@@ -181,7 +181,9 @@ def draw(rng: np.random.Generator, op: str, backend: str, splits: bool = False) 
         if chance(rng, 0.4):
             w.env["OTFUSE_ATTENTION_PATH"] = pick(rng, ["direct", "packed"])
     if not ascend and "OTFUSE_CPU_ISA" not in w.env and chance(rng, 0.3) and "avx2" in cpu_isas():
-        w.env["OTFUSE_ATTENTION_ISA"] = "avx2"  # the AVX2 tiles on an AVX-512 CPU too (no CPUID faulting needed)
+        # Each tile variant the CPU runs, whichever the dispatch prefers: the AVX2 tiles on an AVX-512
+        # CPU (no CPUID faulting needed), the AVX-512 ones where 256-bit units make AVX2 the default.
+        w.env["OTFUSE_ATTENTION_ISA"] = pick(rng, [isa for isa in ("avx2", "avx512") if isa in cpu_isas()])
     if chance(rng, 0.15):  # the packing phase before the tasks instead of lazy packing
         w.env["OTFUSE_ATTENTION_PACK"] = "phase"
     w.threads = int(rng.integers(1, 3))
