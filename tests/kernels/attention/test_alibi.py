@@ -177,3 +177,43 @@ def test_alibi_round_needs_mask_cumsum(library):
     inputs["alibi_slopes"] = bloom_slopes(2)
     with pytest.raises(Exception, match="alibi_round = 1 needs"):
         check(library, inputs, {"num_heads": 2, "alibi_round": 1})
+
+
+
+@pytest.mark.parametrize("positions", ["index", "mask_cumsum", "rounded"])
+@pytest.mark.parametrize("isa", ["default", "avx2", "baseline"])
+@pytest.mark.parametrize("tiles", ["8x32", "5x16"])
+def test_alibi_terms_equal_the_materialised_bias_bit_for_bit(library, monkeypatch, isa, positions, tiles):
+    # The kernel forms one head's ALiBi terms once per tile and every row reads them at its own
+    # offset ("index": row i + 1's term at key j is row i's at j - 1; "mask_cumsum": the same row).
+    # Each term must still be slope * float32(k_pos - q_pos) (float16-rounded with alibi_round),
+    # added where attn_bias is: Y equal bit for bit to the same ALiBi given as a float32
+    # [B, N, Sq, Skv] attn_bias (reference.alibi_bias). With a KV cache (q_pos = P + i), a window,
+    # padding holes, partial tiles of rows and keys (17 rows, 66 new keys). Negative slopes: the
+    # kernel walks the key tiles forwards then, as for attn_bias (positive ones: backwards).
+    from kernels.attention.test_cpu import run_op
+    from otfuse.verify.reference import alibi_bias
+
+    if isa == "avx2":
+        monkeypatch.setenv("OTFUSE_ATTENTION_ISA", "avx2")
+    elif isa == "baseline":
+        monkeypatch.setenv("OTFUSE_CPU_ISA", "baseline")
+    monkeypatch.setenv("OTFUSE_ATTENTION_PATH", "packed")
+    monkeypatch.setenv("OTFUSE_ATTENTION_TILES", tiles)
+    rng = seeded("alibi-terms-bias", isa, positions, tiles)
+    sq, skv = 17, 83
+    inputs = with_past(qkv(rng, 2, 4, 2, sq, skv, 32, F32), skv - sq)
+    slopes = -np.array([0.5, 0.25, 2.0**-3, 0.3], np.float32)
+    inputs["key_padding_mask"] = padding(rng, 2, skv)
+    attrs = {"num_heads": 4, "kv_num_heads": 2, "causal": 1, "window": 60}
+    mode = "index" if positions == "index" else "mask_cumsum"
+    round_half = int(positions == "rounded")
+    if mode != "index":
+        attrs["alibi_positions"] = mode
+    if round_half:
+        attrs["alibi_round"] = 1
+    (generated,) = run_op(library, "Attention", {**inputs, "alibi_slopes": slopes}, attrs)
+    bias = alibi_bias(slopes, inputs["key_padding_mask"], mode, 2, sq, skv, round_half)
+    plain = {k: v for k, v in attrs.items() if not k.startswith("alibi")}
+    (materialised,) = run_op(library, "Attention", {**inputs, "attn_bias": np.ascontiguousarray(bias)}, plain)
+    np.testing.assert_array_equal(generated, materialised)
