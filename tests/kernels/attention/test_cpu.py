@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from cpu_isa import cpu_isas
 from onnx import TensorProto, helper
 
 from otfuse.verify import reference
@@ -385,6 +386,47 @@ def test_window_fetches_the_tile_below_without_changing_results(library, monkeyp
         (y,) = check(library, inputs, attrs)
         (one,) = run_op(library, "Attention", inputs, attrs, threads=1)
         np.testing.assert_array_equal(one.view(np.uint8), y.view(np.uint8))
+
+
+def _off_line(array: np.ndarray, offset: int) -> np.ndarray:
+    """A copy of `array` starting `offset` bytes past a 64-byte line (numpy's buffers often do)."""
+    raw = np.empty(array.nbytes + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset
+    out = raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+    out[...] = array
+    return out
+
+
+def _run_bound(library, inputs: dict, attrs: dict) -> np.ndarray:
+    """Y with every input bound as an OrtValue over the caller's memory (no copy: its alignment stays)."""
+    session = make_session(build_model("Attention", inputs, attrs), library)
+    binding = session.io_binding()
+    for name, array in inputs.items():
+        value = ort.OrtValue.ortvalue_from_numpy(array)
+        assert value.data_ptr() == array.ctypes.data
+        binding.bind_ortvalue_input(name, value)
+    binding.bind_output("Y")
+    session.run_with_iobinding(binding)
+    return binding.copy_outputs_to_cpu()[0]
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+@pytest.mark.parametrize("offset", [16, 48])
+def test_values_read_in_place_off_a_cache_line(library, monkeypatch, isa, offset):
+    # float32 values read in place (D a multiple of 16) from rows that do not start on a 64-byte
+    # line take P·V in blocks of 64 keys (TilePv): the same sums, bit for bit, as aligned rows.
+    if isa not in cpu_isas():
+        pytest.skip(f"this CPU has no {isa}")
+    monkeypatch.setenv("OTFUSE_ATTENTION_ISA", isa)
+    monkeypatch.setenv("OTFUSE_ATTENTION_PATH", "packed")
+    rng = seeded("v-off-line", isa, offset)
+    for causal, sq, skv in [(0, 70, 200), (1, 130, 130), (1, 40, 300)]:
+        inputs = qkv(rng, 1, 2, 2, sq, skv, 32, F32)
+        attrs = {"num_heads": 2, "causal": causal}
+        aligned = _run_bound(library, {k: _off_line(v, 0) for k, v in inputs.items()}, attrs)
+        shifted = _run_bound(library, {**inputs, "V": _off_line(inputs["V"], offset)}, attrs)
+        np.testing.assert_array_equal(shifted.view(np.uint8), aligned.view(np.uint8))
+        assert_close(aligned, reference_outputs("Attention", inputs, attrs)[0])
 
 
 @pytest.mark.parametrize("tiles", ["64x128", "28x32", "20x48"])
