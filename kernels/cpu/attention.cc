@@ -1,6 +1,6 @@
 // CPU kernels of the attention family: Attention and RopeAttention (contract: docs/ops.md,
 // "Attention family"). This file checks the node and its inputs, builds an AttentionJob and runs
-// its phases on ORT's thread pool; the tile math is in attention_tiles.inc.
+// its phases on ORT's thread pool; the tile math is in attention_tiles.inc (and its parts).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
