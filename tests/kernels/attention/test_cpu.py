@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from buffers import off_line
 from cpu_isa import cpu_isas
 from onnx import TensorProto, helper
 
@@ -389,10 +390,8 @@ def test_window_fetches_the_tile_below_without_changing_results(library, monkeyp
 
 
 def _off_line(array: np.ndarray, offset: int) -> np.ndarray:
-    """A copy of `array` starting `offset` bytes past a 64-byte line (numpy's buffers often do)."""
-    raw = np.empty(array.nbytes + 128, np.uint8)
-    start = (-raw.ctypes.data) % 64 + offset
-    out = raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+    """A copy of `array` starting `offset` bytes past a 64-byte line."""
+    out = off_line(array.shape, array.dtype, offset)
     out[...] = array
     return out
 

@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from buffers import off_line
 from onnx import TensorProto, helper
 
 from otfuse.verify import reference
@@ -286,9 +287,7 @@ def test_large_output_bound_at_any_alignment(library, dtype, misalign):
     seq = 8192 // dtype.itemsize
     x = random(rng, (1, 16, seq, 128), dtype)
     cos, sin = cos_sin(rng, (1, 1, seq, 128), dtype)
-    storage = np.zeros(x.nbytes + 128, np.uint8)
-    start = (-storage.ctypes.data) % 64 + misalign
-    y = storage[start:start + x.nbytes].view(dtype).reshape(x.shape)
+    y = off_line(x.shape, dtype, misalign)
     session = make_session(build_model("RotaryEmbedding", [x, cos, sin], 1, {}), library)
     binding = session.io_binding()
     for name, array in (("in0", x), ("in1", cos), ("in2", sin)):
