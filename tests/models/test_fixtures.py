@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib.util
 import json
 from collections import Counter
 from pathlib import Path
@@ -18,6 +19,18 @@ from onnx import numpy_helper
 ort = pytest.importorskip("onnxruntime")
 
 FIXTURES = Path(__file__).resolve().parents[2] / "models" / "fixtures"
+
+
+def _load_graph_counts():
+    """models/graph_counts.py: the exporter's own counting rules (one copy), loaded by path."""
+    path = FIXTURES.parent / "graph_counts.py"
+    spec = importlib.util.spec_from_file_location("otfuse_models_graph_counts", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+graph_counts = _load_graph_counts()
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 ENTRIES = MANIFEST["fixtures"]
 NAMES = sorted(ENTRIES)
@@ -98,75 +111,6 @@ def initializer_values(model: onnx.ModelProto) -> dict[str, np.ndarray]:
 def scalar(inits: dict[str, np.ndarray], name: str) -> float | None:
     value = inits.get(name)
     return float(value.reshape(-1)[0]) if value is not None and value.size == 1 else None
-
-
-def structure_counts(model: onnx.ModelProto) -> dict[str, int]:
-    """Same rules as graph_structure_counts in models/export_fixtures.py (see models/README.md)."""
-    nodes = model.graph.node
-    inits = initializer_values(model)
-    producer = {out: n for n in nodes for out in n.output}
-    ops = Counter(n.op_type for n in nodes)
-    rms = 0
-    for n in nodes:
-        if n.op_type != "ReduceMean":
-            continue
-        pow_node = producer.get(n.input[0])
-        if pow_node is None or pow_node.op_type != "Pow" or scalar(inits, pow_node.input[1]) != 2.0:
-            continue
-        src = producer.get(pow_node.input[0])
-        if src is None or src.op_type != "Sub":
-            rms += 1
-    return {
-        "rmsnorm": rms + ops["RMSNormalization"],
-        "layernorm": ops["LayerNormalization"],
-        "attention": ops["Softmax"] + ops["Attention"],
-        "rotary_applications": rotary_application_count(nodes),
-    }
-
-
-def rotary_application_count(nodes) -> int:
-    """One per `RotaryEmbedding`, or per rotation `Neg` followed forward to the `Add` of
-    x*cos + rot*sin; the section `Add`s of a multi-axis RoPE joined by one `Concat` count once."""
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for n in nodes:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
-    ends = set()
-    for n in nodes:
-        if n.op_type != "Neg":
-            continue
-        node, end = n, n.output[0]
-        for _ in range(6):
-            users = consumers.get(node.output[0], [])
-            if len(users) != 1:
-                break
-            node = users[0]
-            if node.op_type == "Add":
-                end = node.output[0]
-                break
-        ends.add(end)
-    applications = set()
-    for end in ends:
-        users = consumers.get(end, [])
-        if len(users) == 1 and users[0].op_type == "Concat" and sum(i in ends for i in users[0].input) >= 2:
-            end = users[0].output[0]
-        applications.add(end)
-    return len(applications) + sum(1 for n in nodes if n.op_type == "RotaryEmbedding") + pair_rotations(nodes)
-
-
-def pair_rotations(nodes) -> int:
-    """Rotations on explicit lane pairs (models/meta_rope.py): `Sub(Mul(x0, c), Mul(x1, s))` with
-    x0 and x1 two Gather / Slice / Split outputs of one tensor, one per rotation."""
-    producer = {out: n for n in nodes for out in n.output}
-    count = 0
-    for n in nodes:
-        muls = [producer.get(i) for i in n.input] if n.op_type == "Sub" else []
-        if len(muls) != 2 or any(m is None or m.op_type != "Mul" for m in muls):
-            continue
-        lanes = [{producer[i].input[0] for i in m.input if i in producer
-                  and producer[i].op_type in ("Gather", "Slice", "Split")} for m in muls]
-        count += bool(lanes[0] & lanes[1])
-    return count
 
 
 def norm_parameters(model: onnx.ModelProto) -> list[tuple[str, np.ndarray, np.ndarray | None]]:
@@ -273,7 +217,7 @@ def test_runs_in_onnxruntime_with_finite_outputs(fixture):
 def test_structure_counts_match_manifest(fixture):
     name, entry, path, model = fixture
     expected = entry["expected"]
-    counts = structure_counts(model)
+    counts = graph_counts.graph_structure_counts(model)
     assert counts == entry["graph_counts"]
     for key, value in counts.items():
         assert value == expected[key], (key, value, expected[key])
