@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from click.testing import CliRunner
+from cli_runner import cli_runner
 from fusions.norm.graphs import single_norm_model
 from verify.test_diff import matmul_add_model, save
 
@@ -60,15 +60,15 @@ def test_fuse_is_the_default_command(tmp_path, norm_model):
 
 
 def test_explicit_fuse_subcommand_and_options_first(tmp_path, norm_model):
-    result = CliRunner().invoke(cli, ["-o", str(tmp_path / "a.onnx"), str(norm_model), "--only", "norm"])
+    result = cli_runner().invoke(cli, ["-o", str(tmp_path / "a.onnx"), str(norm_model), "--only", "norm"])
     assert result.exit_code == 0, result.output
-    result = CliRunner().invoke(cli, ["fuse", str(norm_model), "-o", str(tmp_path / "b.onnx")])
+    result = cli_runner().invoke(cli, ["fuse", str(norm_model), "-o", str(tmp_path / "b.onnx")])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "a.onnx").exists() and (tmp_path / "b.onnx").exists()
 
 
 def test_dry_run_writes_nothing(tmp_path, norm_model):
-    result = CliRunner().invoke(cli, [str(norm_model)])
+    result = cli_runner().invoke(cli, [str(norm_model)])
     assert result.exit_code == 0, result.output
     assert "dry run" in result.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
@@ -142,7 +142,7 @@ def test_nothing_to_fuse_exits_0_with_a_note(tmp_path):
     (["-o", "x.onnx", "--verify", "--dims", "batch:2"], "bad --dims entry"),
 ])
 def test_usage_errors_are_one_line(tmp_path, norm_model, args, message):
-    result = CliRunner().invoke(cli, [str(norm_model), *args])
+    result = cli_runner().invoke(cli, [str(norm_model), *args])
     assert result.exit_code == 2, result.output
     assert_one_error_line(result.stderr, message)
     assert not (tmp_path / "x.onnx").exists()
@@ -153,7 +153,7 @@ def test_otfuse_error_from_the_pipeline(tmp_path, norm_model, monkeypatch):
         raise ModelLoadError("model.onnx: something the user can fix\nsecond line")
 
     monkeypatch.setattr(pipeline, "fuse", broken)
-    result = CliRunner().invoke(cli, [str(norm_model), "-o", str(tmp_path / "o.onnx")])
+    result = cli_runner().invoke(cli, [str(norm_model), "-o", str(tmp_path / "o.onnx")])
     assert result.exit_code == 2
     assert_one_error_line(result.stderr, "something the user can fix second line")
 
@@ -164,12 +164,12 @@ def test_unexpected_exception_is_internal_error_exit_3(tmp_path, norm_model, mon
 
     monkeypatch.setattr(pipeline, "fuse", broken)
     monkeypatch.delenv("OTFUSE_DEBUG", raising=False)
-    result = CliRunner().invoke(cli, [str(norm_model), "-o", str(tmp_path / "o.onnx")])
+    result = cli_runner().invoke(cli, [str(norm_model), "-o", str(tmp_path / "o.onnx")])
     assert result.exit_code == 3
     assert result.stderr.strip() == (
         "otfuse: internal error: RuntimeError: boom (run with OTFUSE_DEBUG=1 for a traceback)")
     monkeypatch.setenv("OTFUSE_DEBUG", "1")
-    result = CliRunner().invoke(cli, [str(norm_model), "-o", str(tmp_path / "o.onnx")])
+    result = cli_runner().invoke(cli, [str(norm_model), "-o", str(tmp_path / "o.onnx")])
     assert result.exit_code == 3 and "Traceback" in result.stderr
 
 
@@ -216,7 +216,7 @@ def test_diff_perturbed_exit_1_names_output(tmp_path, pair):
 
 def test_diff_tolerance_options(tmp_path, pair):
     a, _, perturbed = pair
-    result = CliRunner().invoke(cli, ["diff", str(a), str(perturbed), "--atol", "1", "--rtol", "0"])
+    result = cli_runner().invoke(cli, ["diff", str(a), str(perturbed), "--atol", "1", "--rtol", "0"])
     assert result.exit_code == 0, result.output
     assert "1 / 0" not in result.stdout and "0 / 1" in result.stdout  # rtol / atol column
 
@@ -224,10 +224,10 @@ def test_diff_tolerance_options(tmp_path, pair):
 def test_diff_inputs_npz(tmp_path, pair):
     a, same, _ = pair
     np.savez(tmp_path / "good.npz", x=np.ones((1, 3, 8), np.float32))
-    result = CliRunner().invoke(cli, ["diff", str(a), str(same), "--inputs", str(tmp_path / "good.npz")])
+    result = cli_runner().invoke(cli, ["diff", str(a), str(same), "--inputs", str(tmp_path / "good.npz")])
     assert result.exit_code == 0, result.output
     np.savez(tmp_path / "bad.npz", y=np.ones((1, 3, 8), np.float32))
-    result = CliRunner().invoke(cli, ["diff", str(a), str(same), "--inputs", str(tmp_path / "bad.npz")])
+    result = cli_runner().invoke(cli, ["diff", str(a), str(same), "--inputs", str(tmp_path / "bad.npz")])
     assert result.exit_code == 2
     assert_one_error_line(result.stderr, "lacks model input(s) x")
 

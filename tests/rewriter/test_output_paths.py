@@ -100,7 +100,7 @@ def test_verify_that_passes_writes_model_and_report(tmp_path, external_model):
 def test_cli_verify_failure_exits_1_and_writes_nothing(tmp_path, external_model, monkeypatch):
     """The CLI's --verify on a real diff that fails: the tolerance is forced to zero on a
     fusion that reorders float sums, so the diff really finds a difference."""
-    from click.testing import CliRunner
+    from cli_runner import cli_runner
 
     from otfuse.verify import diff as compare
     from otfuse.cli import cli
@@ -110,7 +110,7 @@ def test_cli_verify_failure_exits_1_and_writes_nothing(tmp_path, external_model,
     out_dir.mkdir()
     real_diff = compare.diff
     monkeypatch.setattr(compare, "diff", lambda *a, **k: real_diff(*a, **dict(k, rtol=0.0, atol=0.0)))
-    result = CliRunner().invoke(cli, [str(model_path), "-o", str(out_dir / "fused.onnx"), "--verify",
+    result = cli_runner().invoke(cli, [str(model_path), "-o", str(out_dir / "fused.onnx"), "--verify",
                                       "--report", str(out_dir / "r.json")])
     if result.exit_code == 0:
         pytest.skip("the fused kernels happen to be bit-identical to ORT here")

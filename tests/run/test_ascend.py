@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from cli_runner import cli_runner
 from fake_cann import build, fake_mode_options
 from fixtures import fixture_path
 from kernels.norm.test_cpu import build_model
@@ -114,7 +114,7 @@ def test_backends_report(monkeypatch):
 
 def test_info_prints_the_backends(monkeypatch, tmp_path):
     monkeypatch.setenv("OTFUSE_CANN_LIB_DIR", str(tmp_path))
-    result = CliRunner().invoke(cli, ["info"])
+    result = cli_runner().invoke(cli, ["info"])
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     i = lines.index("backends:")
@@ -204,7 +204,7 @@ def test_bad_arena_strategy():
 
 @pytest.mark.skipif(HAS_TORCH_NPU, reason="torch_npu is installed")
 def test_verify_ops_without_torch_npu_is_skipped(fused_llama):
-    result = CliRunner().invoke(cli, ["verify-ops", "--device", "npu", str(fused_llama)])
+    result = cli_runner().invoke(cli, ["verify-ops", "--device", "npu", str(fused_llama)])
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("skipped: torch_npu not installed")
 
@@ -236,7 +236,7 @@ def test_verify_ops_with_a_device_that_agrees(tmp_path, monkeypatch, name):
     out = tmp_path / f"{name}_fused.onnx"
     otfuse.fuse(fixture_path(name), out, only=["norm"])
     monkeypatch.setattr(verify, "torch_npu_runner", lambda device_id: _reference_runner())
-    result = CliRunner().invoke(cli, ["verify-ops", "--device", "npu", str(out), "--dims", "batch=2,seq=5"])
+    result = cli_runner().invoke(cli, ["verify-ops", "--device", "npu", str(out), "--dims", "batch=2,seq=5"])
     assert result.exit_code == 0, result.output
     assert "PASS: " in result.stdout and "FAIL" not in result.stdout
 
@@ -254,14 +254,14 @@ def test_verify_ops_reports_a_mismatch_and_a_device_error(fused_llama, monkeypat
     assert by_op["RMSNorm"].error == "RuntimeError: aclnnRmsNorm returned 561103" and not by_op["RMSNorm"].outputs
     assert [(o.name, o.ok) for o in by_op["AddRMSNorm"].outputs] == [("Y", False), ("S", False)]
     monkeypatch.setattr(verify, "torch_npu_runner", lambda device_id: runner)
-    result = CliRunner().invoke(cli, ["verify-ops", "--device", "npu", str(fused_llama)])
+    result = cli_runner().invoke(cli, ["verify-ops", "--device", "npu", str(fused_llama)])
     assert result.exit_code == 1, result.output
     assert "ERROR" in result.stdout and "FAIL: 0/2 distinct op(s) match" in result.stdout
 
 
 def test_verify_ops_needs_fused_nodes(monkeypatch):
     monkeypatch.setattr(verify, "torch_npu_runner", lambda device_id: _reference_runner())
-    result = CliRunner().invoke(cli, ["verify-ops", "--device", "npu", str(fixture_path("llama"))])
+    result = cli_runner().invoke(cli, ["verify-ops", "--device", "npu", str(fixture_path("llama"))])
     assert result.exit_code == 2
     assert "no fused norm, norm + linear, rotary, attention or activation nodes to verify" in result.stderr
 

@@ -35,13 +35,13 @@ def test_both_models_run_at_the_same_ort_level(tmp_path):
 
 
 def test_cli_names_the_level(tmp_path):
-    from click.testing import CliRunner
+    from cli_runner import cli_runner
 
     from otfuse.cli import cli
 
     model = single_norm_model("rms", hidden=16)
     a, b = save(model, tmp_path / "a.onnx"), save(model, tmp_path / "b.onnx")
-    result = CliRunner().invoke(cli, ["diff", str(a), str(b), "--ort-opt", "extended"])
+    result = cli_runner().invoke(cli, ["diff", str(a), str(b), "--ort-opt", "extended"])
     assert result.exit_code == 0, result.output
     assert "ORT graph optimisations: extended (both models)" in result.output
 

@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from click.testing import CliRunner
+from cli_runner import cli_runner
 from fake_cann import FakeCann, build, fake_mode_options
 from fixtures import fixture_path
 from kernels.norm_linear.test_cpu import BF16, F16, F32, KINDS, TOLERANCE, Case, _check
@@ -479,7 +479,7 @@ def fused_llama(tmp_path_factory):
 def test_diff_provider_cann_runs_the_ascend_kernels(library, fake, monkeypatch, fused_llama, tmp_path):
     monkeypatch.setenv(ascend_ep.FAKE_MODE_ENV, "1")
     json_path = tmp_path / "diff.json"
-    result = CliRunner().invoke(cli, ["diff", str(fixture_path("llama")), str(fused_llama), "--provider", "cann",
+    result = cli_runner().invoke(cli, ["diff", str(fixture_path("llama")), str(fused_llama), "--provider", "cann",
                                       "--dims", "batch=2,seq=5", "--per-fusion", "--json", str(json_path)])
     assert result.exit_code == 0, result.output
     assert "fused model ran on: CPUExecutionProvider" in result.stdout and "PASS" in result.stdout
@@ -513,7 +513,7 @@ def test_diff_passes_the_device_to_create_session(fake, monkeypatch, fused_llama
         return real(path, fake_mode=True, **kwargs)
 
     monkeypatch.setattr(ascend_ep, "create_session", recording)
-    result = CliRunner().invoke(cli, ["diff", str(fixture_path("llama")), str(fused_llama), "--provider", "cann",
+    result = cli_runner().invoke(cli, ["diff", str(fixture_path("llama")), str(fused_llama), "--provider", "cann",
                                       "--device-id", "3", "--dims", "batch=1,seq=3"])
     assert result.exit_code == 0, result.output
     # otfuse diff also hands over the session options of its ORT level (both models run at one).
@@ -523,7 +523,7 @@ def test_diff_passes_the_device_to_create_session(fake, monkeypatch, fused_llama
 
 @pytest.mark.skipif(HAS_CANN_PROVIDER, reason="onnxruntime-cann is installed")
 def test_diff_provider_cann_falls_back_to_cpu_with_the_warning(fake, fused_llama):
-    result = CliRunner().invoke(cli, ["diff", str(fixture_path("llama")), str(fused_llama), "--provider", "cann",
+    result = cli_runner().invoke(cli, ["diff", str(fixture_path("llama")), str(fused_llama), "--provider", "cann",
                                       "--dims", "batch=1,seq=3", "--per-fusion"])
     assert result.exit_code == 0, result.output
     # one line, naming the user's file (not --per-fusion's temporary copy)
@@ -542,7 +542,7 @@ def test_diff_provider_cann_falls_back_to_cpu_with_the_warning(fake, fused_llama
 def test_diff_reports_a_failure_on_the_ascend_path(fake, monkeypatch, fused_llama):
     monkeypatch.setenv(ascend_ep.FAKE_MODE_ENV, "1")
     fake.fail("aclnnMatmul", 561002, "tiling (injected)")
-    result = CliRunner().invoke(cli, ["diff", str(fixture_path("llama")), str(fused_llama), "--provider", "cann",
+    result = cli_runner().invoke(cli, ["diff", str(fixture_path("llama")), str(fused_llama), "--provider", "cann",
                                       "--dims", "batch=1,seq=3"])
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith(f"otfuse: error: running {fused_llama} failed: ")
