@@ -28,7 +28,8 @@ def validate_fused(model: onnx.ModelProto, loaded: LoadedModel, ort_ops: bool = 
     if ort_ops:
         ort_error = _ort_load_error(model, loaded)
         if ort_error:
-            raise InternalError(f"ONNX Runtime does not load the ort-target model ({ort_error}); nothing was written")
+            raise InternalError(f"ONNX Runtime does not load the ort-target model ({ort_error}){_old_ort_hint()}; "
+                                "nothing was written")
         checked = "ONNX Runtime loads it" if ort_error == "" else "it is too large to load here"
         return [f"onnx.checker does not know ONNX Runtime's ops ({fused_error}); accepted because {checked}"]
     original = onnx.load(str(loaded.path), load_external_data=False)
@@ -45,6 +46,24 @@ def validate_fused(model: onnx.ModelProto, loaded: LoadedModel, ort_ops: bool = 
     checked = ("ONNX Runtime loads the fused model" if ort_error == "" else
                "the checker finds nothing new in the fused model (too large to load here)")
     return [f"the input is not standard ONNX (onnx.checker: {input_error}); accepted because {checked}"]
+
+
+# The contrib ops' schemas the ort target writes: GroupQueryAttention's `causal` attribute (every
+# mask but the causal one goes to attention_bias with causal = 0) exists from ORT 1.30 on.
+ORT_TARGET_MIN_VERSION = (1, 30)
+
+
+def _old_ort_hint() -> str:
+    import onnxruntime
+
+    try:
+        version = tuple(int(part) for part in onnxruntime.__version__.split(".")[:2])
+    except ValueError:
+        return ""
+    if version >= ORT_TARGET_MIN_VERSION:
+        return ""
+    needed = ".".join(map(str, ORT_TARGET_MIN_VERSION))
+    return f"; the ort target writes ONNX Runtime >= {needed}'s contrib ops, this is onnxruntime {onnxruntime.__version__}"
 
 
 def _checker_error(model: onnx.ModelProto, base_dir: Path) -> str | None:

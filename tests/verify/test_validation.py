@@ -110,3 +110,17 @@ def test_a_new_checker_failure_is_still_an_internal_error(tmp_path):
     broken.graph.node[-1].input[0] = "nowhere"
     with pytest.raises(InternalError, match="does not load it"):
         validate_fused(broken, loaded)
+
+
+@pytest.mark.parametrize("version, hinted", [("1.29.0", True), ("1.23.2", True), ("1.30.0", False),
+                                             ("1.32.0", False), ("2.0.0", False), ("1.31.0.dev20261201", False)])
+def test_an_ort_target_refused_by_an_older_onnxruntime_says_which_it_needs(monkeypatch, version, hinted):
+    # ORT 1.23-1.29 do not know GroupQueryAttention's `causal` attribute (checked on each, 2026-12-05):
+    # the internal error then names the version the ort target writes for.
+    import onnxruntime
+
+    from otfuse.verify import validation
+
+    monkeypatch.setattr(onnxruntime, "__version__", version)
+    hint = validation._old_ort_hint()
+    assert ("ONNX Runtime >= 1.30" in hint and version in hint) if hinted else hint == ""
