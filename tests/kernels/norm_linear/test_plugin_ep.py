@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import otfuse
 from otfuse.run import session as otfuse_session
-from tests.kernels.norm_linear.test_cpu import BF16, F16, F32, KINDS, SHAPES, Case, _check
+from kernels.norm_linear.test_cpu import BF16, F16, F32, KINDS, SHAPES, Case, _check
 
 pytestmark = pytest.mark.skipif(not otfuse_session._ort_has_kernel_ep_api(),
                                 reason=f"onnxruntime {ort.__version__} has no plugin-EP kernel API (< 1.24)")
