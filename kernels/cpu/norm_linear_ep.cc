@@ -293,4 +293,15 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ReleaseEpFactory(Or
   return nullptr;
 }
 
+#else  // headers older than ORT 1.24: the entry points exist (exports.map names them), no factory
+
+extern "C" __attribute__((visibility("default"))) OrtStatus* CreateEpFactories(const char*, const OrtApiBase*,
+                                                                              const void*, void**, size_t,
+                                                                              size_t* count) {
+  *count = 0;
+  return nullptr;
+}
+
+extern "C" __attribute__((visibility("default"))) OrtStatus* ReleaseEpFactory(void*) { return nullptr; }
+
 #endif  // ORT_API_VERSION >= 24
