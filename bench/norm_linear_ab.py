@@ -9,7 +9,8 @@ A variant is LABEL=LIBRARY[,KEY=VALUE...]: LIBRARY empty for OTFUSE_LIBRARY (the
 always loads that one, for its norm kernels); T=1 stores every projection weight [N, K] (the
 contract's `transposed = 1`, as an exporter's Gemm(transB = 1) would), T=0 every one [K, N] (as a
 MatMul export has them), in that session's model; without T the session gets the layout the fusion
-chose. Any other KEY=VALUE is set in the environment before each of that session's runs (and unset
+chose. EP=1 runs the *NormLinear nodes on the library's plugin EP (weights packed once,
+kernels/cpu/norm_linear_ep.cc; ORT >= 1.24), the rest on the CPU EP. Any other KEY=VALUE is set in the environment before each of that session's runs (and unset
 for the others'), so knobs read per call can be compared too. Knobs read when a kernel is created
 (such as OTFUSE_GEMM_ISA) are set around the session's creation as well. Prints per M the unfused
 time and, per variant, the median of per-turn unfused / variant ratios in wall and CPU time. Not a test.
@@ -35,16 +36,29 @@ import norm_linear as nl  # noqa: E402
 
 common.use_checkout()
 import otfuse  # noqa: E402
+import otfuse.run.session  # noqa: E402
 
 
-def session(path: Path, threads: int, library: str, env: dict[str, str]) -> ort.InferenceSession:
+def add_plugin_ep(options: ort.SessionOptions, library: str) -> None:
+    """The library's plugin EP (kernels/cpu/norm_linear_ep.cc) in front of the CPU EP (one library per process)."""
+    if not any(d.ep_name == otfuse.run.session.EP_NAME for d in ort.get_ep_devices()):
+        ort.register_execution_provider_library("otfuse_ab", library)
+    devices = [d for d in ort.get_ep_devices() if d.ep_name == otfuse.run.session.EP_NAME]
+    options.add_provider_for_devices(devices, {})
+
+
+def session(path: Path, threads: int, library: str, env: dict[str, str], ep: bool = False) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.register_custom_ops_library(library)
+    if ep:
+        add_plugin_ep(options, library)
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)
     try:
+        if ep:
+            return ort.InferenceSession(str(path), options)
         return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     finally:
         for key, value in saved.items():
@@ -84,6 +98,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", type=int, default=7, help="clean turns wanted")
     parser.add_argument("--turns", type=int, default=9, help="turns at most")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="runs of each session per turn (small M: CPU times long enough to compare)")
     args = parser.parse_args()
     dtype = np.float32 if args.dtype == "fp32" else np.float16
     default_library = otfuse.library_path()
@@ -101,10 +117,11 @@ def main() -> None:
             library, *pairs = rest.split(",")
             env = dict(pair.split("=", 1) for pair in pairs)
             layout = env.pop("T", None)
+            ep = env.pop("EP", "0") == "1"
             path = fused if layout is None else folder / f"fused_t{layout}.onnx"
             if not path.exists():
                 layout_copy(fused, path, layout == "1")
-            sessions.append((label, session(path, args.threads, library or default_library, env), env))
+            sessions.append((label, session(path, args.threads, library or default_library, env, ep), env))
         keys = sorted({key for _, _, env in sessions for key in env})
 
         def runner(s, env, feeds):
@@ -112,6 +129,8 @@ def main() -> None:
                 for key in keys:
                     os.environ.pop(key, None)
                 os.environ.update(env)
+                for _ in range(args.repeat - 1):
+                    s.run(None, feeds)
                 return s.run(None, feeds)
             return run
 

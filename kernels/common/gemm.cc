@@ -92,6 +92,10 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
   // [n, k] weights: the dot form up to kDotMaxRows rows, else the lane form (gemm_few_rows.inc).
   const TaskKind transposed_kind = m <= gemm_detail::kDotMaxRows ? TaskKind::kDot : TaskKind::kLane;
   for (size_t i = 0; i < products.size(); ++i) {
+    if (products[i].packed != nullptr) {  // packed once: its panels at every row count
+      AddTasks(products, TaskKind::kPacked, m, chunk_rows, i, gemm_detail::kPackCols, &tasks, max_cells);
+      continue;
+    }
     if (m > StreamMaxRows(isa, products[i])) {
       // Column ranges: staged tasks for [n, k] weights with AVX-512, else packed ones (gemm_tiles.inc
       // chooses by the same rule).
@@ -177,6 +181,41 @@ void GemmInPlace(const KernelContext& ctx, GemmIsa isa, int64_t m, int64_t k, co
     run(job, tasks[index], buffer, buffer + stage_floats);
   });
   if (out_of_memory) throw Error("out of memory for GEMM accumulators");
+}
+
+int64_t PackedWeightFloats(int64_t k, int64_t n) { return RoundUp(n, kTileWidth) * k; }
+
+namespace {
+
+// One k block of one column range: tile t's panel [kc][16] at block + t * kc * 16. An [n, k]
+// weight is read along its rows (k), a [k, n] one along its columns.
+void PackBlock(const float* w, bool transposed, int64_t k, int64_t n, int64_t col0, int64_t cols, int64_t k0,
+               int64_t kc, float* block) {
+  const int64_t tiles = CeilDiv(cols, kTileWidth);
+  for (int64_t t = 0; t < tiles; ++t) {
+    float* panel = block + t * kc * kTileWidth;
+    for (int64_t j = 0; j < kTileWidth; ++j) {
+      const int64_t c = col0 + t * kTileWidth + j;
+      for (int64_t kk = 0; kk < kc; ++kk) {
+        const float value = c >= col0 + cols ? 0.0f : transposed ? w[c * k + k0 + kk] : w[(k0 + kk) * n + c];
+        panel[kk * kTileWidth + j] = value;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void PackWeight(const float* w, bool transposed, int64_t k, int64_t n, float* panels) {
+  const int64_t range = gemm_detail::PackedRangeCols(n);
+  for (int64_t col0 = 0; col0 < n; col0 += range) {
+    const int64_t cols = std::min(range, n - col0);
+    const int64_t tiles = CeilDiv(cols, kTileWidth);
+    for (int64_t k0 = 0; k0 < k; k0 += gemm_detail::kPackDepth) {
+      const int64_t kc = std::min(gemm_detail::kPackDepth, k - k0);
+      PackBlock(w, transposed, k, n, col0, cols, k0, kc, panels + col0 * k + k0 * tiles * kTileWidth);
+    }
+  }
 }
 
 GemmIsa SelectGemmIsa() {

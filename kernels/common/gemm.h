@@ -57,7 +57,18 @@ struct GemmProduct {
   int64_t n;
   const float* bias;   // [n] float32, or null
   void* y;             // [m, n] row-major, of `type`
+  // W packed once by PackWeight (float32 only), or null: then every row count reads these panels
+  // and `w` is not read (ORT may have freed it).
+  const float* packed = nullptr;
 };
+
+// A float32 W packed once, as a packed task reads it (the plugin-EP route, cpu/norm_linear_ep.cc:
+// ORT hands the initializer to PrePackWeight and frees it afterwards, so the panels take W's place
+// instead of being copied block by block on every call). Column ranges of PackedRangeCols(n)
+// columns, each as its k blocks of kPackDepth rows, each block as its tiles' [kc][16] panels
+// (columns past n zero): the panel of (col0, k0) starts at col0 * k + k0 * tiles * 16.
+int64_t PackedWeightFloats(int64_t k, int64_t n);
+void PackWeight(const float* w, bool transposed, int64_t k, int64_t n, float* panels);
 
 // Which micro-kernels run. SelectGemmIsa: AVX-512F when the CPU and OS have it and run it at full
 // rate (Avx512AtFullRate), else AVX2 + FMA, else the portable ones; OTFUSE_CPU_ISA=baseline forces
@@ -141,6 +152,12 @@ constexpr int64_t kStagedCols = 256;
 constexpr int64_t kPackDepth = 256;
 constexpr int64_t kPackCols = 1024;
 constexpr int64_t kPackColsTransposed = 128;
+// Columns per task of a product packed once (PackWeight): equal ranges of whole tiles, at most
+// kPackCols.
+inline int64_t PackedRangeCols(int64_t n) {
+  const int64_t ranges = (n + kPackCols - 1) / kPackCols;
+  return ((n + ranges - 1) / ranges + kTileWidth - 1) / kTileWidth * kTileWidth;
+}
 
 // `stage`: kStageFloats floats (either kind); `acc`: rows * (cols rounded up to 16) floats.
 constexpr int64_t kStageFloats = 2 * kPackDepth * kPackCols;

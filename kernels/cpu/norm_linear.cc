@@ -26,6 +26,7 @@
 #include "common/gemm.h"
 #include "common/norm_params.h"
 #include "common/shape_check.h"
+#include "cpu/norm_linear.h"
 #include "cpu/norm_rows.h"
 #include "cpu/ort_gemm.h"
 #include "op_registry.h"
@@ -80,15 +81,29 @@ WeightType WeightTypeOf(ONNXTensorElementDataType type) {
   return WeightType::kFloat32;
 }
 
+// W_i packed once (PrePack): the panels of common/gemm.h's PackWeight, and W_i's shape for the
+// run's checks (ORT freed the initializer).
+struct PackedWeight {
+  Shape shape;
+  std::unique_ptr<float[]> panels;
+};
+
 template <NormKind kKind, bool kAdd>
 class NormLinearKernel {
  public:
-  explicit NormLinearKernel(const KernelInfo& info) {
+  // `with_ort_gemm` false: without ORT's Gemm (a plugin EP's kernel cannot create it: OrtApi::CreateOp
+  // looks the op up among that EP's kernels), so float32 always takes ours.
+  explicit NormLinearKernel(const KernelInfo& info, bool with_ort_gemm = true) {
     params_ = ReadNormLinearParams(info, kKind, kAdd);
     isa_ = SelectCpuIsa();
     gemm_isa_ = SelectGemmIsa();
     forced_ = ForcedGemmPath();
-    one_row_own_ = CpuHasAvx512();
+    one_row_own_ = CpuHasAvx512() || !with_ort_gemm;
+    packed_.resize(params_.count());
+    if (!with_ort_gemm) {
+      if (forced_ == GemmPath::kOrt) throw Error("OTFUSE_NORM_LINEAR_GEMM=ort: no ORT Gemm in the plugin EP's kernels");
+      return;
+    }
     // ORT's Gemm, one per (layout, bias) the projections use (created for every T: the kernel
     // does not know its T yet; only float32 runs them).
     for (size_t i = 0; i < params_.count(); ++i) {
@@ -98,12 +113,27 @@ class NormLinearKernel {
     }
   }
 
+  // W_i packed into panels when `input` is a float32 W_i of its contract shape; false (nothing
+  // kept) for any other input, which the run then reads and checks as usual.
+  bool PrePack(size_t input, const InputTensor& tensor) {
+    if (input < params_.first_weight || input >= params_.first_weight + params_.count()) return false;
+    const size_t i = input - params_.first_weight;
+    const bool t = params_.transposed[i] != 0;
+    if (tensor.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || tensor.shape.size() != 2) return false;
+    const int64_t k = tensor.shape[t ? 1 : 0], n = tensor.shape[t ? 0 : 1];
+    if (n != params_.widths[i] || k <= 0) return false;
+    std::unique_ptr<float[]> panels = Allocate<float>(static_cast<size_t>(PackedWeightFloats(k, n)), "a packed weight");
+    PackWeight(tensor.As<float>(), t, k, n, panels.get());
+    packed_[i] = PackedWeight{tensor.shape, std::move(panels)};
+    return true;
+  }
+
   void Compute(const KernelContext& ctx) const {
     const NormInput input = ReadNormInput(ctx, kAdd);
     const InputTensor& x = input.x;
     const NormLinearRows dims = ReadNormLinearRows(input);
     const NormLinearNormParams norm = ReadNormLinearNormParams(ctx, input, dims.k, kKind, kAdd);
-    const std::vector<InputTensor> weights = ReadProjectionWeights(ctx, params_);
+    const std::vector<InputTensor> weights = Weights(ctx);
     CheckProjectionWeights(weights, x.type, dims.k, params_);
     const std::vector<std::optional<InputTensor>> biases = ReadProjectionBiases(ctx, x.type, params_);
     const NormLinearOutputs outputs = AllocateNormLinearOutputs(ctx, params_, x.shape, kAdd);
@@ -153,7 +183,7 @@ class NormLinearKernel {
       }
     }
     if constexpr (kFloat) {
-      if (ChooseGemm(rows) == GemmPath::kOrt) {
+      if (ChooseGemm(rows) == GemmPath::kOrt && !AnyPacked()) {
         for (size_t i = 0; i < params_.count(); ++i) {
           gemm_[params_.transposed[i] != 0][bias_f[i] != nullptr]->Run(
               ctx, rows, d, params_.widths[i], a, weights[i].As<float>(), bias_f[i], outputs.ys[i].As<float>());
@@ -164,9 +194,30 @@ class NormLinearKernel {
     std::vector<GemmProduct> products;
     for (size_t i = 0; i < params_.count(); ++i) {
       products.push_back({weights[i].data, WeightTypeOf(input.x.type), params_.transposed[i] != 0, params_.widths[i],
-                          bias_f[i], outputs.ys[i].data});
+                          bias_f[i], outputs.ys[i].data, packed_[i].panels.get()});
     }
     GemmInPlace(ctx, gemm_isa_, rows, d, a, products);
+  }
+
+  // W_i as the run reads it: its packed panels (and the shape it had) where PrePack took it.
+  std::vector<InputTensor> Weights(const KernelContext& ctx) const {
+    std::vector<InputTensor> weights;
+    for (size_t i = 0; i < params_.count(); ++i) {
+      if (packed_[i].panels) {
+        weights.push_back({ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, packed_[i].shape, packed_[i].panels.get()});
+      } else {
+        weights.push_back(RequiredInput(ctx, params_.first_weight + i, "W" + std::to_string(i + 1)));
+      }
+    }
+    return weights;
+  }
+
+  // ORT's Gemm reads W_i itself, which is gone once packed.
+  bool AnyPacked() const {
+    for (const PackedWeight& w : packed_) {
+      if (w.panels) return true;
+    }
+    return false;
   }
 
   // float32 from two rows on: ours (MLAS on the unpacked initializer packs W on every call:
@@ -226,8 +277,21 @@ class NormLinearKernel {
   CpuIsa isa_ = CpuIsa::kBaseline;
   GemmIsa gemm_isa_ = GemmIsa::kBaseline;
   std::optional<GemmPath> forced_;
-  bool one_row_own_ = false;  // float32 with one row through ours (ChooseGemm)
+  bool one_row_own_ = false;  // float32 with one row through ours (ChooseGemm; always without ORT's Gemm)
   std::unique_ptr<OrtGemm> gemm_[2][2];  // [transposed][with bias]
+  std::vector<PackedWeight> packed_;     // per projection; empty unless PrePack took W_i
+};
+
+// The kernel behind the plugin EP's OrtKernelImpl (cpu/norm_linear_ep.cc).
+template <NormKind kKind, bool kAdd>
+class NormLinearOpOf final : public NormLinearOp {
+ public:
+  explicit NormLinearOpOf(const KernelInfo& info) : kernel_(info, /*with_ort_gemm=*/false) {}
+  void Compute(const KernelContext& ctx) const override { kernel_.Compute(ctx); }
+  bool PrePack(size_t input, const InputTensor& tensor) override { return kernel_.PrePack(input, tensor); }
+
+ private:
+  NormLinearKernel<kKind, kAdd> kernel_;
 };
 
 template <NormKind kKind, bool kAdd>
@@ -238,6 +302,18 @@ void AppendNormLinearOp(const char* name, CustomOpList& ops) {
 }
 
 }  // namespace
+
+const char* const kNormLinearOpNames[4] = {"RMSNormLinear", "AddRMSNormLinear", "LayerNormLinear",
+                                           "AddLayerNormLinear"};
+
+std::unique_ptr<NormLinearOp> MakeNormLinearOp(const KernelInfo& info) {
+  const std::string& op = info.op_name();
+  if (op == kNormLinearOpNames[0]) return std::make_unique<NormLinearOpOf<NormKind::kRms, false>>(info);
+  if (op == kNormLinearOpNames[1]) return std::make_unique<NormLinearOpOf<NormKind::kRms, true>>(info);
+  if (op == kNormLinearOpNames[2]) return std::make_unique<NormLinearOpOf<NormKind::kLayer, false>>(info);
+  if (op == kNormLinearOpNames[3]) return std::make_unique<NormLinearOpOf<NormKind::kLayer, true>>(info);
+  throw Error("not a Norm + Linear op: " + op);
+}
 
 void AppendNormLinearOps(CustomOpList& ops) {
   AppendNormLinearOp<NormKind::kRms, false>("RMSNormLinear", ops);

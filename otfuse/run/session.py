@@ -22,6 +22,12 @@ from otfuse.errors import ModelLoadError, OtfuseError
 DEFAULT_PROVIDERS = ["CPUExecutionProvider"]
 # Marks options our library was already registered in (registering twice makes ORT fail).
 _REGISTERED_KEY = "otfuse.custom_ops_library"
+# The library's plugin execution provider (kernels/cpu/norm_linear_ep.cc): the *NormLinear nodes
+# on it pack their float32 weights once (ORT then frees the initializers); everything else stays
+# on the CPU EP. Needs ORT >= 1.24; OTFUSE_NORM_LINEAR_EP=0 turns it off.
+EP_NAME = "OtfuseCPUExecutionProvider"
+_EP_REGISTRATION = "otfuse"
+_EP_KEY = "otfuse.plugin_ep"
 
 
 class LibraryNotAvailable(OtfuseError):
@@ -71,8 +77,79 @@ def _register_library(options: ort.SessionOptions) -> str:
     return ""
 
 
+# Set once per process by plugin_ep_devices: whether the library is registered as an EP library.
+_ep_registered = False
+
+
+def _ort_has_kernel_ep_api() -> bool:
+    """ORT >= 1.24: the plugin-EP kernel API (OrtKernelImpl::PrePackWeight) exists."""
+    try:
+        major, minor = (int(part) for part in ort.__version__.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (1, 24) and hasattr(ort, "register_execution_provider_library")
+
+
+def plugin_ep_devices(path: str) -> list:
+    """The library's EP devices, the library registered as an EP library once per process; [] when
+    this ORT has no plugin-EP kernel API (< 1.24: its custom ops alone then run every node) or
+    OTFUSE_NORM_LINEAR_EP=0."""
+    global _ep_registered
+    if os.environ.get("OTFUSE_NORM_LINEAR_EP", "1") == "0" or not _ort_has_kernel_ep_api():
+        return []
+    devices = [d for d in ort.get_ep_devices() if d.ep_name == EP_NAME]
+    if not devices and not _ep_registered:
+        try:
+            ort.register_execution_provider_library(_EP_REGISTRATION, path)
+        except Exception as e:
+            raise OtfuseError(f"cannot register {path} as an execution provider library: {' '.join(str(e).split())}") from None
+        _ep_registered = True
+        devices = [d for d in ort.get_ep_devices() if d.ep_name == EP_NAME]
+    return devices
+
+
+def _config_entry(options: ort.SessionOptions, key: str) -> str | None:
+    try:
+        return options.get_session_config_entry(key)
+    except RuntimeError:
+        return None  # not set
+
+
+def cpu_providers() -> list[str]:
+    """What ``InferenceSession(..., providers=["CPUExecutionProvider"])`` runs on here: the plugin EP
+    first where it is in use (``plugin_ep_devices``), then ORT's CPU EP."""
+    path, _ = find_library()
+    return ([EP_NAME] if path and plugin_ep_devices(path) else []) + ["CPUExecutionProvider"]
+
+
+def _add_plugin_ep(options: ort.SessionOptions) -> bool:
+    """Put the plugin EP in ``options`` (once: marked like the library); whether they have it."""
+    if _config_entry(options, _EP_KEY) is not None:
+        return True
+    if os.environ.get("OTFUSE_NORM_LINEAR_EP", "1") == "0" or not _ort_has_kernel_ep_api():
+        return False  # before has_providers: older ORT lacks it too
+    if options.has_providers():
+        return False  # the caller chose providers in the options: leave them
+    if _config_entry(options, "otfuse.ascend_ep.fake_mode") == "1":
+        return False  # TEST ONLY mode (otfuse.run.ascend): the Ascend kernels' doubles take the nodes on the CPU EP
+    devices = plugin_ep_devices(find_library()[0])
+    if not devices:
+        return False
+    options.add_provider_for_devices(devices, {})
+    options.add_session_config_entry(_EP_KEY, "1")
+    return True
+
+
+def _cpu_only(providers) -> bool:
+    names = [p[0] if isinstance(p, (tuple, list)) else p for p in providers]
+    return names == ["CPUExecutionProvider"]
+
+
 class InferenceSession(ort.InferenceSession):
     """``onnxruntime.InferenceSession`` that can run ``otfuse`` nodes (CPU provider by default).
+
+    With the CPU provider alone and ORT >= 1.24, the library's plugin EP (``EP_NAME``) runs the
+    ``*NormLinear`` nodes, their float32 weights packed once (``plugin_ep_devices``).
 
     When the library is not built, models without otfuse nodes still load; a model that needs
     it fails with :class:`LibraryNotAvailable` instead of ORT's "unknown op" error.
@@ -87,8 +164,13 @@ class InferenceSession(ort.InferenceSession):
         options = sess_options if sess_options is not None else ort.SessionOptions()
         options.enable_mem_pattern = bool(mem_pattern)
         missing = _register_library(options)
+        providers = providers or DEFAULT_PROVIDERS
         try:
-            super().__init__(path_or_bytes, sess_options=options, providers=providers or DEFAULT_PROVIDERS, **kwargs)
+            if not missing and _cpu_only(providers) and _add_plugin_ep(options):
+                # The plugin EP first, ORT's CPU EP after it for every other node.
+                super().__init__(path_or_bytes, sess_options=options, **kwargs)
+            else:
+                super().__init__(path_or_bytes, sess_options=options, providers=providers, **kwargs)
         except Exception as e:
             if missing and OP_DOMAIN in str(e):
                 raise LibraryNotAvailable(f"the model uses otfuse ops but the custom-op library is not available: {missing}") from e

@@ -1,0 +1,170 @@
+"""The Norm + Linear kernels on the library's plugin EP (kernels/cpu/norm_linear_ep.cc, ORT >= 1.24):
+the EP claims the *NormLinear nodes, packs their float32 weights once (OrtKernelImpl::PrePackWeight)
+and ORT frees the initializers. Real ORT sessions: the results against the reference and against
+the custom-op route, the providers, and the session's memory against the unfused graph's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import otfuse
+from otfuse.run import session as otfuse_session
+from kernels.norm_linear.test_cpu import BF16, F16, F32, KINDS, SHAPES, Case, _check
+
+pytestmark = pytest.mark.skipif(not otfuse_session._ort_has_kernel_ep_api(),
+                                reason=f"onnxruntime {ort.__version__} has no plugin-EP kernel API (< 1.24)")
+
+
+def _ep_run(case: Case, threads: int = 2):
+    """case.run(), with the plugin EP in front of the CPU EP."""
+    model, feeds = case.model()
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.register_custom_ops_library(otfuse.library_path())
+    devices = otfuse_session.plugin_ep_devices(otfuse.library_path())
+    assert devices, "the library offers no plugin EP device"
+    options.add_provider_for_devices(devices, {})
+    session = ort.InferenceSession(model.SerializeToString(), options)
+    assert session.get_providers() == [otfuse_session.EP_NAME, "CPUExecutionProvider"]
+    return session.run(None, feeds)
+
+
+@pytest.mark.parametrize("op", list(KINDS))
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
+def test_matches_reference_and_custom_op_route(op, dtype):
+    case = Case(op, dtype, keep=True)
+    got = _ep_run(case)
+    _check(case, got)
+    for a, b in zip(got, case.run()):  # [K, N] weights: k ascending in one FMA chain on both routes
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
+def test_packed_weights_on_every_shape(name, dtype):
+    """Every row count reads the packed panels (float32): partial tiles, k blocks, row chunks,
+    column ranges, both layouts, 1 to 812 rows. 16-bit weights are not packed (their runs read W)."""
+    shape, widths, transposed = SHAPES[name]
+    case = Case("AddRMSNormLinear", dtype, shape=shape, widths=widths, transposed=transposed,
+                bias=[i % 2 for i in range(len(widths))], keep=True, seed=7)
+    got = _ep_run(case)
+    _check(case, got)
+    if not any(transposed):
+        for a, b in zip(got, case.run()):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_thread_count_does_not_change_results(threads):
+    case = Case("RMSNormLinear", shape=(4, 203, 70), widths=(1100, 9), transposed=[0, 1], seed=2)
+    np.testing.assert_array_equal(_ep_run(case, threads)[0], _ep_run(case, 2)[0])
+
+
+def test_runtime_weights_are_read_per_run():
+    """A weight fed per run is no initializer: nothing is packed, the run reads it."""
+    constant = Case("LayerNormLinear", shape=(3, 70, 40), widths=(17, 5), transposed=[1, 0], seed=3)
+    runtime = Case("LayerNormLinear", shape=(3, 70, 40), widths=(17, 5), transposed=[1, 0], const=False, seed=3)
+    got = _ep_run(runtime)
+    _check(runtime, got)
+    _check(constant, _ep_run(constant))
+
+
+def test_bad_node_is_refused_at_session_creation():
+    case = Case("RMSNormLinear")
+    model, _ = case.model(axis=0)
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(otfuse.library_path())
+    options.add_provider_for_devices(otfuse_session.plugin_ep_devices(otfuse.library_path()), {})
+    with pytest.raises(Exception, match="RMSNormLinear .node 'fused_0'.*axis"):
+        ort.InferenceSession(model.SerializeToString(), options)
+
+
+def test_forced_ort_gemm_is_refused(monkeypatch):
+    """ORT's Gemm cannot be created from a plugin EP's kernel: forcing it fails loudly."""
+    monkeypatch.setenv("OTFUSE_NORM_LINEAR_GEMM", "ort")
+    with pytest.raises(Exception, match="OTFUSE_NORM_LINEAR_GEMM=ort: no ORT Gemm in the plugin EP"):
+        _ep_run(Case("RMSNormLinear"))
+
+
+def _block(k: int, widths):
+    """Sigmoid -> the exporter's decomposed RMSNorm -> MatMuls -> Relu: CPU EP nodes on both sides
+    of the fused node."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((1 + 0.1 * rng.standard_normal(k)).astype(np.float32), "scale"),
+             numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+             numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+             numpy_helper.from_array(np.array([-1], np.int64), "axes")]
+    nodes = [helper.make_node("Sigmoid", ["x"], ["xs"]),
+             helper.make_node("Pow", ["xs", "two"], ["sq"]),
+             helper.make_node("ReduceMean", ["sq", "axes"], ["ms"]),
+             helper.make_node("Add", ["ms", "eps"], ["mse"]),
+             helper.make_node("Sqrt", ["mse"], ["rms"]),
+             helper.make_node("Reciprocal", ["rms"], ["inv"]),
+             helper.make_node("Mul", ["xs", "inv"], ["n"]),
+             helper.make_node("Mul", ["scale", "n"], ["normed"])]
+    outputs = []
+    for i, n in enumerate(widths):
+        inits.append(numpy_helper.from_array(rng.standard_normal((k, n), dtype=np.float32) * 0.02, f"w{i}"))
+        nodes += [helper.make_node("MatMul", ["normed", f"w{i}"], [f"p{i}"]),
+                  helper.make_node("Relu", [f"p{i}"], [f"y{i}"])]
+        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [1, "seq", n]))
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "seq", k])]
+    model = helper.make_model(helper.make_graph(nodes, "block", inputs, outputs, inits),
+                              opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    return model
+
+
+_MEMORY_CHILD = r"""
+import json, os, sys
+import numpy as np
+import otfuse.run.session as s
+def rss(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+before = rss("VmRSS")
+session = s.InferenceSession(sys.argv[1])
+created = rss("VmRSS")
+x = np.random.default_rng(1).standard_normal((1, int(sys.argv[2]), int(sys.argv[3]))).astype(np.float32)
+np.savez(sys.argv[4], *session.run(None, {"x": x}))
+print(json.dumps({"providers": session.get_providers(), "created": created - before, "peak": rss("VmHWM")}))
+"""
+
+
+def test_fused_session_holds_no_more_than_the_unfused_one(tmp_path):
+    """otfuse.InferenceSession on the fused block: the EP route, its packed panels in place of the
+    freed initializers (96 MiB of float32 weights): RSS at creation and peak within 4 MiB of the
+    unfused graph's (whose MatMuls prepack and free theirs), outputs as the custom-op route's."""
+    import onnx
+    k, widths = 2048, (4096, 4096, 4096)
+    onnx.save(_block(k, widths), tmp_path / "src.onnx")
+    otfuse.fuse(tmp_path / "src.onnx", tmp_path / "base.onnx", only=["norm"])
+    otfuse.fuse(tmp_path / "src.onnx", tmp_path / "fused.onnx", only=["norm", "norm_linear"])
+    results = {}
+    for label, model, ep in (("unfused", "base", "1"), ("ep", "fused", "1"), ("custom", "fused", "0")):
+        env = {**os.environ, "OTFUSE_NORM_LINEAR_EP": ep}
+        out = tmp_path / f"{label}.npz"
+        run = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, str(tmp_path / f"{model}.onnx"), "70", str(k),
+                              str(out)], capture_output=True, text=True, env=env, check=True)
+        results[label] = json.loads(run.stdout.strip().splitlines()[-1])
+        results[label]["outputs"] = [v for _, v in sorted(np.load(out).items())]
+    fused_ops = [node.op_type for node in onnx.load(tmp_path / "fused.onnx").graph.node]
+    assert "RMSNormLinear" in fused_ops and "MatMul" not in fused_ops, fused_ops
+    assert results["ep"]["providers"][0] == otfuse_session.EP_NAME
+    assert results["custom"]["providers"] == ["CPUExecutionProvider"]
+    assert results["ep"]["created"] <= results["unfused"]["created"] + 4, results
+    assert results["ep"]["peak"] <= results["unfused"]["peak"] + 4, results
+    assert results["unfused"]["created"] > 90  # the weights are resident (the check measures something)
+    for a, b in zip(results["ep"]["outputs"], results["custom"]["outputs"]):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(results["ep"]["outputs"], results["unfused"]["outputs"]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
