@@ -9,6 +9,7 @@ uses: every load failure becomes a one-line :class:`~otfuse.errors.ModelLoadErro
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 from pathlib import Path
 
@@ -28,6 +29,7 @@ _REGISTERED_KEY = "otfuse.custom_ops_library"
 EP_NAME = "OtfuseCPUExecutionProvider"
 _EP_REGISTRATION = "otfuse"
 _EP_KEY = "otfuse.plugin_ep"
+_NORM_LINEAR_MARK = b"NormLinear"  # RMSNormLinear, AddRMSNormLinear, LayerNormLinear, AddLayerNormLinear
 
 
 class LibraryNotAvailable(OtfuseError):
@@ -115,11 +117,26 @@ def _config_entry(options: ort.SessionOptions, key: str) -> str | None:
         return None  # not set
 
 
-def cpu_providers() -> list[str]:
-    """What ``InferenceSession(..., providers=["CPUExecutionProvider"])`` runs on here: the plugin EP
-    first where it is in use (``plugin_ep_devices``), then ORT's CPU EP."""
+def mentions_norm_linear(path_or_bytes) -> bool:
+    """Whether the serialized model holds the name of a ``*NormLinear`` op: node op types are stored
+    as plain bytes, so one search of the file (mapped, never read into Python objects) answers for
+    the main graph and every body. A weight that happens to hold the bytes only costs the EP."""
+    if isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
+        return _NORM_LINEAR_MARK in bytes(path_or_bytes)
+    try:
+        with open(os.fspath(path_or_bytes), "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return data.find(_NORM_LINEAR_MARK) >= 0
+    except (OSError, TypeError, ValueError):
+        return False  # unreadable or empty: ORT's own load reports it
+
+
+def cpu_providers(path_or_bytes=None) -> list[str]:
+    """What ``InferenceSession(model, providers=["CPUExecutionProvider"])`` runs on here: the plugin
+    EP first where it is in use (``plugin_ep_devices``, a model with a ``*NormLinear`` node; None:
+    as if it had one), then ORT's CPU EP."""
     path, _ = find_library()
-    return ([EP_NAME] if path and plugin_ep_devices(path) else []) + ["CPUExecutionProvider"]
+    wants_ep = path_or_bytes is None or mentions_norm_linear(path_or_bytes)
+    return ([EP_NAME] if path and wants_ep and plugin_ep_devices(path) else []) + ["CPUExecutionProvider"]
 
 
 def _add_plugin_ep(options: ort.SessionOptions) -> bool:
@@ -166,7 +183,9 @@ class InferenceSession(ort.InferenceSession):
         missing = _register_library(options)
         providers = providers or DEFAULT_PROVIDERS
         try:
-            if not missing and _cpu_only(providers) and _add_plugin_ep(options):
+            # Only a model with a node for it gets the EP: any other keeps ORT's CPU EP alone (no
+            # second provider in the partitioning, no "nodes not assigned to the preferred EP" warning).
+            if not missing and _cpu_only(providers) and mentions_norm_linear(path_or_bytes) and _add_plugin_ep(options):
                 # The plugin EP first, ORT's CPU EP after it for every other node.
                 super().__init__(path_or_bytes, sess_options=options, **kwargs)
             else:

@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import onnxruntime as ort
 import pytest
+import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 import otfuse
@@ -168,3 +169,18 @@ def test_fused_session_holds_no_more_than_the_unfused_one(tmp_path):
         np.testing.assert_array_equal(a, b)
     for a, b in zip(results["ep"]["outputs"], results["unfused"]["outputs"]):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_model_without_norm_linear_nodes_keeps_the_cpu_ep_alone(tmp_path):
+    # The EP joins only a model with a node for it: every other session partitions as before.
+    model = onnx.helper.make_model(onnx.helper.make_graph(
+        [onnx.helper.make_node("Relu", ["x"], ["y"])], "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])]),
+        opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8)
+    path = tmp_path / "relu.onnx"
+    onnx.save(model, path)
+    assert not otfuse_session.mentions_norm_linear(path) and not otfuse_session.mentions_norm_linear(b"")
+    for source in (str(path), path.read_bytes()):
+        assert otfuse.InferenceSession(source).get_providers() == ["CPUExecutionProvider"]
+    assert otfuse_session.cpu_providers(path) == ["CPUExecutionProvider"]
