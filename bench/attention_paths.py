@@ -3,7 +3,8 @@ same run: ORT MatMul's GFLOP/s, the read bandwidth (bench/stream_read.c) and the
 
 Paths (B = 1, 16 heads x 128, query length = key length = S unless noted): dense, causal, window
 S/4, key padding 25%, a BERT bias [1, 1, 1, S], ALiBi slopes, softcap 50, GQA 16:4, MQA 16:1, a KV
-cache (S/4 new rows over a past of 3S/4, with and without present_*), fp16 causal / GQA / KV cache;
+cache (S/4 new rows over a past of 3S/4, with and without present_*; and without present_* as 3-D
+BSND inputs [1, S, N*D], the past BNSD), fp16 causal / GQA / KV cache;
 decoding: one query, 32 heads over 8 kv heads, a 4096-key past (fp32, fp16, fp32 with present_*;
 and "cold": fp32, fp16 over 32 layers' caches called in turn, as a decoder's step reads them).
 
@@ -66,6 +67,7 @@ class Path:
     decode: bool = False   # Sq = 1 over a past of DECODE_PAST keys, no present outputs
     present: bool = False
     layers: int = 1        # decode over this many layers' caches in turn (each call's K/V cold)
+    bsnd: bool = False     # Q, K, V 3-D [B, S, N*D] (layout BSND: rows N*D apart); the past stays BNSD
 
 
 DECODE_PAST = 4096
@@ -82,6 +84,7 @@ PATHS = [
     Path("MQA 16:1", causal=True, kv_heads=1),
     Path("KV cache Sq=S/4", causal=True, cache=0.25, present=True),
     Path("KV cache, no present", causal=True, cache=0.25),
+    Path("KV cache BSND, no present", causal=True, cache=0.25, bsnd=True),
     Path("fp16 causal", causal=True, fp16=True),
     Path("fp16 GQA 16:4", causal=True, kv_heads=4, fp16=True),
     Path("fp16 KV cache", causal=True, cache=0.25, fp16=True, present=True),
@@ -142,8 +145,12 @@ def build(p: Path, s: int):
     def tensor(*dims):
         return rng.standard_normal(dims, dtype=np.float32).astype(dtype)
 
-    feeds = {"q": tensor(1, p.heads, sq, HEAD_SIZE), "k": tensor(1, p.kv_heads, new, HEAD_SIZE),
-             "v": tensor(1, p.kv_heads, new, HEAD_SIZE)}
+    if p.bsnd:
+        feeds = {"q": tensor(1, sq, p.heads * HEAD_SIZE), "k": tensor(1, new, p.kv_heads * HEAD_SIZE),
+                 "v": tensor(1, new, p.kv_heads * HEAD_SIZE)}
+    else:
+        feeds = {"q": tensor(1, p.heads, sq, HEAD_SIZE), "k": tensor(1, p.kv_heads, new, HEAD_SIZE),
+                 "v": tensor(1, p.kv_heads, new, HEAD_SIZE)}
     names = ["q", "k", "v", "", "", "", "", ""]
     if p.bert_bias:
         feeds["bias"] = (rng.standard_normal((1, 1, 1, skv), dtype=np.float32) * 0.5).astype(dtype)
@@ -167,6 +174,8 @@ def build(p: Path, s: int):
         attrs["window"] = window_of(p, s)
     if p.softcap:
         attrs["softcap"] = p.softcap
+    if p.bsnd:
+        attrs["layout"] = "BSND"
     outputs = ["y"] + (["present_k", "present_v"] if p.present else [])
     node = helper.make_node("Attention", names, outputs, domain="otfuse", **attrs)
     types = {"mask": TensorProto.INT64, "slopes": TensorProto.FLOAT}

@@ -515,8 +515,12 @@ class AttentionKernel {
     const auto [first_key, end_key] = VisibleKeys(job);
     const bool packed = tiles_.force_path == 2 || (tiles_.force_path == 0 && sq >= kMinRowsForPacking);
     if (!packed || first_key >= end_key) return;
-    // float32 values whose rows fill whole 16-lane panels are read in place.
-    const bool pack_values = !std::is_same_v<T, float> || job.dv % kPanel != 0;
+    // float32 values whose rows fill whole 16-lane panels are read in place, except new rows not
+    // dv apart (BSND inputs) when P·V does not read them from present_value: those tiles packed.
+    const bool pack_all_values = !std::is_same_v<T, float> || job.dv % kPanel != 0;
+    const bool strided_new_values = job.v_ss != job.dv && job.skv > job.v_past_len && job.present_value == nullptr;
+    const bool pack_values = pack_all_values || strided_new_values;
+    job.v_packed_from = pack_all_values ? 0 : job.v_past_len / job.block_kv * job.block_kv;
     const int64_t per_tile = job.k_tile_floats + (pack_values ? job.v_tile_floats : 0);
     const int64_t total = DimProduct(Shape{batch, nkv, job.kv_tiles, per_tile}, 0, 4);
     float* packed_kv = buffers.packed_kv.Allocate(ctx, static_cast<size_t>(total));

@@ -118,6 +118,11 @@ struct AttentionJob {
   int64_t v_tile_floats;
   float* k_packed;  // null: direct path
   float* v_packed;  // null on the packed path: float32 values with dv % 16 == 0, read in place
+  // The tiles starting at key v_packed_from or later have packed values; 0 when v_packed is set for
+  // all of them. float32 values read in place except their new rows, whose row stride (BSND: N*Dv)
+  // is not Dv: those tiles' values are packed (in place, 8 KiB apart, a panel pair's lines fell in
+  // 2-3 L1 sets: P·V 145 GFLOP/s against 169 packed, one tile, bench/README.md "Session 10, P·V").
+  int64_t v_packed_from;
   // Lazy packing: [B][kv_heads][kv_tiles] states (0 not packed, 1 being packed, 2 packed), zeroed
   // by the caller; Attend packs each tile when the first task reaches it (EnsurePacked). null:
   // the tiles were packed beforehand (phase 2).

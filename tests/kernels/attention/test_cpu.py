@@ -428,6 +428,31 @@ def test_values_read_in_place_off_a_cache_line(library, monkeypatch, isa, offset
         assert_close(aligned, reference_outputs("Attention", inputs, attrs)[0])
 
 
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+@pytest.mark.parametrize("tiles", ["64x128", "8x32"])
+def test_strided_new_values_packed_like_in_place_ones(library, monkeypatch, isa, tiles):
+    # float32 values (D a multiple of 16) are read in place, except the tiles holding new rows that
+    # are not D apart (BSND: N*D), whose values are packed (from the tile with the first new row,
+    # past rows included): Y bit for bit as the same inputs in BNSD, whose values all stay in place;
+    # with and without a past (the boundary inside a tile or on one), causal or not, a window.
+    if isa not in cpu_isas():
+        pytest.skip(f"this CPU has no {isa}")
+    monkeypatch.setenv("OTFUSE_ATTENTION_ISA", isa)
+    monkeypatch.setenv("OTFUSE_ATTENTION_PATH", "packed")
+    monkeypatch.setenv("OTFUSE_ATTENTION_TILES", tiles)
+    rng = seeded("strided-values", isa, tiles)
+    for sq, past, causal, window in [(70, 0, 0, 0), (40, 90, 1, 0), (33, 64, 1, 0), (50, 100, 1, 40)]:
+        bsnd = qkv(rng, 1, 4, 2, sq, sq, 32, F32, layout="BSND")
+        bsnd["past_key"], bsnd["past_value"] = rand(rng, (1, 2, past, 32), F32), rand(rng, (1, 2, past, 32), F32)
+        if not past:
+            del bsnd["past_key"], bsnd["past_value"]
+        bnsd = {k: (np.ascontiguousarray(v.transpose(0, 2, 1, 3)) if k in "QKV" else v) for k, v in bsnd.items()}
+        attrs = {"num_heads": 4, "kv_num_heads": 2, "causal": causal, "window": window, "output_layout": "BNSD"}
+        (y,) = check(library, bsnd, {**attrs, "layout": "BSND"})
+        (expected,) = run_op(library, "Attention", bnsd, attrs)
+        np.testing.assert_array_equal(y.view(np.uint8), expected.view(np.uint8))
+
+
 @pytest.mark.parametrize("tiles", ["64x128", "28x32", "20x48"])
 @pytest.mark.parametrize("dtype", [F32, F16], ids=lambda d: d.name)
 def test_edge_tiles_skip_what_no_row_block_sees(library, monkeypatch, dtype, tiles):
