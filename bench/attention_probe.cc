@@ -14,7 +14,8 @@
 //
 // ISA: avx512, avx2, baseline. MODE: decode (one query, 32:8 heads over a past of S keys, the
 // direct path), causal, window (S/4), softcap (50), alibi (causal), bias ([1, 1, 1, S], dense), cache (S/4 new rows over 3S/4 past), gqa
-// (16:4, causal), dense (not causal); 16 heads x 128 otherwise. TYPE: fp32, fp16. BQ=rows sets the query tile,
+// (16:4, causal), dense (not causal), padding (dense, the last S/4 keys padded out by an int64
+// mask), kept (dense over 3S/4 keys: padding's visible work); 16 heads x 128 otherwise. TYPE: fp32, fp16. BQ=rows sets the query tile,
 // BKV=keys the key tile. HUGE=1 puts the past K/V on transparent huge pages. DESC=1 runs a head's query tiles
 // last first (the op's order); INTERLEAVE=1 packs each kv head's tiles just before its query heads' tasks
 // (reported as attend time, pack 0); LAZY=1 packs each tile in the first task that reads it (the op's
@@ -57,6 +58,7 @@ int Run(const char* isa, const std::string& mode, int64_t S, int reps) {
   int64_t sq, past, fresh;
   if (decode) { sq = 1; past = S; fresh = 1; }
   else if (mode == "cache") { sq = S / 4; past = S - sq; fresh = sq; }
+  else if (mode == "kept") { sq = S; past = 0; fresh = S - S / 4; }  // dense over padding's kept keys
   else { sq = S; past = 0; fresh = S; }
   int64_t skv = past + fresh;
   std::vector<T> q(nq * sq * D), kn(nkv * fresh * D), vn(nkv * fresh * D), y(nq * sq * D);
@@ -80,12 +82,18 @@ int Run(const char* isa, const std::string& mode, int64_t S, int reps) {
   for (auto& x : vn) x = Conv<T>(rnd());
   AttentionJob<T> job{};
   job.batch = 1; job.q_heads = nq; job.kv_heads = nkv; job.group = nq / nkv; job.sq = sq; job.skv = skv; job.d = D; job.dv = D;
-  job.causal_offset = skv - sq; job.causal = mode != "dense"; job.window = mode == "window" ? S / 4 : 0;
+  job.causal_offset = skv - sq; job.causal = mode != "dense" && mode != "padding" && mode != "kept"; job.window = mode == "window" ? S / 4 : 0;
   job.scale = 1.0f / std::sqrt((float)D); job.softcap = mode == "softcap" ? 50.0f : 0.0f;
   std::vector<float> slopes(nq), bias_row(skv);
   for (int64_t h = 0; h < nq; ++h) slopes[h] = std::pow(2.0f, -8.0f * (h + 1) / nq);
   for (auto& x : bias_row) x = 0.5f * rnd();
   if (mode == "alibi") job.alibi_slopes = slopes.data();
+  std::vector<int64_t> key_mask(skv, 1);
+  const int64_t keep = mode == "padding" ? skv - skv / 4 : skv;  // "padding": the last S/4 keys padded out
+  if (mode == "padding") {
+    std::fill(key_mask.begin() + keep, key_mask.end(), 0);
+    job.key_mask = key_mask.data(); job.key_mask_type = MaskType::kInt64;
+  }
   if (mode == "bias") {  // a BERT bias [1, 1, 1, S], not causal
     job.causal = false; job.bias = bias_row.data(); job.bias_is_float = true; job.bias_sj = 1;
   }
@@ -150,7 +158,7 @@ int Run(const char* isa, const std::string& mode, int64_t S, int reps) {
   // useful flops
   double pairs = 0;
   for (int64_t i = 0; i < sq; ++i) {
-    int64_t t = skv - sq + i; int64_t hi = job.causal ? t + 1 : skv; int64_t lo = job.window ? std::max<int64_t>(0, t - job.window + 1) : 0;
+    int64_t t = skv - sq + i; int64_t hi = std::min(job.causal ? t + 1 : skv, keep); int64_t lo = job.window ? std::max<int64_t>(0, t - job.window + 1) : 0;
     pairs += hi - lo;
   }
   double flops = 4.0 * D * nq * pairs;

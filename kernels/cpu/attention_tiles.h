@@ -181,7 +181,7 @@ static int64_t AttendScratchFloats(const AttentionJob<T>& job) {
   const int64_t bq = job.block_q, bkv = job.block_kv;
   const int64_t widest = job.d > job.dv ? job.d : job.dv;
   // The direct path (k_packed null) also widens a tile of values: [block_kv][dv_padded].
-  return RoundUp16(bq * job.d) + RoundUp16(bq * bkv) + RoundUp16(bq * job.dv_padded) + 3 * RoundUp16(bq) +
+  return RoundUp16(bq * job.d) + RoundUp16(bq * bkv) + RoundUp16(bq * job.dv_padded) + 4 * RoundUp16(bq) +
          2 * RoundUp16(bkv) + RoundUp16(bkv + bq) + RoundUp16(widest + 2 * job.rotary_dim) +
          (job.k_packed == nullptr ? bkv * job.dv_padded : 0);
 }

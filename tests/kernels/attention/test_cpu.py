@@ -643,6 +643,44 @@ def test_key_padding_mask_left_padding(library, monkeypatch, path, mask_dtype):
     assert not np.any(y[1, :, :7]) and np.all(np.abs(y[1, :, 7:]).sum(-1) > 0)
 
 
+@pytest.mark.parametrize("causal", [0, 1])
+@pytest.mark.parametrize("path", ["direct", "packed"])
+def test_key_padding_mask_padded_ends_trimmed(library, monkeypatch, path, causal):
+    # The padded keys at either end of a row's keys are not visited (whole tiles skipped, the last
+    # kept key's tile trimmed after it, whole 16-key panels before the first kept key skipped), and
+    # a tile with no padded key takes no mask term: right padding ending inside a panel, both ends
+    # padded, a hole in the middle, one key kept; every variant against the reference.
+    monkeypatch.setenv("OTFUSE_ATTENTION_PATH", path)
+    monkeypatch.setenv("OTFUSE_ATTENTION_TILES", "8x32")
+    rng = seeded("kpm-ends", path, causal)
+    b, n, s = 4, 2, 100
+    inputs = qkv(rng, b, n, n, s, s, 16, F32)
+    mask = np.ones((b, s), np.int64)
+    mask[0, 70:] = 0
+    mask[1, :37] = 0
+    mask[1, 90:] = 0
+    mask[2, 50:60] = 0
+    mask[2, 99] = 0
+    mask[3, :] = 0
+    mask[3, 64] = 1
+    inputs["key_padding_mask"] = mask
+    _under_each_isa(library, monkeypatch, inputs, {"num_heads": n, "causal": causal})
+
+
+@pytest.mark.parametrize("path", ["direct", "packed"])
+def test_softcap_alone_small_scores_every_variant(library, monkeypatch, path):
+    # Rows whose every |s * scale / softcap| <= 0.3 (a softcap of 50 over unit scores, as a
+    # soft-capped model's) take the exponent's folded polynomial (CappedExp) four rows at a time;
+    # rows 8.. scaled so that their block's largest |a| is ~0.5 take the per-vector tanh forms;
+    # 70 keys: whole vectors and a tail. Every variant against the reference.
+    monkeypatch.setenv("OTFUSE_ATTENTION_PATH", path)
+    monkeypatch.setenv("OTFUSE_ATTENTION_TILES", "16x64")
+    rng = seeded("softcap-small", path)
+    inputs = qkv(rng, 1, 2, 2, 24, 70, 32, F32)
+    inputs["Q"][:, :, 8:12] *= 25.0
+    _under_each_isa(library, monkeypatch, inputs, {"num_heads": 2, "softcap": 50.0})
+
+
 def test_fully_masked_rows_are_zero(library):
     rng = seeded("masked")
     inputs = qkv(rng, 2, 2, 2, 6, 6, 8, F32)
