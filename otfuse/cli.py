@@ -93,6 +93,7 @@ class OtfuseGroup(click.Group):
             print(f"otfuse: internal error: {_one_line(msg)}", file=sys.stderr)
             code = EXIT_INTERNAL
         sys.stdout.flush()
+        sys.stderr.flush()  # a block-buffered stderr (a pipe, click 8.1's test runner) loses the line otherwise
         sys.exit(code)
 
 
