@@ -225,8 +225,10 @@ def cpu_kernel_outputs(op: str, inputs: list, attrs: dict, n_outputs: int = 0) -
     graph = helper.make_graph(
         [helper.make_node(op, names, outputs, domain=OP_DOMAIN, name="verify", **attrs)], "verify", graph_inputs,
         [helper.make_tensor_value_info(o, elem, shape) for o in outputs])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                    helper.make_opsetid(OP_DOMAIN, OP_DOMAIN_VERSION)])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(OP_DOMAIN, OP_DOMAIN_VERSION)]
+    # The oldest IR that holds opset 17, not the installed onnx's newest, which an older onnxruntime refuses.
+    model = helper.make_model(graph, opset_imports=opsets,
+                              ir_version=helper.find_min_ir_version_for(opsets, ignore_unknown=True))
     session = InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     got = run(session, {f"in{i}": a for i, a in enumerate(inputs) if a is not None}, outputs)
     return [got[o] for o in outputs]
