@@ -177,8 +177,9 @@ def _options_have_providers(options: ort.SessionOptions) -> bool:
 class InferenceSession(ort.InferenceSession):
     """``onnxruntime.InferenceSession`` that can run ``otfuse`` nodes (CPU provider by default).
 
-    With the CPU provider alone and ORT >= 1.24, the library's plugin EP (``EP_NAME``) runs the
-    ``*NormLinear`` nodes, their float32 weights packed once (``plugin_ep_devices``).
+    With the CPU provider alone (no options of its own) and ORT >= 1.24, the library's plugin EP
+    (``EP_NAME``) runs the ``*NormLinear`` nodes, their float32 weights packed once
+    (``plugin_ep_devices``). Providers already set in ``sess_options`` are kept as they are.
 
     When the library is not built, models without otfuse nodes still load; a model that needs
     it fails with :class:`LibraryNotAvailable` instead of ORT's "unknown op" error.
