@@ -204,7 +204,39 @@ void PackBlock(const float* w, bool transposed, int64_t k, int64_t n, int64_t co
   }
 }
 
+// PackBlock's layout, compared instead of written: the padding columns must be zeros too.
+bool BlockHolds(const float* w, bool transposed, int64_t k, int64_t n, int64_t col0, int64_t cols, int64_t k0,
+                int64_t kc, const float* block) {
+  const int64_t tiles = CeilDiv(cols, kTileWidth);
+  for (int64_t t = 0; t < tiles; ++t) {
+    const float* panel = block + t * kc * kTileWidth;
+    for (int64_t j = 0; j < kTileWidth; ++j) {
+      const int64_t c = col0 + t * kTileWidth + j;
+      for (int64_t kk = 0; kk < kc; ++kk) {
+        const float value = c >= col0 + cols ? 0.0f : transposed ? w[c * k + k0 + kk] : w[(k0 + kk) * n + c];
+        if (std::memcmp(&panel[kk * kTileWidth + j], &value, sizeof(float)) != 0) return false;  // bits: NaNs, -0
+      }
+    }
+  }
+  return true;
+}
+
 }  // namespace
+
+bool PackedWeightHolds(const float* w, bool transposed, int64_t k, int64_t n, const float* panels) {
+  const int64_t range = gemm_detail::PackedRangeCols(n);
+  for (int64_t col0 = 0; col0 < n; col0 += range) {
+    const int64_t cols = std::min(range, n - col0);
+    const int64_t tiles = CeilDiv(cols, kTileWidth);
+    for (int64_t k0 = 0; k0 < k; k0 += gemm_detail::kPackDepth) {
+      const int64_t kc = std::min(gemm_detail::kPackDepth, k - k0);
+      if (!BlockHolds(w, transposed, k, n, col0, cols, k0, kc, panels + col0 * k + k0 * tiles * kTileWidth)) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
 
 void PackWeight(const float* w, bool transposed, int64_t k, int64_t n, float* panels) {
   const int64_t range = gemm_detail::PackedRangeCols(n);

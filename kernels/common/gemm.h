@@ -69,6 +69,9 @@ struct GemmProduct {
 // (columns past n zero): the panel of (col0, k0) starts at col0 * k + k0 * tiles * 16.
 int64_t PackedWeightFloats(int64_t k, int64_t n);
 void PackWeight(const float* w, bool transposed, int64_t k, int64_t n, float* panels);
+// Whether `panels` hold exactly (bit for bit) PackWeight's packing of `w`: one read of each, nothing
+// allocated (the plugin EP shares one set of panels among the kernels that pack the same weight).
+bool PackedWeightHolds(const float* w, bool transposed, int64_t k, int64_t n, const float* panels);
 
 // Which micro-kernels run. SelectGemmIsa: AVX-512F when the CPU and OS have it and run it at full
 // rate (Avx512AtFullRate), else AVX2 + FMA, else the portable ones; OTFUSE_CPU_ISA=baseline forces

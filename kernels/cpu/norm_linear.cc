@@ -85,7 +85,7 @@ WeightType WeightTypeOf(ONNXTensorElementDataType type) {
 // run's checks (ORT freed the initializer).
 struct PackedWeight {
   Shape shape;
-  std::unique_ptr<float[]> panels;
+  std::shared_ptr<float[]> panels;  // shared with the session's other kernels of this weight (PackedWeightCache)
 };
 
 template <NormKind kKind, bool kAdd>
@@ -115,15 +115,19 @@ class NormLinearKernel {
 
   // W_i packed into panels when `input` is a float32 W_i of its contract shape; false (nothing
   // kept) for any other input, which the run then reads and checks as usual.
-  bool PrePack(size_t input, const InputTensor& tensor) {
+  bool PrePack(size_t input, const InputTensor& tensor, PackedWeightCache& cache) {
     if (input < params_.first_weight || input >= params_.first_weight + params_.count()) return false;
     const size_t i = input - params_.first_weight;
     const bool t = params_.transposed[i] != 0;
     if (tensor.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || tensor.shape.size() != 2) return false;
     const int64_t k = tensor.shape[t ? 1 : 0], n = tensor.shape[t ? 0 : 1];
     if (n != params_.widths[i] || k <= 0) return false;
-    std::unique_ptr<float[]> panels = Allocate<float>(static_cast<size_t>(PackedWeightFloats(k, n)), "a packed weight");
-    PackWeight(tensor.As<float>(), t, k, n, panels.get());
+    std::shared_ptr<float[]> panels = cache.Find(tensor, t, k, n);
+    if (!panels) {
+      panels = Allocate<float>(static_cast<size_t>(PackedWeightFloats(k, n)), "a packed weight");
+      PackWeight(tensor.As<float>(), t, k, n, panels.get());
+      cache.Add(tensor, t, panels);
+    }
     packed_[i] = PackedWeight{tensor.shape, std::move(panels)};
     return true;
   }
@@ -288,7 +292,9 @@ class NormLinearOpOf final : public NormLinearOp {
  public:
   explicit NormLinearOpOf(const KernelInfo& info) : kernel_(info, /*with_ort_gemm=*/false) {}
   void Compute(const KernelContext& ctx) const override { kernel_.Compute(ctx); }
-  bool PrePack(size_t input, const InputTensor& tensor) override { return kernel_.PrePack(input, tensor); }
+  bool PrePack(size_t input, const InputTensor& tensor, PackedWeightCache& cache) override {
+    return kernel_.PrePack(input, tensor, cache);
+  }
 
  private:
   NormLinearKernel<kKind, kAdd> kernel_;
@@ -302,6 +308,21 @@ void AppendNormLinearOp(const char* name, CustomOpList& ops) {
 }
 
 }  // namespace
+
+std::shared_ptr<float[]> PackedWeightCache::Find(const InputTensor& w, bool transposed, int64_t k, int64_t n) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  for (const Entry& entry : entries_) {
+    if (entry.data != w.data || entry.shape != w.shape || entry.transposed != transposed) continue;
+    std::shared_ptr<float[]> panels = entry.panels.lock();
+    if (panels && PackedWeightHolds(w.As<float>(), transposed, k, n, panels.get())) return panels;
+  }
+  return nullptr;
+}
+
+void PackedWeightCache::Add(const InputTensor& w, bool transposed, const std::shared_ptr<float[]>& panels) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  entries_.push_back({w.data, w.shape, transposed, panels});
+}
 
 const char* const kNormLinearOpNames[4] = {"RMSNormLinear", "AddRMSNormLinear", "LayerNormLinear",
                                            "AddLayerNormLinear"};

@@ -44,6 +44,13 @@ OrtStatus* StatusOf(const std::string& where, const std::exception& e) {
 struct Kernel : OrtKernelImpl {
   std::string where;
   std::unique_ptr<NormLinearOp> op;
+  std::shared_ptr<PackedWeightCache> packed;  // the session's (its Ep's): weights shared by kernels packed once
+};
+
+// CreateKernel's state: one per op name and Ep (one Ep per session).
+struct KernelState {
+  const char* op_name;
+  std::shared_ptr<PackedWeightCache> packed;
 };
 
 // A constant input as the kernels read inputs.
@@ -72,14 +79,15 @@ OrtStatus* ORT_API_CALL KernelCompute(OrtKernelImpl* self, OrtKernelContext* con
   }
 }
 
-// Non-sharing mode: the panels are the kernel's own (freed with it); the cache is not used, a
-// weight being read by one node.
+// Non-sharing mode: the panels are owned by the kernels that read them (freed with the last);
+// ORT's cache (only given with a cross-session prepacked-weights container) is not used. Kernels of
+// one session that pack the same initializer share its panels through the Ep's PackedWeightCache.
 OrtStatus* ORT_API_CALL KernelPrePack(OrtKernelImpl* self, const OrtValue* tensor, int input, OrtAllocator*,
                                       OrtSharedPrePackedWeightCache*, bool* is_packed) noexcept {
   auto* kernel = static_cast<Kernel*>(self);
   *is_packed = false;
   try {
-    if (input >= 0) *is_packed = kernel->op->PrePack(static_cast<size_t>(input), TensorView(tensor));
+    if (input >= 0) *is_packed = kernel->op->PrePack(static_cast<size_t>(input), TensorView(tensor), *kernel->packed);
     return nullptr;
   } catch (const std::exception& e) {
     return StatusOf(kernel->where, e);
@@ -88,10 +96,11 @@ OrtStatus* ORT_API_CALL KernelPrePack(OrtKernelImpl* self, const OrtValue* tenso
 
 void ORT_API_CALL KernelRelease(OrtKernelImpl* self) noexcept { delete static_cast<Kernel*>(self); }
 
-// `state`: the op's name (kNormLinearOpNames).
+// `state`: a KernelState (the op's name, kNormLinearOpNames, and the session's packed weights).
 OrtStatus* ORT_API_CALL CreateKernel(void* state, const OrtKernelInfo* info, OrtKernelImpl** out) noexcept {
   *out = nullptr;
-  const char* op_name = static_cast<const char*>(state);
+  const auto* kernel_state = static_cast<const KernelState*>(state);
+  const char* op_name = kernel_state->op_name;
   std::string where = op_name;
   try {
     const KernelInfo kernel_info(info, op_name);
@@ -102,6 +111,7 @@ OrtStatus* ORT_API_CALL CreateKernel(void* state, const OrtKernelInfo* info, Ort
     kernel->Release = KernelRelease;
     kernel->PrePackWeight = KernelPrePack;
     kernel->where = where;
+    kernel->packed = kernel_state->packed;
     kernel->op = MakeNormLinearOp(kernel_info);
     *out = kernel.release();
     return nullptr;
@@ -112,7 +122,8 @@ OrtStatus* ORT_API_CALL CreateKernel(void* state, const OrtKernelInfo* info, Ort
 
 // ---- The EP: claims the otfuse *NormLinear nodes it has a kernel for.
 
-OrtStatus* AddKernel(OrtKernelRegistry* registry, const char* op_name) {
+OrtStatus* AddKernel(OrtKernelRegistry* registry, KernelState& state) {
+  const char* op_name = state.op_name;
   OrtKernelDefBuilder* builder = nullptr;
   if (OrtStatus* status = g_ep->CreateKernelDefBuilder(&builder)) return status;
   OrtKernelDef* def = nullptr;
@@ -122,13 +133,14 @@ OrtStatus* AddKernel(OrtKernelRegistry* registry, const char* op_name) {
   if (status == nullptr) status = g_ep->KernelDefBuilder_SetExecutionProvider(builder, kEpName);
   if (status == nullptr) status = g_ep->KernelDefBuilder_Build(builder, &def);
   g_ep->ReleaseKernelDefBuilder(builder);
-  if (status == nullptr) status = g_ep->KernelRegistry_AddKernel(registry, def, CreateKernel, const_cast<char*>(op_name));
+  if (status == nullptr) status = g_ep->KernelRegistry_AddKernel(registry, def, CreateKernel, &state);
   if (def != nullptr) g_ep->ReleaseKernelDef(def);
   return status;
 }
 
 struct Ep : OrtEp {
   OrtKernelRegistry* registry = nullptr;
+  std::vector<KernelState> kernel_states;  // one per kNormLinearOpNames entry, the registry's kernels' state
 };
 
 const char* ORT_API_CALL EpName(const OrtEp*) noexcept { return kEpName; }
@@ -166,8 +178,8 @@ OrtStatus* ORT_API_CALL EpGetKernelRegistry(OrtEp* self, const OrtKernelRegistry
   if (ep->registry == nullptr) {
     OrtKernelRegistry* registry = nullptr;
     if (OrtStatus* status = g_ep->CreateKernelRegistry(&registry)) return status;
-    for (const char* op_name : kNormLinearOpNames) {
-      if (OrtStatus* status = AddKernel(registry, op_name)) {
+    for (KernelState& state : ep->kernel_states) {
+      if (OrtStatus* status = AddKernel(registry, state)) {
         g_ep->ReleaseKernelRegistry(registry);
         return status;
       }
@@ -200,13 +212,20 @@ OrtStatus* ORT_API_CALL FactoryDevices(OrtEpFactory* self, const OrtHardwareDevi
 OrtStatus* ORT_API_CALL FactoryCreateEp(OrtEpFactory*, const OrtHardwareDevice* const*,
                                         const OrtKeyValuePairs* const*, size_t, const OrtSessionOptions*,
                                         const OrtLogger*, OrtEp** out) noexcept {
-  auto* ep = new (std::nothrow) Ep{};
-  if (ep == nullptr) return g_ort->CreateStatus(ORT_FAIL, "otfuse EP: out of memory");
+  *out = nullptr;
+  std::unique_ptr<Ep> ep;
+  try {
+    ep = std::make_unique<Ep>();
+    auto packed = std::make_shared<PackedWeightCache>();
+    for (const char* op_name : kNormLinearOpNames) ep->kernel_states.push_back({op_name, packed});
+  } catch (const std::bad_alloc&) {
+    return g_ort->CreateStatus(ORT_FAIL, "otfuse EP: out of memory");
+  }
   ep->ort_version_supported = ORT_API_VERSION;
   ep->GetName = EpName;
   ep->GetCapability = EpGetCapability;
   ep->GetKernelRegistry = EpGetKernelRegistry;
-  *out = ep;
+  *out = ep.release();
   return nullptr;
 }
 

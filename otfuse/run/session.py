@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +82,8 @@ def _register_library(options: ort.SessionOptions) -> str:
 
 # Set once per process by plugin_ep_devices: whether the library is registered as an EP library.
 _ep_registered = False
+# Sessions created in several threads at once register the library once (a second registration fails).
+_ep_lock = threading.Lock()
 
 
 def _ort_has_kernel_ep_api() -> bool:
@@ -99,14 +102,15 @@ def plugin_ep_devices(path: str) -> list:
     global _ep_registered
     if os.environ.get("OTFUSE_NORM_LINEAR_EP", "1") == "0" or not _ort_has_kernel_ep_api():
         return []
-    devices = [d for d in ort.get_ep_devices() if d.ep_name == EP_NAME]
-    if not devices and not _ep_registered:
-        try:
-            ort.register_execution_provider_library(_EP_REGISTRATION, path)
-        except Exception as e:
-            raise OtfuseError(f"cannot register {path} as an execution provider library: {' '.join(str(e).split())}") from None
-        _ep_registered = True
+    with _ep_lock:
         devices = [d for d in ort.get_ep_devices() if d.ep_name == EP_NAME]
+        if not devices and not _ep_registered:
+            try:
+                ort.register_execution_provider_library(_EP_REGISTRATION, path)
+            except Exception as e:
+                raise OtfuseError(f"cannot register {path} as an execution provider library: {' '.join(str(e).split())}") from None
+            _ep_registered = True
+            devices = [d for d in ort.get_ep_devices() if d.ep_name == EP_NAME]
     return devices
 
 
@@ -158,15 +162,24 @@ def _add_plugin_ep(options: ort.SessionOptions) -> bool:
 
 
 def _cpu_only(providers) -> bool:
+    """ORT's CPU EP alone, without options of its own (the EP route adds it by default: options
+    given for it would be dropped, so they keep the custom-op route)."""
     names = [p[0] if isinstance(p, (tuple, list)) else p for p in providers]
-    return names == ["CPUExecutionProvider"]
+    options = [p[1] for p in providers if isinstance(p, (tuple, list)) and len(p) > 1]
+    return names == ["CPUExecutionProvider"] and not any(options)
+
+
+def _options_have_providers(options: ort.SessionOptions) -> bool:
+    has_providers = getattr(options, "has_providers", None)  # ORT >= 1.22
+    return bool(has_providers and has_providers())
 
 
 class InferenceSession(ort.InferenceSession):
     """``onnxruntime.InferenceSession`` that can run ``otfuse`` nodes (CPU provider by default).
 
-    With the CPU provider alone and ORT >= 1.24, the library's plugin EP (``EP_NAME``) runs the
-    ``*NormLinear`` nodes, their float32 weights packed once (``plugin_ep_devices``).
+    With the CPU provider alone (no options of its own) and ORT >= 1.24, the library's plugin EP
+    (``EP_NAME``) runs the ``*NormLinear`` nodes, their float32 weights packed once
+    (``plugin_ep_devices``). Providers already set in ``sess_options`` are kept as they are.
 
     When the library is not built, models without otfuse nodes still load; a model that needs
     it fails with :class:`LibraryNotAvailable` instead of ORT's "unknown op" error.
@@ -181,11 +194,16 @@ class InferenceSession(ort.InferenceSession):
         options = sess_options if sess_options is not None else ort.SessionOptions()
         options.enable_mem_pattern = bool(mem_pattern)
         missing = _register_library(options)
+        # The caller chose providers in the options (add_provider_for_devices, say): ORT runs those
+        # unless given a providers list, which would replace them (with a warning).
+        chosen_in_options = not providers and _options_have_providers(options) and _config_entry(options, _EP_KEY) is None
         providers = providers or DEFAULT_PROVIDERS
         try:
+            if chosen_in_options:
+                super().__init__(path_or_bytes, sess_options=options, **kwargs)
             # Only a model with a node for it gets the EP: any other keeps ORT's CPU EP alone (no
             # second provider in the partitioning, no "nodes not assigned to the preferred EP" warning).
-            if not missing and _cpu_only(providers) and mentions_norm_linear(path_or_bytes) and _add_plugin_ep(options):
+            elif not missing and _cpu_only(providers) and mentions_norm_linear(path_or_bytes) and _add_plugin_ep(options):
                 # The plugin EP first, ORT's CPU EP after it for every other node.
                 super().__init__(path_or_bytes, sess_options=options, **kwargs)
             else:
