@@ -124,7 +124,7 @@ def _block(k: int, widths):
     return model
 
 
-_MEMORY_CHILD = r"""
+MEMORY_CHILD = r"""
 import json, os, sys
 import numpy as np
 import otfuse.run.session as s
@@ -136,7 +136,9 @@ before = rss("VmRSS")
 session = s.InferenceSession(sys.argv[1])
 created = rss("VmRSS")
 x = np.random.default_rng(1).standard_normal((1, int(sys.argv[2]), int(sys.argv[3]))).astype(np.float32)
-np.savez(sys.argv[4], *session.run(None, {"x": x}))
+# a model with an If (test_plugin_ep_edges.py) runs both branches
+feeds = [{"x": x, "cond": np.array(c)} for c in (True, False)] if len(session.get_inputs()) == 2 else [{"x": x}]
+np.savez(sys.argv[4], *[y for f in feeds for y in session.run(None, f)])
 print(json.dumps({"providers": session.get_providers(), "created": created - before, "peak": rss("VmHWM")}))
 """
 
@@ -154,7 +156,7 @@ def test_fused_session_holds_no_more_than_the_unfused_one(tmp_path):
     for label, model, ep in (("unfused", "base", "1"), ("ep", "fused", "1"), ("custom", "fused", "0")):
         env = {**os.environ, "OTFUSE_NORM_LINEAR_EP": ep}
         out = tmp_path / f"{label}.npz"
-        run = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, str(tmp_path / f"{model}.onnx"), "70", str(k),
+        run = subprocess.run([sys.executable, "-c", MEMORY_CHILD, str(tmp_path / f"{model}.onnx"), "70", str(k),
                               str(out)], capture_output=True, text=True, env=env, check=True)
         results[label] = json.loads(run.stdout.strip().splitlines()[-1])
         results[label]["outputs"] = [v for _, v in sorted(np.load(out).items())]

@@ -23,7 +23,7 @@ import otfuse
 from otfuse.run import session as otfuse_session
 from otfuse.verify import reference
 from kernels.norm_linear.test_cpu import Case
-from kernels.norm_linear.test_plugin_ep import _block
+from kernels.norm_linear.test_plugin_ep import MEMORY_CHILD, _block
 from models.test_merged_decoders import unpacked
 
 pytestmark = pytest.mark.skipif(not otfuse_session._ort_has_kernel_ep_api(),
@@ -169,24 +169,6 @@ def _if_model(k, widths):
     return model
 
 
-_MEMORY_CHILD = r"""
-import json, sys
-import numpy as np
-import otfuse.run.session as s
-def rss(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) / 1024
-before = rss("VmRSS")
-session = s.InferenceSession(sys.argv[1])
-created = rss("VmRSS")
-x = np.random.default_rng(1).standard_normal((1, int(sys.argv[2]), int(sys.argv[3]))).astype(np.float32)
-feeds = [{"x": x, "cond": np.array(c)} for c in (True, False)] if len(session.get_inputs()) == 2 else [{"x": x}]
-np.savez(sys.argv[4], *[y for f in feeds for y in session.run(None, f)])
-print(json.dumps({"providers": session.get_providers(), "created": created - before}))
-"""
-
-
 def _memory_runs(tmp_path, model, k, external: bool):
     """{label: RSS growth at creation (MiB), providers, outputs} of the unfused graph, the EP route and
     the custom-op route, each in a fresh process."""
@@ -200,7 +182,7 @@ def _memory_runs(tmp_path, model, k, external: bool):
     results = {}
     for label, name, ep in (("unfused", "base", "1"), ("ep", "fused", "1"), ("custom", "fused", "0")):
         out = tmp_path / f"{label}.npz"
-        run = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, str(tmp_path / f"{name}.onnx"), "70", str(k), str(out)],
+        run = subprocess.run([sys.executable, "-c", MEMORY_CHILD, str(tmp_path / f"{name}.onnx"), "70", str(k), str(out)],
                              capture_output=True, text=True, env={**os.environ, "OTFUSE_NORM_LINEAR_EP": ep}, check=True)
         results[label] = json.loads(run.stdout.strip().splitlines()[-1])
         results[label]["outputs"] = [v for _, v in sorted(np.load(out).items())]
