@@ -183,30 +183,31 @@ void GemmInPlace(const KernelContext& ctx, GemmIsa isa, int64_t m, int64_t k, co
   if (out_of_memory) throw Error("out of memory for GEMM accumulators");
 }
 
-int64_t PackedWeightFloats(int64_t k, int64_t n) { return RoundUp(n, kTileWidth) * k; }
+int64_t PackedWeightElements(int64_t k, int64_t n) { return RoundUp(n, kTileWidth) * k; }
 
 namespace {
 
 // One k block of one column range: tile t's panel [kc][16] at block + t * kc * 16. An [n, k]
-// weight is read along its rows (k), a [k, n] one along its columns.
-void PackBlock(const float* w, bool transposed, int64_t k, int64_t n, int64_t col0, int64_t cols, int64_t k0,
-               int64_t kc, float* block) {
+// weight is read along its rows (k), a [k, n] one along its columns. E: W's element, copied as
+// it is (16-bit values by their bits).
+template <typename E>
+void PackBlock(const E* w, bool transposed, int64_t k, int64_t n, int64_t col0, int64_t cols, int64_t k0,
+               int64_t kc, E* block) {
   const int64_t tiles = CeilDiv(cols, kTileWidth);
   for (int64_t t = 0; t < tiles; ++t) {
-    float* panel = block + t * kc * kTileWidth;
+    E* panel = block + t * kc * kTileWidth;
     for (int64_t j = 0; j < kTileWidth; ++j) {
       const int64_t c = col0 + t * kTileWidth + j;
       for (int64_t kk = 0; kk < kc; ++kk) {
-        const float value = c >= col0 + cols ? 0.0f : transposed ? w[c * k + k0 + kk] : w[(k0 + kk) * n + c];
+        const E value = c >= col0 + cols ? E{} : transposed ? w[c * k + k0 + kk] : w[(k0 + kk) * n + c];
         panel[kk * kTileWidth + j] = value;
       }
     }
   }
 }
 
-}  // namespace
-
-void PackWeight(const float* w, bool transposed, int64_t k, int64_t n, float* panels) {
+template <typename E>
+void PackWeightOf(const E* w, bool transposed, int64_t k, int64_t n, E* panels) {
   const int64_t range = gemm_detail::PackedRangeCols(n);
   for (int64_t col0 = 0; col0 < n; col0 += range) {
     const int64_t cols = std::min(range, n - col0);
@@ -215,6 +216,16 @@ void PackWeight(const float* w, bool transposed, int64_t k, int64_t n, float* pa
       const int64_t kc = std::min(gemm_detail::kPackDepth, k - k0);
       PackBlock(w, transposed, k, n, col0, cols, k0, kc, panels + col0 * k + k0 * tiles * kTileWidth);
     }
+  }
+}
+
+}  // namespace
+
+void PackWeight(const void* w, WeightType type, bool transposed, int64_t k, int64_t n, void* panels) {
+  if (type == WeightType::kFloat32) {
+    PackWeightOf(static_cast<const float*>(w), transposed, k, n, static_cast<float*>(panels));
+  } else {  // float16 and bfloat16 alike: their bits (a zero pads either)
+    PackWeightOf(static_cast<const uint16_t*>(w), transposed, k, n, static_cast<uint16_t*>(panels));
   }
 }
 
