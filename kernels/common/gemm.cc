@@ -183,21 +183,23 @@ void GemmInPlace(const KernelContext& ctx, GemmIsa isa, int64_t m, int64_t k, co
   if (out_of_memory) throw Error("out of memory for GEMM accumulators");
 }
 
-int64_t PackedWeightFloats(int64_t k, int64_t n) { return RoundUp(n, kTileWidth) * k; }
+int64_t PackedWeightElements(int64_t k, int64_t n) { return RoundUp(n, kTileWidth) * k; }
 
 namespace {
 
 // One k block of one column range: tile t's panel [kc][16] at block + t * kc * 16. An [n, k]
-// weight is read along its rows (k), a [k, n] one along its columns.
-void PackBlock(const float* w, bool transposed, int64_t k, int64_t n, int64_t col0, int64_t cols, int64_t k0,
-               int64_t kc, float* block) {
+// weight is read along its rows (k), a [k, n] one along its columns. E: W's element, copied as
+// it is (16-bit values by their bits).
+template <typename E>
+void PackBlock(const E* w, bool transposed, int64_t k, int64_t n, int64_t col0, int64_t cols, int64_t k0,
+               int64_t kc, E* block) {
   const int64_t tiles = CeilDiv(cols, kTileWidth);
   for (int64_t t = 0; t < tiles; ++t) {
-    float* panel = block + t * kc * kTileWidth;
+    E* panel = block + t * kc * kTileWidth;
     for (int64_t j = 0; j < kTileWidth; ++j) {
       const int64_t c = col0 + t * kTileWidth + j;
       for (int64_t kk = 0; kk < kc; ++kk) {
-        const float value = c >= col0 + cols ? 0.0f : transposed ? w[c * k + k0 + kk] : w[(k0 + kk) * n + c];
+        const E value = c >= col0 + cols ? E{} : transposed ? w[c * k + k0 + kk] : w[(k0 + kk) * n + c];
         panel[kk * kTileWidth + j] = value;
       }
     }
@@ -205,49 +207,69 @@ void PackBlock(const float* w, bool transposed, int64_t k, int64_t n, int64_t co
 }
 
 // PackBlock's layout, compared instead of written: the padding columns must be zeros too.
-bool BlockHolds(const float* w, bool transposed, int64_t k, int64_t n, int64_t col0, int64_t cols, int64_t k0,
-                int64_t kc, const float* block) {
+template <typename E>
+bool BlockHolds(const E* w, bool transposed, int64_t k, int64_t n, int64_t col0, int64_t cols, int64_t k0,
+                int64_t kc, const E* block) {
   const int64_t tiles = CeilDiv(cols, kTileWidth);
   for (int64_t t = 0; t < tiles; ++t) {
-    const float* panel = block + t * kc * kTileWidth;
+    const E* panel = block + t * kc * kTileWidth;
     for (int64_t j = 0; j < kTileWidth; ++j) {
       const int64_t c = col0 + t * kTileWidth + j;
       for (int64_t kk = 0; kk < kc; ++kk) {
-        const float value = c >= col0 + cols ? 0.0f : transposed ? w[c * k + k0 + kk] : w[(k0 + kk) * n + c];
-        if (std::memcmp(&panel[kk * kTileWidth + j], &value, sizeof(float)) != 0) return false;  // bits: NaNs, -0
+        const E value = c >= col0 + cols ? E{} : transposed ? w[c * k + k0 + kk] : w[(k0 + kk) * n + c];
+        if (std::memcmp(&panel[kk * kTileWidth + j], &value, sizeof(E)) != 0) return false;  // bits: NaNs, -0
       }
     }
   }
   return true;
+}
+
+// visit(col0, cols, k0, kc, offset) over the packed layout's blocks in order, `offset` the block's
+// first element; stops at the first false.
+template <typename Visit>
+bool ForEachPackedBlock(int64_t k, int64_t n, const Visit& visit) {
+  const int64_t range = gemm_detail::PackedRangeCols(n);
+  for (int64_t col0 = 0; col0 < n; col0 += range) {
+    const int64_t cols = std::min(range, n - col0);
+    const int64_t tiles = CeilDiv(cols, kTileWidth);
+    for (int64_t k0 = 0; k0 < k; k0 += gemm_detail::kPackDepth) {
+      const int64_t kc = std::min(gemm_detail::kPackDepth, k - k0);
+      if (!visit(col0, cols, k0, kc, col0 * k + k0 * tiles * kTileWidth)) return false;
+    }
+  }
+  return true;
+}
+
+template <typename E>
+bool PackedWeightHoldsOf(const E* w, bool transposed, int64_t k, int64_t n, const E* panels) {
+  return ForEachPackedBlock(k, n, [&](int64_t col0, int64_t cols, int64_t k0, int64_t kc, int64_t offset) {
+    return BlockHolds(w, transposed, k, n, col0, cols, k0, kc, panels + offset);
+  });
+}
+
+template <typename E>
+void PackWeightOf(const E* w, bool transposed, int64_t k, int64_t n, E* panels) {
+  ForEachPackedBlock(k, n, [&](int64_t col0, int64_t cols, int64_t k0, int64_t kc, int64_t offset) {
+    PackBlock(w, transposed, k, n, col0, cols, k0, kc, panels + offset);
+    return true;
+  });
 }
 
 }  // namespace
 
-bool PackedWeightHolds(const float* w, bool transposed, int64_t k, int64_t n, const float* panels) {
-  const int64_t range = gemm_detail::PackedRangeCols(n);
-  for (int64_t col0 = 0; col0 < n; col0 += range) {
-    const int64_t cols = std::min(range, n - col0);
-    const int64_t tiles = CeilDiv(cols, kTileWidth);
-    for (int64_t k0 = 0; k0 < k; k0 += gemm_detail::kPackDepth) {
-      const int64_t kc = std::min(gemm_detail::kPackDepth, k - k0);
-      if (!BlockHolds(w, transposed, k, n, col0, cols, k0, kc, panels + col0 * k + k0 * tiles * kTileWidth)) {
-        return false;
-      }
-    }
+void PackWeight(const void* w, WeightType type, bool transposed, int64_t k, int64_t n, void* panels) {
+  if (type == WeightType::kFloat32) {
+    PackWeightOf(static_cast<const float*>(w), transposed, k, n, static_cast<float*>(panels));
+  } else {  // float16 and bfloat16 alike: their bits (a zero pads either)
+    PackWeightOf(static_cast<const uint16_t*>(w), transposed, k, n, static_cast<uint16_t*>(panels));
   }
-  return true;
 }
 
-void PackWeight(const float* w, bool transposed, int64_t k, int64_t n, float* panels) {
-  const int64_t range = gemm_detail::PackedRangeCols(n);
-  for (int64_t col0 = 0; col0 < n; col0 += range) {
-    const int64_t cols = std::min(range, n - col0);
-    const int64_t tiles = CeilDiv(cols, kTileWidth);
-    for (int64_t k0 = 0; k0 < k; k0 += gemm_detail::kPackDepth) {
-      const int64_t kc = std::min(gemm_detail::kPackDepth, k - k0);
-      PackBlock(w, transposed, k, n, col0, cols, k0, kc, panels + col0 * k + k0 * tiles * kTileWidth);
-    }
+bool PackedWeightHolds(const void* w, WeightType type, bool transposed, int64_t k, int64_t n, const void* panels) {
+  if (type == WeightType::kFloat32) {
+    return PackedWeightHoldsOf(static_cast<const float*>(w), transposed, k, n, static_cast<const float*>(panels));
   }
+  return PackedWeightHoldsOf(static_cast<const uint16_t*>(w), transposed, k, n, static_cast<const uint16_t*>(panels));
 }
 
 GemmIsa SelectGemmIsa() {

@@ -57,21 +57,23 @@ struct GemmProduct {
   int64_t n;
   const float* bias;   // [n] float32, or null
   void* y;             // [m, n] row-major, of `type`
-  // W packed once by PackWeight (float32 only), or null: then every row count reads these panels
-  // and `w` is not read (ORT may have freed it).
-  const float* packed = nullptr;
+  // W packed once by PackWeight (its values of `type` as they were), or null: then every row
+  // count reads these panels and `w` is not read (ORT may have freed it).
+  const void* packed = nullptr;
 };
 
-// A float32 W packed once, as a packed task reads it (the plugin-EP route, cpu/norm_linear_ep.cc:
-// ORT hands the initializer to PrePackWeight and frees it afterwards, so the panels take W's place
-// instead of being copied block by block on every call). Column ranges of PackedRangeCols(n)
-// columns, each as its k blocks of kPackDepth rows, each block as its tiles' [kc][16] panels
-// (columns past n zero): the panel of (col0, k0) starts at col0 * k + k0 * tiles * 16.
-int64_t PackedWeightFloats(int64_t k, int64_t n);
-void PackWeight(const float* w, bool transposed, int64_t k, int64_t n, float* panels);
+// W packed once, as a packed task reads it (the plugin-EP route, cpu/norm_linear_ep.cc: ORT hands
+// the initializer to PrePackWeight and frees it afterwards, so the panels take W's place instead
+// of being copied block by block on every call). Column ranges of PackedRangeCols(n) columns, each
+// as its k blocks of kPackDepth rows, each block as its tiles' [kc][16] panels (columns past n
+// zero): the panel of (col0, k0) starts at element col0 * k + k0 * tiles * 16. The elements keep
+// W's type (float16 / bfloat16 stay 16-bit, widened in the micro-kernels' registers), so the
+// panels take W's bytes (plus its last partial tile), never twice them.
+int64_t PackedWeightElements(int64_t k, int64_t n);
+void PackWeight(const void* w, WeightType type, bool transposed, int64_t k, int64_t n, void* panels);
 // Whether `panels` hold exactly (bit for bit) PackWeight's packing of `w`: one read of each, nothing
 // allocated (the plugin EP shares one set of panels among the kernels that pack the same weight).
-bool PackedWeightHolds(const float* w, bool transposed, int64_t k, int64_t n, const float* panels);
+bool PackedWeightHolds(const void* w, WeightType type, bool transposed, int64_t k, int64_t n, const void* panels);
 
 // Which micro-kernels run. SelectGemmIsa: AVX-512F when the CPU and OS have it and run it at full
 // rate (Avx512AtFullRate), else AVX2 + FMA, else the portable ones; OTFUSE_CPU_ISA=baseline forces

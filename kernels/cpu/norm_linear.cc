@@ -81,12 +81,20 @@ WeightType WeightTypeOf(ONNXTensorElementDataType type) {
   return WeightType::kFloat32;
 }
 
-// W_i packed once (PrePack): the panels of common/gemm.h's PackWeight, and W_i's shape for the
-// run's checks (ORT freed the initializer).
+// W_i packed once (PrePack): the panels of common/gemm.h's PackWeight (W_i's element type: 4 or
+// 2 bytes each), and W_i's type and shape for the run's checks (ORT freed the initializer).
 struct PackedWeight {
+  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
   Shape shape;
-  std::shared_ptr<float[]> panels;  // shared with the session's other kernels of this weight (PackedWeightCache)
+  std::shared_ptr<uint32_t[]> panels;  // as 32-bit words (aligned for either element), shared with the session's other kernels of this weight (PackedWeightCache)
 };
+
+size_t ElementBytes(ONNXTensorElementDataType type) { return type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT ? 4 : 2; }
+
+bool IsWeightType(ONNXTensorElementDataType type) {
+  return type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 ||
+         type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+}
 
 template <NormKind kKind, bool kAdd>
 class NormLinearKernel {
@@ -113,22 +121,24 @@ class NormLinearKernel {
     }
   }
 
-  // W_i packed into panels when `input` is a float32 W_i of its contract shape; false (nothing
-  // kept) for any other input, which the run then reads and checks as usual.
+  // W_i packed into panels when `input` is a W_i of a weight type (float32, float16, bfloat16)
+  // and its contract shape; false (nothing kept) for any other input, which the run then reads
+  // and checks as usual (a W_i whose type is not x's fails the run's checks either way).
   bool PrePack(size_t input, const InputTensor& tensor, PackedWeightCache& cache) {
     if (input < params_.first_weight || input >= params_.first_weight + params_.count()) return false;
     const size_t i = input - params_.first_weight;
     const bool t = params_.transposed[i] != 0;
-    if (tensor.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || tensor.shape.size() != 2) return false;
+    if (!IsWeightType(tensor.type) || tensor.shape.size() != 2) return false;
     const int64_t k = tensor.shape[t ? 1 : 0], n = tensor.shape[t ? 0 : 1];
     if (n != params_.widths[i] || k <= 0) return false;
-    std::shared_ptr<float[]> panels = cache.Find(tensor, t, k, n);
+    std::shared_ptr<uint32_t[]> panels = cache.Find(tensor, t, k, n);
     if (!panels) {
-      panels = Allocate<float>(static_cast<size_t>(PackedWeightFloats(k, n)), "a packed weight");
-      PackWeight(tensor.As<float>(), t, k, n, panels.get());
+      const size_t bytes = static_cast<size_t>(PackedWeightElements(k, n)) * ElementBytes(tensor.type);
+      panels = Allocate<uint32_t>((bytes + 3) / 4, "a packed weight");
+      PackWeight(tensor.data, WeightTypeOf(tensor.type), t, k, n, panels.get());
       cache.Add(tensor, t, panels);
     }
-    packed_[i] = PackedWeight{tensor.shape, std::move(panels)};
+    packed_[i] = PackedWeight{tensor.type, tensor.shape, std::move(panels)};
     return true;
   }
 
@@ -208,7 +218,7 @@ class NormLinearKernel {
     std::vector<InputTensor> weights;
     for (size_t i = 0; i < params_.count(); ++i) {
       if (packed_[i].panels) {
-        weights.push_back({ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, packed_[i].shape, packed_[i].panels.get()});
+        weights.push_back({packed_[i].type, packed_[i].shape, packed_[i].panels.get()});
       } else {
         weights.push_back(RequiredInput(ctx, params_.first_weight + i, "W" + std::to_string(i + 1)));
       }
@@ -309,19 +319,19 @@ void AppendNormLinearOp(const char* name, CustomOpList& ops) {
 
 }  // namespace
 
-std::shared_ptr<float[]> PackedWeightCache::Find(const InputTensor& w, bool transposed, int64_t k, int64_t n) {
+std::shared_ptr<uint32_t[]> PackedWeightCache::Find(const InputTensor& w, bool transposed, int64_t k, int64_t n) {
   const std::lock_guard<std::mutex> lock(mutex_);
   for (const Entry& entry : entries_) {
-    if (entry.data != w.data || entry.shape != w.shape || entry.transposed != transposed) continue;
-    std::shared_ptr<float[]> panels = entry.panels.lock();
-    if (panels && PackedWeightHolds(w.As<float>(), transposed, k, n, panels.get())) return panels;
+    if (entry.data != w.data || entry.type != w.type || entry.shape != w.shape || entry.transposed != transposed) continue;
+    std::shared_ptr<uint32_t[]> panels = entry.panels.lock();
+    if (panels && PackedWeightHolds(w.data, WeightTypeOf(w.type), transposed, k, n, panels.get())) return panels;
   }
   return nullptr;
 }
 
-void PackedWeightCache::Add(const InputTensor& w, bool transposed, const std::shared_ptr<float[]>& panels) {
+void PackedWeightCache::Add(const InputTensor& w, bool transposed, const std::shared_ptr<uint32_t[]>& panels) {
   const std::lock_guard<std::mutex> lock(mutex_);
-  entries_.push_back({w.data, w.shape, transposed, panels});
+  entries_.push_back({w.data, w.type, w.shape, transposed, panels});
 }
 
 const char* const kNormLinearOpNames[4] = {"RMSNormLinear", "AddRMSNormLinear", "LayerNormLinear",

@@ -1,5 +1,5 @@
 // The Norm + Linear kernels as a plugin execution provider (ORT >= 1.24's kernel-registry EP API,
-// onnxruntime_ep_c_api.h), so that their float32 weights are packed once: an OrtCustomOp has no
+// onnxruntime_ep_c_api.h), so that their weights are packed once: an OrtCustomOp has no
 // pre-pack hook, an OrtKernelImpl has PrePackWeight, after which ORT frees the initializer (as it
 // does for its own MatMul), so the packed panels replace W instead of doubling it.
 //
