@@ -111,6 +111,8 @@ _PEAK_RSS = """
     import json, sys
     import numpy as np
     sys.path.insert(0, sys.argv[4])
+    import ir_version
+    ir_version.install()  # as tests/conftest.py does in the parent
     from kernels.attention.test_cpu import make_session, build_model
     seq, library, bias = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     n, d = 8, 16
