@@ -137,7 +137,8 @@ def rss(key):
 before = rss("VmRSS")
 session = s.InferenceSession(sys.argv[1])
 created = rss("VmRSS")
-x = np.random.default_rng(1).standard_normal((1, int(sys.argv[2]), int(sys.argv[3]))).astype(np.float32)
+dtype = np.dtype(sys.argv[5]) if len(sys.argv) > 5 else np.float32  # x's type: the model's
+x = np.random.default_rng(1).standard_normal((1, int(sys.argv[2]), int(sys.argv[3]))).astype(dtype)
 # a model with an If (test_plugin_ep_edges.py) runs both branches
 feeds = [{"x": x, "cond": np.array(c)} for c in (True, False)] if len(session.get_inputs()) == 2 else [{"x": x}]
 np.savez(sys.argv[4], *[y for f in feeds for y in session.run(None, f)])
@@ -175,23 +176,6 @@ def test_fused_session_holds_no_more_than_the_unfused_one(tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
-_MEMORY_CHILD_F16 = r"""
-import json, sys
-import numpy as np
-import otfuse.run.session as s
-def rss(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) / 1024
-before = rss("VmRSS")
-session = s.InferenceSession(sys.argv[1])
-created = rss("VmRSS")
-x = np.random.default_rng(1).standard_normal((1, 70, int(sys.argv[2]))).astype(np.float16)
-np.savez(sys.argv[3], *session.run(None, {"x": x}))
-print(json.dumps({"providers": session.get_providers(), "created": created - before, "peak": rss("VmHWM")}))
-"""
-
-
 def test_float16_panels_take_the_weights_bytes(tmp_path):
     """float16 weights (48 MiB) packed once stay 16-bit: the EP session's RSS at creation and peak
     within 4 MiB of the custom-op route's (which reads the initializers as stored), outputs bit for
@@ -205,7 +189,7 @@ def test_float16_panels_take_the_weights_bytes(tmp_path):
     results = {}
     for label, ep in (("ep", "1"), ("custom", "0")):
         out = tmp_path / f"{label}.npz"
-        run = subprocess.run([sys.executable, "-c", _MEMORY_CHILD_F16, str(tmp_path / "fused.onnx"), str(k), str(out)],
+        run = subprocess.run([sys.executable, "-c", MEMORY_CHILD, str(tmp_path / "fused.onnx"), "70", str(k), str(out), "float16"],
                              capture_output=True, text=True, check=True,
                              env={**os.environ, "OTFUSE_NORM_LINEAR_EP": ep, "MALLOC_MMAP_THRESHOLD_": str(1 << 20)})
         results[label] = json.loads(run.stdout.strip().splitlines()[-1])
