@@ -65,7 +65,7 @@ constexpr int64_t kPackedChunkRows = 768;
 void AddTasks(const std::vector<GemmProduct>& products, TaskKind kind, int64_t m, int64_t chunk_rows, size_t product,
               int64_t range, std::vector<Task>* tasks, int64_t* max_cells) {
   const int64_t n = products[product].n;
-  const int64_t cols = RoundUp(CeilDiv(n, CeilDiv(n, range)), kTileWidth);  // equal ranges of whole tiles
+  const int64_t cols = gemm_detail::RangeCols(n, range);
   for (int64_t row0 = 0; row0 < m; row0 += chunk_rows) {
     const int64_t rows = std::min(chunk_rows, m - row0);
     for (int64_t col0 = 0; col0 < n; col0 += cols) {

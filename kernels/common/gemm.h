@@ -157,12 +157,14 @@ constexpr int64_t kStagedCols = 256;
 constexpr int64_t kPackDepth = 256;
 constexpr int64_t kPackCols = 1024;
 constexpr int64_t kPackColsTransposed = 128;
-// Columns per task of a product packed once (PackWeight): equal ranges of whole tiles, at most
-// kPackCols.
-inline int64_t PackedRangeCols(int64_t n) {
-  const int64_t ranges = (n + kPackCols - 1) / kPackCols;
+// Columns per task of a product's n columns split into equal ranges of whole tiles, at most
+// `max_cols` each (the task planner's split; a product packed once is laid out by the same split,
+// so each task's columns are one range of its panels).
+inline int64_t RangeCols(int64_t n, int64_t max_cols) {
+  const int64_t ranges = (n + max_cols - 1) / max_cols;
   return ((n + ranges - 1) / ranges + kTileWidth - 1) / kTileWidth * kTileWidth;
 }
+inline int64_t PackedRangeCols(int64_t n) { return RangeCols(n, kPackCols); }
 
 // `stage`: kStageFloats floats (either kind); `acc`: rows * (cols rounded up to 16) floats.
 constexpr int64_t kStageFloats = 2 * kPackDepth * kPackCols;

@@ -86,7 +86,9 @@ WeightType WeightTypeOf(ONNXTensorElementDataType type) {
 struct PackedWeight {
   ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
   Shape shape;
-  std::shared_ptr<uint32_t[]> panels;  // as 32-bit words (aligned for either element), shared with the session's other kernels of this weight (PackedWeightCache)
+  // As 32-bit words (aligned for either element); shared with the session's other kernels of
+  // this weight (PackedWeightCache).
+  std::shared_ptr<uint32_t[]> panels;
 };
 
 size_t ElementBytes(ONNXTensorElementDataType type) { return type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT ? 4 : 2; }
@@ -347,10 +349,10 @@ std::unique_ptr<NormLinearOp> MakeNormLinearOp(const KernelInfo& info) {
 }
 
 void AppendNormLinearOps(CustomOpList& ops) {
-  AppendNormLinearOp<NormKind::kRms, false>("RMSNormLinear", ops);
-  AppendNormLinearOp<NormKind::kRms, true>("AddRMSNormLinear", ops);
-  AppendNormLinearOp<NormKind::kLayer, false>("LayerNormLinear", ops);
-  AppendNormLinearOp<NormKind::kLayer, true>("AddLayerNormLinear", ops);
+  AppendNormLinearOp<NormKind::kRms, false>(kNormLinearOpNames[0], ops);
+  AppendNormLinearOp<NormKind::kRms, true>(kNormLinearOpNames[1], ops);
+  AppendNormLinearOp<NormKind::kLayer, false>(kNormLinearOpNames[2], ops);
+  AppendNormLinearOp<NormKind::kLayer, true>(kNormLinearOpNames[3], ops);
 }
 
 }  // namespace otfuse::cpu

@@ -14,8 +14,9 @@ namespace otfuse::cpu {
 // One session's packed weights, so that kernels packing the same initializer share one set of
 // panels: a merged decoder's two branches (an If's bodies) read the same outer-scope weights, and
 // ORT frees the initializer only once, so separate packings would double it. An entry is found by
-// the initializer's address, element type, shape and layout, and used only when its panels hold that tensor's
-// values bit for bit (PackedWeightHolds): an address ORT freed and reused can never match wrongly.
+// the initializer's address, element type, shape and layout, and used only when its panels hold
+// that tensor's values bit for bit (PackedWeightHolds): an address ORT freed and reused can never
+// match wrongly.
 class PackedWeightCache {
  public:
   std::shared_ptr<uint32_t[]> Find(const InputTensor& w, bool transposed, int64_t k, int64_t n);
@@ -38,9 +39,9 @@ class NormLinearOp {
   virtual ~NormLinearOp() = default;
   // Throws Error, like the OrtCustomOp kernels.
   virtual void Compute(const KernelContext& ctx) const = 0;
-  // Packs a W_i (input index `input`: float32, float16 or bfloat16) once, for every later run (common/gemm.h,
-  // PackWeight), or takes the panels `cache` already holds for it: true when it did, so ORT may
-  // free the tensor. Throws Error when out of memory.
+  // Packs a W_i (input index `input`: float32, float16 or bfloat16) once, for every later run
+  // (common/gemm.h, PackWeight), or takes the panels `cache` already holds for it: true when it
+  // did, so ORT may free the tensor. Throws Error when out of memory.
   virtual bool PrePack(size_t input, const InputTensor& tensor, PackedWeightCache& cache) = 0;
 };
 

@@ -25,7 +25,7 @@ DEFAULT_PROVIDERS = ["CPUExecutionProvider"]
 # Marks options our library was already registered in (registering twice makes ORT fail).
 _REGISTERED_KEY = "otfuse.custom_ops_library"
 # The library's plugin execution provider (kernels/cpu/norm_linear_ep.cc): the *NormLinear nodes
-# on it pack their float32 weights once (ORT then frees the initializers); everything else stays
+# on it pack their weights once (ORT then frees the initializers); everything else stays
 # on the CPU EP. Needs ORT >= 1.24; OTFUSE_NORM_LINEAR_EP=0 turns it off.
 EP_NAME = "OtfuseCPUExecutionProvider"
 _EP_REGISTRATION = "otfuse"
@@ -95,12 +95,17 @@ def _ort_has_kernel_ep_api() -> bool:
     return (major, minor) >= (1, 24) and hasattr(ort, "register_execution_provider_library")
 
 
+def _ep_route_wanted() -> bool:
+    """This ORT has the plugin-EP kernel API and OTFUSE_NORM_LINEAR_EP is not 0."""
+    return os.environ.get("OTFUSE_NORM_LINEAR_EP", "1") != "0" and _ort_has_kernel_ep_api()
+
+
 def plugin_ep_devices(path: str) -> list:
     """The library's EP devices, the library registered as an EP library once per process; [] when
     this ORT has no plugin-EP kernel API (< 1.24: its custom ops alone then run every node) or
     OTFUSE_NORM_LINEAR_EP=0."""
     global _ep_registered
-    if os.environ.get("OTFUSE_NORM_LINEAR_EP", "1") == "0" or not _ort_has_kernel_ep_api():
+    if not _ep_route_wanted():
         return []
     with _ep_lock:
         devices = [d for d in ort.get_ep_devices() if d.ep_name == EP_NAME]
@@ -147,7 +152,7 @@ def _add_plugin_ep(options: ort.SessionOptions) -> bool:
     """Put the plugin EP in ``options`` (once: marked like the library); whether they have it."""
     if _config_entry(options, _EP_KEY) is not None:
         return True
-    if os.environ.get("OTFUSE_NORM_LINEAR_EP", "1") == "0" or not _ort_has_kernel_ep_api():
+    if not _ep_route_wanted():
         return False  # before has_providers: older ORT lacks it too
     if options.has_providers():
         return False  # the caller chose providers in the options: leave them
@@ -178,7 +183,7 @@ class InferenceSession(ort.InferenceSession):
     """``onnxruntime.InferenceSession`` that can run ``otfuse`` nodes (CPU provider by default).
 
     With the CPU provider alone (no options of its own) and ORT >= 1.24, the library's plugin EP
-    (``EP_NAME``) runs the ``*NormLinear`` nodes, their float32 weights packed once
+    (``EP_NAME``) runs the ``*NormLinear`` nodes, their weights packed once
     (``plugin_ep_devices``). Providers already set in ``sess_options`` are kept as they are.
 
     When the library is not built, models without otfuse nodes still load; a model that needs
