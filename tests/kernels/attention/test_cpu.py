@@ -453,6 +453,35 @@ def test_strided_new_values_packed_like_in_place_ones(library, monkeypatch, isa,
         np.testing.assert_array_equal(y.view(np.uint8), expected.view(np.uint8))
 
 
+WINDOW_SLOT_CASES = {  # tiles: (sq, past, window, head size); every case has tasks of 5+ key tiles
+    "64x128": [(700, 0, 520, 128), (300, 500, 450, 128)],
+    "16x32": [(150, 0, 100, 32), (90, 70, 117, 32), (200, 0, 150, 32)],
+}
+
+
+@pytest.mark.parametrize("tiles", list(WINDOW_SLOT_CASES))
+@pytest.mark.parametrize("dtype", [F32, F16], ids=lambda d: d.name)
+def test_window_queries_in_place_and_rows_fetched_through_the_slots(library, monkeypatch, dtype, tiles):
+    # A sliding-window task reads float32 BNSD query rows where they are (QueryRowsInPlace) and,
+    # when it has 5 key tiles or more, fetches its output rows and the next task's query rows
+    # through the tile kernels' prefetch slots during its fourth tile: Y bit for bit as BSND inputs
+    # (query rows copied), on 1 and 2 threads; windows not multiples of the tile, with a past.
+    monkeypatch.setenv("OTFUSE_ATTENTION_PATH", "packed")
+    monkeypatch.setenv("OTFUSE_ATTENTION_TILES", tiles)
+    rng = seeded("window-slots", dtype.name, tiles)
+    for sq, past, window, d in WINDOW_SLOT_CASES[tiles]:
+        bsnd = qkv(rng, 1, 2, 1, sq, sq, d, dtype, layout="BSND")
+        if past:
+            bsnd["past_key"], bsnd["past_value"] = rand(rng, (1, 1, past, d), dtype), rand(rng, (1, 1, past, d), dtype)
+        bnsd = {k: (np.ascontiguousarray(v.transpose(0, 2, 1, 3)) if k in "QKV" else v) for k, v in bsnd.items()}
+        attrs = {"num_heads": 2, "kv_num_heads": 1, "causal": 1, "window": window, "output_layout": "BNSD"}
+        (y,) = check(library, bnsd, attrs)
+        (one,) = run_op(library, "Attention", bnsd, attrs, threads=1)
+        (copied,) = run_op(library, "Attention", bsnd, {**attrs, "layout": "BSND"})
+        np.testing.assert_array_equal(one.view(np.uint8), y.view(np.uint8))
+        np.testing.assert_array_equal(copied.view(np.uint8), y.view(np.uint8))
+
+
 @pytest.mark.parametrize("tiles", ["64x128", "28x32", "20x48"])
 @pytest.mark.parametrize("dtype", [F32, F16], ids=lambda d: d.name)
 def test_edge_tiles_skip_what_no_row_block_sees(library, monkeypatch, dtype, tiles):
