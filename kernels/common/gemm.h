@@ -16,7 +16,10 @@
 // Blocking. The rows of A are packed per call into blocks of kRowBlock (6) rows, [k][6] each,
 // so the micro-kernel broadcasts them. With AVX-512 (one zmm per 16-wide tile row) a call over
 // packed panels takes two row blocks of two adjacent tiles (24 accumulators), over a staged panel
-// two row blocks (12): 6 accumulators alone cannot cover the FMA latency. A task is (row chunk) x (column range) of one product;
+// two row blocks (12): 6 accumulators alone cannot cover the FMA latency. With AVX2 (a 6 x 16
+// block is 12 ymm accumulators) a panel passes through all of a task's row blocks, each call
+// fetching the next call's A block into L1 as it goes (gemm_tiles.inc, SweepTile).
+// A task is (row chunk) x (column range) of one product;
 // its accumulators (rows x range floats) stay in L2 for the whole k loop, and are biased, rounded
 // to T and stored once at the end. The micro-kernel computes a 6 x 16 block over a depth of kb
 // rows of W read straight from W (float32, [k, n]) or from a [kb][16] float32 stage in L1

@@ -65,6 +65,26 @@ def test_packed_weights_on_every_shape(name, dtype):
             np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("name", ["packed-one-chunk", "stream-pairs", "packed-deep", "packed-chunks"])
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
+def test_avx2_kernels_agree_with_the_default_ones(monkeypatch, name, dtype):
+    """The AVX2 micro-kernels (OTFUSE_GEMM_ISA=avx2) over the packed panels, bit for bit the default
+    ones' results (AVX-512 where the CPU has it): from 4 row blocks on, AVX2 multiplies each panel
+    by all of a task's row blocks with calls that fetch the next A block and panel as they go
+    (float32 panels, and 16-bit ones widened once per tile), the same FMAs in the same order. 65 to
+    812 rows: partial last row blocks, 1 to 3 k blocks, partial tiles, row chunks, column ranges.
+    (float16 outputs round the float32 sums, so an FMA order changed there shows in float32 only.)"""
+    shape, widths, _ = SHAPES[name]
+    case = Case("AddRMSNormLinear", dtype, shape=shape, widths=widths, transposed=[0] * len(widths),
+                bias=[i % 2 for i in range(len(widths))], keep=True, seed=13)
+    default = _ep_run(case)
+    monkeypatch.setenv("OTFUSE_GEMM_ISA", "avx2")
+    avx2 = _ep_run(case)
+    _check(case, avx2)
+    for a, b in zip(avx2, default):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("threads", [1, 3])
 def test_thread_count_does_not_change_results(threads):
     case = Case("RMSNormLinear", shape=(4, 203, 70), widths=(1100, 9), transposed=[0, 1], seed=2)

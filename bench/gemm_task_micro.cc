@@ -1,0 +1,114 @@
+// One-thread micro of one many-rows GEMM task (common/gemm.h) with the AVX2 kernels: M rows of A x
+// COLS columns of a float32 [K, N_TOTAL] weight, either packed once as PackWeight lays it out (the
+// plugin-EP route, PrepackedTask) or packed per call from W (the custom-op route, PackedTask), run
+// as the library runs it (RunTask: its calls, prefetches, copies, bias pass). With OTHER (another
+// tree's gemm_tiles.inc, e.g. main's) both trees' tasks run in alternating turns and the median of
+// the per-turn time ratios is printed (bench/README.md, "AVX2 float32 GEMM, session 12").
+//   I="-Ikernels -isystem $(grep -o '/[^ ]*ort-headers/[^ ]*' build/dev/build.ninja | head -1)"
+//   g++ -O3 -DNDEBUG -ffp-contract=off -fno-math-errno -std=c++17 $I -mavx2 -mfma -mf16c
+//       -DOTHER='"/work/main/kernels/common/gemm_tiles.inc"' bench/gemm_task_micro.cc -o /tmp/gemm_task_micro
+//   /tmp/gemm_task_micro M K COLS N_TOTAL ROUTE TURNS   # e.g. 512 4096 1008 11008 ep 12 (ROUTE ep | custom)
+#define OTFUSE_ISA_NAMESPACE avx2
+#include "common/gemm_tiles.inc"
+#undef OTFUSE_ISA_NAMESPACE
+#if defined(OTHER)
+#define OTFUSE_ISA_NAMESPACE other
+#include OTHER
+#undef OTFUSE_ISA_NAMESPACE
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <vector>
+
+using namespace otfuse;
+using namespace otfuse::gemm_detail;
+
+static double Now() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+// PackWeight's layout of columns [0, cols) (one column range) of a [k, n] weight.
+static std::vector<float> PackRange(const std::vector<float>& w, int64_t k, int64_t n, int64_t cols) {
+  const int64_t tiles = (cols + kTileWidth - 1) / kTileWidth;
+  std::vector<float> panels(tiles * kTileWidth * k, 0.0f);
+  for (int64_t k0 = 0; k0 < k; k0 += kPackDepth) {
+    const int64_t kc = std::min(kPackDepth, k - k0);
+    for (int64_t t = 0; t < tiles; ++t) {
+      for (int64_t kk = 0; kk < kc; ++kk) {
+        for (int64_t j = 0; j < kTileWidth && t * kTileWidth + j < cols; ++j) {
+          panels[k0 * tiles * kTileWidth + (t * kc + kk) * kTileWidth + j] = w[(k0 + kk) * n + t * kTileWidth + j];
+        }
+      }
+    }
+  }
+  return panels;
+}
+
+int main(int argc, char** argv) {
+  const int64_t m = argc > 1 ? atoll(argv[1]) : 512;
+  const int64_t k = argc > 2 ? atoll(argv[2]) : 4096;
+  const int64_t cols = argc > 3 ? atoll(argv[3]) : 1008;
+  const int64_t n = argc > 4 ? atoll(argv[4]) : cols;
+  const bool packed_once = argc <= 5 || std::strcmp(argv[5], "custom") != 0;
+  const int turns = argc > 6 ? atoi(argv[6]) : 8;
+  std::vector<float> a(m * k), w(k * n), y(m * n);
+  for (int64_t i = 0; i < m * k; ++i) a[i] = static_cast<float>(i % 7) * 0.1f;
+  for (int64_t i = 0; i < k * n; ++i) w[i] = static_cast<float>(i % 5) * 0.01f;
+  const std::vector<float> panels = PackRange(w, k, n, cols);
+  std::vector<float> a_packed(m * k);  // row blocks of 6, [k][rows] each (gemm.cc)
+  for (int64_t r0 = 0; r0 < m; r0 += kRowBlock) {
+    const int64_t rows = std::min(kRowBlock, m - r0);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t kk = 0; kk < k; ++kk) a_packed[r0 * k + kk * rows + r] = a[(r0 + r) * k + kk];
+    }
+  }
+  const GemmProduct product{w.data(), WeightType::kFloat32, false, n, nullptr, y.data(),
+                            packed_once ? panels.data() : nullptr};
+  const Job job{m, k, a_packed.data(), &product, a.data(), nullptr};
+  const Task task{0, TaskKind::kPacked, 0, m, 0, cols};
+  std::vector<float> buffer(kStageFloats + m * ((cols + kTileWidth - 1) / kTileWidth) * kTileWidth);
+#if defined(OTHER)
+  const TaskFn runs[] = {&avx2::RunTask, &other::RunTask};
+#else
+  const TaskFn runs[] = {&avx2::RunTask};
+#endif
+  const int variants = sizeof(runs) / sizeof(runs[0]);
+  std::vector<std::vector<double>> times(variants);
+  for (int turn = 0; turn < turns; ++turn) {
+    for (int v = 0; v < variants; ++v) {
+      const double t0 = Now();
+      runs[v](job, task, buffer.data(), buffer.data() + kStageFloats);
+      times[v].push_back(Now() - t0);
+    }
+  }
+  double err = 0;  // a few outputs against a double sum
+  for (int64_t i = 0; i < 5; ++i) {
+    const int64_t r = (i * 97) % m, c = (i * 131) % cols;
+    double s = 0;
+    for (int64_t kk = 0; kk < k; ++kk) s += static_cast<double>(a[r * k + kk]) * w[kk * n + c];
+    err = std::max(err, std::abs(s - y[r * n + c]) / (std::abs(s) + 1e-9));
+  }
+  const double flop = 2.0 * m * k * cols;
+  for (int v = 0; v < variants; ++v) {
+    std::vector<double> sorted = times[v];
+    std::sort(sorted.begin(), sorted.end());
+    printf("%s: best %.1f, median %.1f GFLOP/s\n", v == 0 ? "this tree" : "OTHER", flop / sorted[0] * 1e-9,
+           flop / sorted[sorted.size() / 2] * 1e-9);
+  }
+  if (variants > 1) {
+    std::vector<double> ratios;
+    for (int turn = 0; turn < turns; ++turn) ratios.push_back(times[1][turn] / times[0][turn]);
+    std::sort(ratios.begin(), ratios.end());
+    printf("OTHER time / this tree's: %.3fx (median of %d turns)\n", ratios[ratios.size() / 2], turns);
+  }
+  printf("M %lld K %lld COLS %lld of %lld, %s; relative error %.1e\n", static_cast<long long>(m),
+         static_cast<long long>(k), static_cast<long long>(cols), static_cast<long long>(n),
+         packed_once ? "packed once (EP route)" : "packed per call (custom-op route)", err);
+}
