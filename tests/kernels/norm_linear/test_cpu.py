@@ -161,6 +161,11 @@ def test_constant_and_runtime_weights_agree(op):
 SHAPES = {
     "one-row-one-col": ((1, 64), (1,), [0]),  # float32: ORT's Gemm; else one row streamed
     "decode": ((1, 1, 4096), (40, 24), [0, 1]),  # one row, deep K, both layouts
+    # one row over packed panels (plugin EP): calls of 4 tiles, then 3 / 1 left, over k blocks of 256,
+    # 256 and 89, two column ranges (1100 = 560 + 540) and a partial tile
+    "decode-packed": ((1, 601), (1100, 70), [0, 0]),
+    # a few rows over packed panels, AVX2 kernels: 32-deep calls (89 = 32 + 32 + 25 in the last k block)
+    "few-rows-deep": ((7, 601), (100,), [0]),
     "stream-blocks": ((13, 70), (5, 33, 16), [0, 1, 0]),  # 13 rows = 6 + 6 + 1, odd K, partial tiles
     "stream-deep": ((2, 3, 300), (100, 7), [1, 0]),  # K past one 256-deep transposed stage, K % 16 != 0
     "stream-ranges": ((64, 100), (1100,), [0]),  # 64 rows: the most streamed, four column ranges
