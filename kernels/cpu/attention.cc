@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -212,6 +213,7 @@ struct RunBuffers {
   std::vector<float> rot_sign;
   std::unique_ptr<T[]> rotated;         // the rotated new keys, when there is no present_key
   ArenaFloats packed_kv;                // phase 2's panels
+  ArenaFloats staged_values;            // float32 values off 64-byte lines, for P·V
   std::unique_ptr<int32_t[]> pack_state;  // lazy packing: a state per key tile
   std::unique_ptr<uint8_t[]> empty_flags;  // empty_rows = "uniform"
   std::unique_ptr<int32_t[]> present_state;  // a claim per key tile of present
@@ -291,6 +293,7 @@ class AttentionKernel {
     const AttentionFns<T> fns = Functions<T>();
 
     PlanPresent(present, job, buffers);
+    StageMisalignedValues(ctx, job, buffers);
     RotateNewKeys(ctx, fns, present, kv.seq, job, rows, buffers);
     const bool attend = job.batch > 0 && job.q_heads > 0 && job.sq > 0 && job.dv > 0;
     if (attend) {
@@ -463,6 +466,49 @@ class AttentionKernel {
     job.present_state = buffers.present_state.get();
   }
 
+  // The packed path, without present_value: float32 value rows that do not all start on a 64-byte
+  // line (numpy puts its arrays 16-48 bytes off one) are copied tile by tile, as present_value's
+  // are, into an aligned arena buffer by the task that packs the tile, and P·V reads them there:
+  // a load of 16 lanes then never spans two lines (bench/README.md, "Session 12, KV cache": staged
+  // over in place, one process, 1.01-1.06 on the KV cache, BSND, causal, dense and GQA paths). The
+  // same sums as in place. AVX-512 kernels only (their 64-byte loads split a line at every row; the AVX2
+  // machine's no-present KV cache measured 0.95 in one run). Not with uniform empty rows, which
+  // read every value, staged or not.
+  template <typename T>
+  void StageMisalignedValues(const KernelContext& ctx, AttentionJob<T>& job, RunBuffers<T>& buffers) const {
+    if (!use_avx512_ || !std::is_same_v<T, float> || job.present_value != nullptr || job.skv == 0 ||
+        job.dv % kPanel != 0 || !PackedPath(job.sq) || uniform_empty_rows_ || job.batch == 0 || job.q_heads == 0 ||
+        ValuesOnLines(job)) {
+      return;
+    }
+    const Shape values{job.batch, job.kv_heads, job.skv, job.dv};
+    float* staged = buffers.staged_values.Allocate(ctx, static_cast<size_t>(DimProduct(values, 0, 4)));
+    if (staged == nullptr) return;  // P·V reads the values in place
+    if (job.present_state == nullptr) {  // else present_key's claims serve the values too
+      const size_t states = static_cast<size_t>(DimProduct(Shape{job.batch, job.kv_heads, job.kv_tiles}, 0, 3));
+      buffers.present_state.reset(new (std::nothrow) int32_t[states]());
+      if (!buffers.present_state) return;
+      job.present_state = buffers.present_state.get();
+    }
+    job.present_value = reinterpret_cast<T*>(staged);
+    job.values_staged = true;
+  }
+
+  // Every value row, past and new, starts on a 64-byte line (dv % 16 == 0 given).
+  template <typename T>
+  static bool ValuesOnLines(const AttentionJob<T>& job) {
+    const auto on_line = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; };
+    const bool past = job.v_past_len == 0 || on_line(job.v_past);
+    const bool fresh = job.skv == job.v_past_len ||
+                       (on_line(job.v_new) && job.v_sb % kPanel == 0 && job.v_sh % kPanel == 0 && job.v_ss % kPanel == 0);
+    return past && fresh;
+  }
+
+  // Whether the job's tiles run on the packed path (packed K panels) rather than the direct one.
+  bool PackedPath(int64_t sq) const {
+    return tiles_.force_path == 2 || (tiles_.force_path == 0 && sq >= kMinRowsForPacking);
+  }
+
   // Phase 1 (RopeAttention): the new keys rotated, into present_key's new rows when the node has
   // that output (the tasks copy the past ones), else into scratch; afterwards every key is read
   // from one place per segment and never rotated again.
@@ -513,8 +559,7 @@ class AttentionKernel {
     const int64_t batch = job.batch, nkv = job.kv_heads, sq = job.sq;
     // Tiles outside the keys any query may see are never packed nor read.
     const auto [first_key, end_key] = VisibleKeys(job);
-    const bool packed = tiles_.force_path == 2 || (tiles_.force_path == 0 && sq >= kMinRowsForPacking);
-    if (!packed || first_key >= end_key) return;
+    if (!PackedPath(sq) || first_key >= end_key) return;
     // float32 values whose rows fill whole 16-lane panels are read in place, except new rows not
     // dv apart (BSND inputs) when P·V does not read them from present_value: those tiles packed.
     const bool pack_all_values = !std::is_same_v<T, float> || job.dv % kPanel != 0;
@@ -646,10 +691,10 @@ class AttentionKernel {
   }
 
   // Last phase: the present rows of the key tiles no Attend task claimed, per (batch, kv head);
-  // nothing when the tasks claimed them all (every tile some row sees).
+  // nothing when the tasks claimed them all (every tile some row sees), nor for staged values alone.
   template <typename T>
   static void WritePresentRest(const KernelContext& ctx, const AttentionFns<T>& fns, const AttentionJob<T>& job) {
-    if (job.present_state == nullptr) return;
+    if (job.present_state == nullptr || (job.values_staged && job.present_key == nullptr)) return;
     const int64_t nkv = job.kv_heads, states = job.batch * nkv * job.kv_tiles;
     if (std::find(job.present_state, job.present_state + states, 0) == job.present_state + states) return;
     RunTasks(ctx, job.batch * nkv, 0, [&](int64_t task, float*) { fns.write_present_rest(job, task / nkv, task % nkv); });

@@ -157,6 +157,10 @@ struct AttentionJob {
   bool present_value_read;
   const T* present_value_source;
   int64_t present_past_len;
+  // present_value is not an output but an arena buffer: float32 values off 64-byte lines staged
+  // there for P·V (attention.cc, StageMisalignedValues); the tiles no task reads are not copied
+  // there (only present_key's, when it is an output).
+  bool values_staged;
 };
 
 // Phase 1 inputs: where the rotated new keys go, into present_key's new rows (the Attend tasks

@@ -428,6 +428,35 @@ def test_values_read_in_place_off_a_cache_line(library, monkeypatch, isa, offset
         assert_close(aligned, reference_outputs("Attention", inputs, attrs)[0])
 
 
+@pytest.mark.parametrize("tiles", ["64x128", "8x32"])
+@pytest.mark.parametrize("layout", ["BNSD", "BSND"])
+def test_misaligned_values_staged_like_aligned_ones(library, monkeypatch, layout, tiles):
+    # float32 values whose rows do not all start on a 64-byte line (past or new) are copied tile by
+    # tile into an aligned buffer by the packing tasks when there is no present_value, and P·V
+    # reads them there: Y bit for bit as from the same inputs on 64-byte lines (read in place).
+    # KV cache shapes (past + new, the boundary inside a tile), GQA, a window, 1 and 3 threads.
+    monkeypatch.setenv("OTFUSE_ATTENTION_PATH", "packed")
+    monkeypatch.setenv("OTFUSE_ATTENTION_TILES", tiles)
+    rng = seeded("staged-values", layout, tiles)
+    for sq, past, causal, window in [(40, 90, 1, 0), (64, 0, 0, 0), (50, 100, 1, 40), (33, 200, 0, 0)]:
+        inputs = qkv(rng, 1, 4, 2, sq, sq, 32, F32, layout=layout)
+        if past:
+            inputs["past_key"] = rand(rng, (1, 2, past, 32), F32)
+            inputs["past_value"] = rand(rng, (1, 2, past, 32), F32)
+        attrs = {"num_heads": 4, "kv_num_heads": 2, "causal": causal, "window": window, "layout": layout}
+        aligned = _run_bound(library, {k: _off_line(v, 0) for k, v in inputs.items()}, attrs)
+        for name, offset in [("V", 16), ("past_value", 48)]:
+            if name not in inputs:
+                continue
+            shifted = _run_bound(library, {**inputs, name: _off_line(inputs[name], offset)}, attrs)
+            np.testing.assert_array_equal(shifted.view(np.uint8), aligned.view(np.uint8))
+        (one,) = run_op(library, "Attention", {**inputs, "V": _off_line(inputs["V"], 16)}, attrs, threads=1)
+        (three,) = run_op(library, "Attention", {**inputs, "V": _off_line(inputs["V"], 16)}, attrs, threads=3)
+        np.testing.assert_array_equal(one.view(np.uint8), aligned.view(np.uint8))
+        np.testing.assert_array_equal(three.view(np.uint8), aligned.view(np.uint8))
+        assert_close(aligned, reference_outputs("Attention", inputs, attrs)[0])
+
+
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])
 @pytest.mark.parametrize("tiles", ["64x128", "8x32"])
 def test_strided_new_values_packed_like_in_place_ones(library, monkeypatch, isa, tiles):
