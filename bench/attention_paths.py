@@ -10,8 +10,11 @@ and "cold": fp32, fp16 over 32 layers' caches called in turn, as a decoder's ste
 
 Useful FLOPs = 4 * D * (visible (query, key) pairs) per head: Q·Kᵀ and P·V over the keys each
 query row may see (causal, window, padding), never the skipped or masked ones. A path's ratio is
-its useful GFLOP/s over the better ORT MatMul rate of the run (MLAS on the attention's own Q·Kᵀ
-shape [S, 128] x [128, S], and on a LLaMA projection [2048, 2048] x [2048, 6144]; goal >= 0.85),
+its useful GFLOP/s over ORT MatMul's rate on a LLaMA projection [2048, 2048] x [2048, 6144] in
+the same run (issue 12's reference: "ORT MatMul's GFLOP/s on the same model's projections"; goal
+>= 0.85, column "vs proj"), and over the better of that and MLAS on the attention's own Q·Kᵀ shape
+[S, 128] x [128, S] (a stricter bar, column "vs MM": with K = 128 in L1, MLAS's AVX2 kernel runs
+that shape near the FMA peak on a quiet machine; below 0.85 there is printed as a note),
 by wall time and by CPU time (both sides timed alike, best of --repeats after a warm-up; on a
 shared VM a run loses its cores for whole stretches, CPU seconds count only the time it ran).
 Decoding: K/V bytes / time against stream_read on a buffer of the K/V's own size (the cache stays
@@ -356,7 +359,7 @@ def time_path(p: Path, s: int, threads: int, isa: str | None, repeats: int, othe
     return row
 
 
-def path_cells(p: Path, r: dict, refs: dict, threads: int, failures: list) -> str:
+def path_cells(p: Path, r: dict, refs: dict, threads: int, failures: list, notes: list) -> str:
     """The table cells of one timed path; a missed goal of the dispatched kernels goes to `failures`
     (a forced AVX2 run on an AVX-512 CPU faces MLAS's AVX-512 GEMM and is not held to it)."""
     ab = f" {r['other_vs_ours_cpu']:6.2f} {r['other_vs_ours_wall']:6.2f}" if "other_vs_ours_cpu" in r else ""
@@ -379,16 +382,22 @@ def path_cells(p: Path, r: dict, refs: dict, threads: int, failures: list) -> st
             failures.append(f"{p.name}: {r[ratio]:.2f} of {what} by wall, {r[ratio_cpu]:.2f} by CPU time (goal 0.70)")
         hot_cell = "" if cold else f"{r['vs_read_kv'] or 0:7.2f}"
         note = f" of DRAM read; {p.layers} layers' caches in turn" if cold else " of read"
-        return (f"{'':>8} {'':>8} {'':>6} {'':>6} {r['kv_gbps']:6.1f} {hot_cell:>7}"
+        return (f"{'':>8} {'':>8} {'':>6} {'':>6} {'':>7} {r['kv_gbps']:6.1f} {hot_cell:>7}"
                 f" {r['vs_read_dram'] or 0:7.2f}" + ab + f"   by CPU: {r['kv_gbps_cpu']:.1f} GB/s,"
                 f" {r[ratio_cpu] or 0:.2f}" + note)
     r["vs_matmul"] = r["gflops"] / reference_rate(refs, r["s"], "gflops")
     r["vs_matmul_cpu"] = r["gflops_cpu"] / reference_rate(refs, r["s"], "gflops_cpu")
-    if max(r["vs_matmul"], r["vs_matmul_cpu"]) < 0.85 and r["isa"] == "native":
-        failures.append(f"{p.name} S={r['s']}: {r['vs_matmul']:.2f}x MatMul by wall, "
-                        f"{r['vs_matmul_cpu']:.2f}x by CPU time (goal 0.85)")
+    r["vs_proj"] = r["gflops"] / refs["proj_matmul"]["gflops"]
+    r["vs_proj_cpu"] = r["gflops_cpu"] / refs["proj_matmul"]["gflops_cpu"]
+    if r["isa"] == "native":
+        if max(r["vs_proj"], r["vs_proj_cpu"]) < 0.85:
+            failures.append(f"{p.name} S={r['s']}: {r['vs_proj']:.2f}x the projections' MatMul by wall, "
+                            f"{r['vs_proj_cpu']:.2f}x by CPU time (goal 0.85)")
+        elif max(r["vs_matmul"], r["vs_matmul_cpu"]) < 0.85:
+            notes.append(f"{p.name} S={r['s']}: {r['vs_matmul']:.2f}x the better MatMul rate by wall, "
+                         f"{r['vs_matmul_cpu']:.2f}x by CPU time (under the stricter bar)")
     return (f"{r['gflops']:8.1f} {r['gflops_cpu']:8.1f} {r['vs_matmul']:6.2f} {r['vs_matmul_cpu']:6.2f}"
-            f" {'':>6} {'':>7} {'':>7}" + ab)
+            f" {max(r['vs_proj'], r['vs_proj_cpu']):7.2f} {'':>6} {'':>7} {'':>7}" + ab)
 
 
 def main(argv=None) -> int:
@@ -419,22 +428,24 @@ def main(argv=None) -> int:
     refs = references(args.sizes, decode, args.threads)
     ab = f" {'B/ours':>6} {'(wall)':>6}" if args.ab else ""
     print(f"\n{'path':<26} {'S':>6} {'ISA':>6} {'ms':>9} {'CPU ms':>9} {'GFLOP/s':>8} {'by CPU':>8} {'vs MM':>6}"
-          f" {'by CPU':>6} {'GB/s':>6} {'vs read':>7} {'vs DRAM':>7}" + ab)
-    rows, failures = [], []
+          f" {'by CPU':>6} {'vs proj':>7} {'GB/s':>6} {'vs read':>7} {'vs DRAM':>7}" + ab)
+    rows, failures, notes = [], [], []
     for p, s in jobs:
         for isa in isas:
             r = time_path(p, s, args.threads, isa, args.repeats, args.ab)
-            cells = path_cells(p, r, refs, args.threads, failures)
+            cells = path_cells(p, r, refs, args.threads, failures, notes)
             rows.append(r)
             print(f"{p.name:<26} {s:>6} {r['isa']:>6} {r['best_s'] * 1e3:9.2f} {r['best_cpu_s'] * 1e3:9.2f} {cells}",
                   flush=True)
     machine["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     print(f"loadavg at the end: {machine['loadavg_end']}")
+    for n in notes:
+        print("note:", n)
     for f in failures:
         print("GOAL FAILED:", f)
     if args.json:
         FsPath(args.json).write_text(json.dumps({"machine": machine, "references": refs, "rows": rows,
-                                                 "failures": failures}, indent=2, default=str) + "\n")
+                                                 "failures": failures, "notes": notes}, indent=2, default=str) + "\n")
     return 1 if failures else 0
 
 
