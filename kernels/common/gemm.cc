@@ -108,6 +108,10 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
     const TaskKind kind = products[i].transposed ? transposed_kind : TaskKind::kPlain;
     AddTasks(products, kind, m, m, i, std::min(max_range, wanted), &tasks, max_cells);
   }
+  // The largest tasks first: the threads claim them in this order (GemmInPlace), so the last
+  // ones, which decide how long one thread waits for the other, are the smallest.
+  std::stable_sort(tasks.begin(), tasks.end(),
+                   [](const Task& a, const Task& b) { return a.rows * a.cols > b.rows * b.cols; });
   return tasks;
 }
 
@@ -171,7 +175,15 @@ void GemmInPlace(const KernelContext& ctx, GemmIsa isa, int64_t m, int64_t k, co
   const size_t stage_floats = static_cast<size_t>(gemm_detail::kStageFloats);
   const size_t buffer_floats = stage_floats + static_cast<size_t>(max_cells);
   std::atomic<bool> out_of_memory{false};
-  ctx.ParallelFor(tasks.size(), [&](size_t index) {
+  // Each call claims the next task in the plan's order, whatever index ORT hands it: ORT's
+  // ParallelFor splits the indices into one contiguous shard per thread (its LoopCounter), each
+  // thread running its own shard's first, so the plan's order decided each thread's share. On a
+  // q, k, v node (N = 2048, 512, 512, M = 512, 2 threads) one shard held q's two tasks, the other
+  // k's and v's (half that work); the thread done first stole one of q's, the other then waited:
+  // the products took 28.2 ms instead of 20.9 (bench/README.md, "Issue 12, session 12").
+  std::atomic<size_t> next_task{0};
+  ctx.ParallelFor(tasks.size(), [&](size_t) {
+    const size_t index = next_task.fetch_add(1, std::memory_order_relaxed);
     // Nothing may throw into ORT's worker threads: a failed allocation is reported afterwards.
     float* buffer = ThreadBuffer(buffer_floats);
     if (buffer == nullptr) {
