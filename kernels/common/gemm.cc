@@ -62,6 +62,24 @@ int64_t StreamAccumulatorFloats() {
 // slice (rows x kPackDepth floats) stays in L3 and whose accumulators take at most 3 MiB.
 constexpr int64_t kPackedChunkRows = 768;
 
+// Panels packed once (nothing copied per task, so a smaller chunk only re-reads W): chunks short
+// enough that the largest task is at most 1/kPackedOnceTasks of the node's work, so that a node
+// dominated by one narrow product (the LM head's N = 1024 is one column range) still has a task
+// for every thread and a small last one; at least kPackedOnceMinRows rows (16 row blocks).
+constexpr int64_t kPackedOnceTasks = 8;
+constexpr int64_t kPackedOnceMinRows = 96;
+
+int64_t PackedOnceChunkRows(int64_t m, const std::vector<GemmProduct>& products, int64_t chunk_rows) {
+  int64_t total_cols = 0, widest_range = 0;
+  for (const GemmProduct& p : products) {
+    total_cols += p.n;
+    if (p.packed != nullptr) widest_range = std::max(widest_range, gemm_detail::PackedRangeCols(p.n));
+  }
+  if (widest_range == 0) return chunk_rows;
+  const int64_t rows = std::max(kPackedOnceMinRows, m * total_cols / (kPackedOnceTasks * widest_range));
+  return std::min(chunk_rows, RoundUp(CeilDiv(m, CeilDiv(m, rows)), kRowBlock));
+}
+
 void AddTasks(const std::vector<GemmProduct>& products, TaskKind kind, int64_t m, int64_t chunk_rows, size_t product,
               int64_t range, std::vector<Task>* tasks, int64_t* max_cells) {
   const int64_t n = products[product].n;
@@ -85,6 +103,7 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
   std::vector<Task> tasks;
   *max_cells = 0;
   const int64_t chunk_rows = RoundUp(CeilDiv(m, CeilDiv(m, kPackedChunkRows)), kRowBlock);
+  const int64_t packed_once_rows = PackedOnceChunkRows(m, products, chunk_rows);
   int64_t total_cols = 0;
   for (const GemmProduct& p : products) total_cols += p.n;
   const int64_t max_range = std::max(kTileWidth, StreamAccumulatorFloats() / m / kTileWidth * kTileWidth);
@@ -93,7 +112,7 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
   const TaskKind transposed_kind = m <= gemm_detail::kDotMaxRows ? TaskKind::kDot : TaskKind::kLane;
   for (size_t i = 0; i < products.size(); ++i) {
     if (products[i].packed != nullptr) {  // packed once: its panels at every row count
-      AddTasks(products, TaskKind::kPacked, m, chunk_rows, i, gemm_detail::kPackCols, &tasks, max_cells);
+      AddTasks(products, TaskKind::kPacked, m, packed_once_rows, i, gemm_detail::kPackCols, &tasks, max_cells);
       continue;
     }
     if (m > StreamMaxRows(isa, products[i])) {
@@ -126,6 +145,14 @@ float* ThreadBuffer(size_t floats) {
   return buffer.get();
 }
 
+// A full row block ([kRowBlock][k] at src) as [k][kRowBlock] at dst: the writes in order, a
+// compile-time row count (the compiler keeps the six read streams in registers).
+void PackFullRowBlock(const float* src, int64_t k, float* dst) {
+  for (int64_t kk = 0; kk < k; ++kk) {
+    for (int64_t r = 0; r < kRowBlock; ++r) dst[kk * kRowBlock + r] = src[r * k + kk];
+  }
+}
+
 std::unique_ptr<float[]> AllocateA(int64_t floats) {
   std::unique_ptr<float[]> buffer(new (std::nothrow) float[static_cast<size_t>(floats)]);
   if (!buffer) throw Error("out of memory for a " + std::to_string(floats) + "-float GEMM operand");
@@ -152,6 +179,10 @@ void GemmInPlace(const KernelContext& ctx, GemmIsa isa, int64_t m, int64_t k, co
     const int64_t row0 = static_cast<int64_t>(block) * kRowBlock;
     const int64_t rows = std::min(kRowBlock, m - row0);
     float* dst = a_packed.get() + row0 * k;
+    if (rows == kRowBlock) {
+      PackFullRowBlock(a + row0 * k, k, dst);
+      return;
+    }
     for (int64_t r = 0; r < rows; ++r) {
       const float* src = a + (row0 + r) * k;
       for (int64_t kk = 0; kk < k; ++kk) dst[kk * rows + r] = src[kk];
