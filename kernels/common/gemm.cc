@@ -153,6 +153,23 @@ void PackFullRowBlock(const float* src, int64_t k, float* dst) {
   }
 }
 
+// A's packed copy: kept by the calling thread from one call to the next (grown when a call needs
+// more). A fresh M x K buffer per call got new pages every time once glibc had handed the last
+// one back to the kernel: at M = 2048, K = 2048 a norm + N = 1024 node ran 0.80x the unfused
+// time, 0.96x with glibc told not to trim (bench/README.md, "Issue 12, session 12").
+float* CallerA(int64_t floats) {
+  thread_local std::unique_ptr<float[]> buffer;
+  thread_local int64_t capacity = 0;
+  if (capacity < floats) {
+    buffer.reset();
+    capacity = 0;
+    buffer.reset(new (std::nothrow) float[static_cast<size_t>(floats)]);
+    if (!buffer) throw Error("out of memory for a " + std::to_string(floats) + "-float GEMM operand");
+    capacity = floats;
+  }
+  return buffer.get();
+}
+
 std::unique_ptr<float[]> AllocateA(int64_t floats) {
   std::unique_ptr<float[]> buffer(new (std::nothrow) float[static_cast<size_t>(floats)]);
   if (!buffer) throw Error("out of memory for a " + std::to_string(floats) + "-float GEMM operand");
@@ -172,13 +189,12 @@ void GemmInPlace(const KernelContext& ctx, GemmIsa isa, int64_t m, int64_t k, co
     wants_lanes |= task.kind == TaskKind::kLane;
   }
   // A in row blocks of up to 6 rows, [k][rows] each (one broadcast per row and k).
-  std::unique_ptr<float[]> a_packed;
-  if (wants_packed) a_packed = AllocateA(m * k);
+  float* const a_packed = wants_packed ? CallerA(m * k) : nullptr;
   const int64_t blocks = CeilDiv(m, kRowBlock);
   ctx.ParallelFor(static_cast<size_t>(wants_packed ? blocks : 0), [&](size_t block) {
     const int64_t row0 = static_cast<int64_t>(block) * kRowBlock;
     const int64_t rows = std::min(kRowBlock, m - row0);
-    float* dst = a_packed.get() + row0 * k;
+    float* dst = a_packed + row0 * k;
     if (rows == kRowBlock) {
       PackFullRowBlock(a + row0 * k, k, dst);
       return;
@@ -201,7 +217,7 @@ void GemmInPlace(const KernelContext& ctx, GemmIsa isa, int64_t m, int64_t k, co
     }
   });
 
-  const gemm_detail::Job job{m, k, a_packed.get(), products.data(), a, a_lanes.get()};
+  const gemm_detail::Job job{m, k, a_packed, products.data(), a, a_lanes.get()};
   const gemm_detail::TaskFn run = TaskFnFor(isa);
   const size_t stage_floats = static_cast<size_t>(gemm_detail::kStageFloats);
   const size_t buffer_floats = stage_floats + static_cast<size_t>(max_cells);
