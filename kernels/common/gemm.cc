@@ -62,6 +62,24 @@ int64_t StreamAccumulatorFloats() {
 // slice (rows x kPackDepth floats) stays in L3 and whose accumulators take at most 3 MiB.
 constexpr int64_t kPackedChunkRows = 768;
 
+// Panels packed once (nothing copied per task, so a smaller chunk only re-reads W): chunks short
+// enough that the largest task is at most 1/kPackedOnceTasks of the node's work, so that a node
+// dominated by one narrow product (the LM head's N = 1024 is one column range) still has a task
+// for every thread and a small last one; at least kPackedOnceMinRows rows (16 row blocks).
+constexpr int64_t kPackedOnceTasks = 8;
+constexpr int64_t kPackedOnceMinRows = 96;
+
+int64_t PackedOnceChunkRows(int64_t m, const std::vector<GemmProduct>& products, int64_t chunk_rows) {
+  int64_t total_cols = 0, widest_range = 0;
+  for (const GemmProduct& p : products) {
+    total_cols += p.n;
+    if (p.packed != nullptr) widest_range = std::max(widest_range, gemm_detail::PackedRangeCols(p.n));
+  }
+  if (widest_range == 0) return chunk_rows;
+  const int64_t rows = std::max(kPackedOnceMinRows, m * total_cols / (kPackedOnceTasks * widest_range));
+  return std::min(chunk_rows, RoundUp(CeilDiv(m, CeilDiv(m, rows)), kRowBlock));
+}
+
 void AddTasks(const std::vector<GemmProduct>& products, TaskKind kind, int64_t m, int64_t chunk_rows, size_t product,
               int64_t range, std::vector<Task>* tasks, int64_t* max_cells) {
   const int64_t n = products[product].n;
@@ -85,6 +103,7 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
   std::vector<Task> tasks;
   *max_cells = 0;
   const int64_t chunk_rows = RoundUp(CeilDiv(m, CeilDiv(m, kPackedChunkRows)), kRowBlock);
+  const int64_t packed_once_rows = PackedOnceChunkRows(m, products, chunk_rows);
   int64_t total_cols = 0;
   for (const GemmProduct& p : products) total_cols += p.n;
   const int64_t max_range = std::max(kTileWidth, StreamAccumulatorFloats() / m / kTileWidth * kTileWidth);
@@ -93,7 +112,7 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
   const TaskKind transposed_kind = m <= gemm_detail::kDotMaxRows ? TaskKind::kDot : TaskKind::kLane;
   for (size_t i = 0; i < products.size(); ++i) {
     if (products[i].packed != nullptr) {  // packed once: its panels at every row count
-      AddTasks(products, TaskKind::kPacked, m, chunk_rows, i, gemm_detail::kPackCols, &tasks, max_cells);
+      AddTasks(products, TaskKind::kPacked, m, packed_once_rows, i, gemm_detail::kPackCols, &tasks, max_cells);
       continue;
     }
     if (m > StreamMaxRows(isa, products[i])) {
@@ -108,6 +127,10 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
     const TaskKind kind = products[i].transposed ? transposed_kind : TaskKind::kPlain;
     AddTasks(products, kind, m, m, i, std::min(max_range, wanted), &tasks, max_cells);
   }
+  // The largest tasks first: the threads claim them in this order (GemmInPlace), so the last
+  // ones, which decide how long one thread waits for the other, are the smallest.
+  std::stable_sort(tasks.begin(), tasks.end(),
+                   [](const Task& a, const Task& b) { return a.rows * a.cols > b.rows * b.cols; });
   return tasks;
 }
 
@@ -118,6 +141,31 @@ float* ThreadBuffer(size_t floats) {
   if (capacity < floats) {
     buffer.reset(new (std::nothrow) float[floats]);
     capacity = buffer ? floats : 0;
+  }
+  return buffer.get();
+}
+
+// A full row block ([kRowBlock][k] at src) as [k][kRowBlock] at dst: the writes in order, a
+// compile-time row count (the compiler keeps the six read streams in registers).
+void PackFullRowBlock(const float* src, int64_t k, float* dst) {
+  for (int64_t kk = 0; kk < k; ++kk) {
+    for (int64_t r = 0; r < kRowBlock; ++r) dst[kk * kRowBlock + r] = src[r * k + kk];
+  }
+}
+
+// A's packed copy: kept by the calling thread from one call to the next (grown when a call needs
+// more). A fresh M x K buffer per call got new pages every time once glibc had handed the last
+// one back to the kernel: at M = 2048, K = 2048 a norm + N = 1024 node ran 0.80x the unfused
+// time, 0.96x with glibc told not to trim (bench/README.md, "Issue 12, session 12").
+float* CallerA(int64_t floats) {
+  thread_local std::unique_ptr<float[]> buffer;
+  thread_local int64_t capacity = 0;
+  if (capacity < floats) {
+    buffer.reset();
+    capacity = 0;
+    buffer.reset(new (std::nothrow) float[static_cast<size_t>(floats)]);
+    if (!buffer) throw Error("out of memory for a " + std::to_string(floats) + "-float GEMM operand");
+    capacity = floats;
   }
   return buffer.get();
 }
@@ -141,13 +189,16 @@ void GemmInPlace(const KernelContext& ctx, GemmIsa isa, int64_t m, int64_t k, co
     wants_lanes |= task.kind == TaskKind::kLane;
   }
   // A in row blocks of up to 6 rows, [k][rows] each (one broadcast per row and k).
-  std::unique_ptr<float[]> a_packed;
-  if (wants_packed) a_packed = AllocateA(m * k);
+  float* const a_packed = wants_packed ? CallerA(m * k) : nullptr;
   const int64_t blocks = CeilDiv(m, kRowBlock);
   ctx.ParallelFor(static_cast<size_t>(wants_packed ? blocks : 0), [&](size_t block) {
     const int64_t row0 = static_cast<int64_t>(block) * kRowBlock;
     const int64_t rows = std::min(kRowBlock, m - row0);
-    float* dst = a_packed.get() + row0 * k;
+    float* dst = a_packed + row0 * k;
+    if (rows == kRowBlock) {
+      PackFullRowBlock(a + row0 * k, k, dst);
+      return;
+    }
     for (int64_t r = 0; r < rows; ++r) {
       const float* src = a + (row0 + r) * k;
       for (int64_t kk = 0; kk < k; ++kk) dst[kk * rows + r] = src[kk];
@@ -166,12 +217,20 @@ void GemmInPlace(const KernelContext& ctx, GemmIsa isa, int64_t m, int64_t k, co
     }
   });
 
-  const gemm_detail::Job job{m, k, a_packed.get(), products.data(), a, a_lanes.get()};
+  const gemm_detail::Job job{m, k, a_packed, products.data(), a, a_lanes.get()};
   const gemm_detail::TaskFn run = TaskFnFor(isa);
   const size_t stage_floats = static_cast<size_t>(gemm_detail::kStageFloats);
   const size_t buffer_floats = stage_floats + static_cast<size_t>(max_cells);
   std::atomic<bool> out_of_memory{false};
-  ctx.ParallelFor(tasks.size(), [&](size_t index) {
+  // Each call claims the next task in the plan's order, whatever index ORT hands it: ORT's
+  // ParallelFor splits the indices into one contiguous shard per thread (its LoopCounter), each
+  // thread running its own shard's first, so the plan's order decided each thread's share. On a
+  // q, k, v node (N = 2048, 512, 512, M = 512, 2 threads) one shard held q's two tasks, the other
+  // k's and v's (half that work); the thread done first stole one of q's, the other then waited:
+  // the products took 28.2 ms instead of 20.9 (bench/README.md, "Issue 12, session 12").
+  std::atomic<size_t> next_task{0};
+  ctx.ParallelFor(tasks.size(), [&](size_t) {
+    const size_t index = next_task.fetch_add(1, std::memory_order_relaxed);
     // Nothing may throw into ORT's worker threads: a failed allocation is reported afterwards.
     float* buffer = ThreadBuffer(buffer_floats);
     if (buffer == nullptr) {

@@ -94,6 +94,28 @@ def test_thread_count_does_not_change_results(threads):
     np.testing.assert_array_equal(_ep_run(case, threads)[0], _ep_run(case, 2)[0])
 
 
+def test_unequal_products_every_task_on_any_thread_count():
+    """A q, k, v-shaped node: one wide product and two narrow ones, 800 rows (two row chunks), so
+    tasks of three sizes, which the threads claim largest first from one queue (common/gemm.cc,
+    GemmInPlace): every output right and bit for bit the same on 1, 2 and 3 threads."""
+    case = Case("RMSNormLinear", shape=(1, 800, 64), widths=(2080, 520, 48), transposed=[0, 0, 0], seed=4)
+    got = {threads: _ep_run(case, threads) for threads in (1, 2, 3)}
+    _check(case, got[2])
+    for threads in (1, 3):
+        for a, b in zip(got[threads], got[2]):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_packed_rows_buffer_grows_and_is_reused():
+    """A's packed copy is kept by the calling thread from one run to the next (common/gemm.cc,
+    CallerA): a small run, a larger one (the buffer grows), the small one again (reused), each
+    right, on one thread so that every task writes into the caller's buffer."""
+    small = Case("RMSNormLinear", shape=(1, 100, 64), widths=(48, 40), transposed=[0, 0], seed=8)
+    large = Case("RMSNormLinear", shape=(2, 700, 96), widths=(80, 40), transposed=[0, 0], seed=9)
+    for case in (small, large, small):
+        _check(case, _ep_run(case, 1))
+
+
 def test_runtime_weights_are_read_per_run():
     """A weight fed per run is no initializer: nothing is packed, the run reads it."""
     constant = Case("LayerNormLinear", shape=(3, 70, 40), widths=(17, 5), transposed=[1, 0], seed=3)
