@@ -13,7 +13,8 @@
 // cpu/norm_linear.cc chooses between this and MLAS per product size (bench/README.md says which
 // wins where, per CPU).
 //
-// Blocking. The rows of A are packed per call into blocks of kRowBlock (6) rows, [k][6] each,
+// Blocking. The rows of A are packed per call into blocks of kRowBlock (6) rows, [k][6] each
+// (in a buffer the calling thread keeps from one call to the next: gemm.cc, CallerA),
 // so the micro-kernel broadcasts them. With AVX-512 (one zmm per 16-wide tile row) a call over
 // packed panels takes two row blocks of two adjacent tiles (24 accumulators), over a staged panel
 // two row blocks (12): 6 accumulators alone cannot cover the FMA latency. With AVX2 (a 6 x 16
