@@ -1,6 +1,7 @@
 """Norm + Linear A/B: the unfused block against fused sessions that differ in the library they load,
 the environment their runs see, or the layout of the projection weights, side by side in one process
-(bench/norm_linear.py's block, sessions and turns; see bench/README.md, "Norm + Linear").
+(bench/norm_linear.py's block, sessions and turns; see bench/README.md, "Norm + Linear"); --shape llama
+takes issue 12's e2e model's widths instead (hidden 2048: one q/k/v node of 2048 + 512 + 512 columns).
 
     python bench/norm_linear_ab.py --dtype fp32 --tokens 512 2048 \
         --variant main=/tmp/main.so new= newT=,T=1 knob=,OTFUSE_GEMM_ISA=avx2
@@ -37,6 +38,10 @@ import norm_linear as nl  # noqa: E402
 common.use_checkout()
 import otfuse  # noqa: E402
 import otfuse.run.session  # noqa: E402
+
+
+# Block shapes (hidden, q, kv, ffn): the bench block's, and bench/e2e_llama.py's model (issue 12's).
+SHAPES = {"block": (nl.HIDDEN, nl.Q, nl.KV, nl.FFN), "llama": (2048, 2048, 512, 5632)}
 
 
 def add_plugin_ep(options: ort.SessionOptions, library: str) -> None:
@@ -100,11 +105,17 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=9, help="turns at most")
     parser.add_argument("--repeat", type=int, default=1,
                         help="runs of each session per turn (small M: CPU times long enough to compare)")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="block",
+                        help="block: bench/norm_linear.py's (hidden 4096); llama: issue 12's e2e model (hidden 2048, "
+                             "q/k/v 2048 + 512 + 512, gate/up 5632)")
     args = parser.parse_args()
+    nl.HIDDEN, nl.Q, nl.KV, nl.FFN = SHAPES[args.shape]
+    nl.WIDTHS = (nl.Q, nl.KV, nl.KV, nl.FFN, nl.FFN)
     dtype = np.float32 if args.dtype == "fp32" else np.float16
     default_library = otfuse.library_path()
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; CPU {common.cpu_identity()}; "
-          f"loadavg {open('/proc/loadavg').read().split()[:3]}", flush=True)
+          f"loadavg {open('/proc/loadavg').read().split()[:3]}; shape {args.shape} (hidden {nl.HIDDEN}, widths {nl.WIDTHS})",
+          flush=True)
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
         src, base, fused = (folder / f"{n}.onnx" for n in ("block", "base", "fused"))
