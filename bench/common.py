@@ -278,9 +278,11 @@ def side_by_side(runs: list, wanted: int, max_turns: int, contended: float = 0.2
 
 def paired_ratio(base: dict, other: dict, key: str = "walls") -> float:
     """The median over turns of base's time / other's time in the same turn (side_by_side): the
-    speed-up, robust to load that changes between turns."""
+    speed-up, robust to load that changes between turns. NaN when no turn has both times above
+    zero (a run of a few microseconds reads 0 CPU seconds: give it --repeat)."""
     import statistics
-    return statistics.median(b / o for b, o in zip(base[key], other[key]))
+    ratios = [b / o for b, o in zip(base[key], other[key]) if b > 0 and o > 0]
+    return statistics.median(ratios) if ratios else float("nan")
 
 
 def ort_session(path, threads: int, library: bool = True):
