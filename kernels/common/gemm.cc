@@ -134,11 +134,16 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
   return tasks;
 }
 
-// Per worker thread, reused across runs (ORT's pool threads live as long as the session).
-float* ThreadBuffer(size_t floats) {
+// A buffer of at least `floats` floats per thread and Slot, reused across runs (ORT's pool threads
+// live as long as the session), grown when a run needs more; null when that allocation fails. One
+// Slot per use: the calling thread also runs tasks, so A's copy and the task buffers must differ.
+enum class Slot { kTask, kCallerA };
+template <Slot>
+float* ThreadFloats(size_t floats) {
   thread_local std::unique_ptr<float[]> buffer;
   thread_local size_t capacity = 0;
   if (capacity < floats) {
+    buffer.reset();  // the old one freed first: never both at once
     buffer.reset(new (std::nothrow) float[floats]);
     capacity = buffer ? floats : 0;
   }
@@ -158,16 +163,9 @@ void PackFullRowBlock(const float* src, int64_t k, float* dst) {
 // one back to the kernel: at M = 2048, K = 2048 a norm + N = 1024 node ran 0.80x the unfused
 // time, 0.96x with glibc told not to trim (bench/README.md, "Issue 12, session 12").
 float* CallerA(int64_t floats) {
-  thread_local std::unique_ptr<float[]> buffer;
-  thread_local int64_t capacity = 0;
-  if (capacity < floats) {
-    buffer.reset();
-    capacity = 0;
-    buffer.reset(new (std::nothrow) float[static_cast<size_t>(floats)]);
-    if (!buffer) throw Error("out of memory for a " + std::to_string(floats) + "-float GEMM operand");
-    capacity = floats;
-  }
-  return buffer.get();
+  float* buffer = ThreadFloats<Slot::kCallerA>(static_cast<size_t>(floats));
+  if (buffer == nullptr) throw Error("out of memory for a " + std::to_string(floats) + "-float GEMM operand");
+  return buffer;
 }
 
 std::unique_ptr<float[]> AllocateA(int64_t floats) {
@@ -232,7 +230,7 @@ void GemmInPlace(const KernelContext& ctx, GemmIsa isa, int64_t m, int64_t k, co
   ctx.ParallelFor(tasks.size(), [&](size_t) {
     const size_t index = next_task.fetch_add(1, std::memory_order_relaxed);
     // Nothing may throw into ORT's worker threads: a failed allocation is reported afterwards.
-    float* buffer = ThreadBuffer(buffer_floats);
+    float* buffer = ThreadFloats<Slot::kTask>(buffer_floats);
     if (buffer == nullptr) {
       out_of_memory = true;
       return;
