@@ -6,11 +6,10 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
-#include <new>
 #include <string>
 
 #include "common/cpu_features.h"
+#include "common/thread_floats.h"
 
 namespace otfuse {
 namespace {
@@ -99,6 +98,57 @@ int64_t StreamMaxRows(GemmIsa isa, const GemmProduct& product) {
   return isa == GemmIsa::kAvx512 && !product.transposed ? gemm_detail::kStreamMaxRowsAvx512 : kStreamMaxRows;
 }
 
+// How the tasks of a product read W at m rows: packed once, its panels at every row count; W
+// packed per task past StreamMaxRows; else in place, an [n, k] weight as dot products up to
+// kDotMaxRows rows and with A's rows in the vector lanes above (gemm_few_rows.inc).
+TaskKind KindFor(GemmIsa isa, int64_t m, const GemmProduct& product) {
+  if (product.packed != nullptr || m > StreamMaxRows(isa, product)) return TaskKind::kPacked;
+  if (!product.transposed) return TaskKind::kPlain;
+  return m <= gemm_detail::kDotMaxRows ? TaskKind::kDot : TaskKind::kLane;
+}
+
+// The dot and lane forms read A row-major (the lane form through its [k][16] copy); the others packed.
+bool ReadsRowMajorA(TaskKind kind) { return kind == TaskKind::kDot || kind == TaskKind::kLane; }
+
+// W packed per call: column ranges of at most kPackCols ([k, n]; kStagedCols or
+// kPackColsTransposed for [n, k]). A node of few such tasks gets narrower ranges, the widest
+// halved first, until it has kMinPackedTasks tasks or no range can shrink below kMinPackedCols:
+// the LM head's N = 1024 at 512 rows was one task, one thread idle (0.53x the unfused time on the
+// custom-op route), and three row chunks at 2048 rows split 2 : 1. Narrower ranges, not more row
+// chunks: each chunk packs W again.
+constexpr int64_t kMinPackedTasks = 4;
+constexpr int64_t kMinPackedCols = 256;
+
+std::vector<int64_t> PerCallPackedRanges(GemmIsa isa, int64_t m, const std::vector<GemmProduct>& products,
+                                         int64_t chunk_rows, int64_t packed_once_rows) {
+  std::vector<int64_t> ranges(products.size(), 0);
+  int64_t tasks = 0;
+  for (size_t i = 0; i < products.size(); ++i) {
+    const GemmProduct& p = products[i];
+    if (p.packed == nullptr && KindFor(isa, m, p) == TaskKind::kPacked) {
+      ranges[i] = !p.transposed ? gemm_detail::kPackCols
+                  : isa == GemmIsa::kAvx512 ? gemm_detail::kStagedCols
+                                            : gemm_detail::kPackColsTransposed;
+      tasks += CeilDiv(m, chunk_rows) * CeilDiv(p.n, gemm_detail::RangeCols(p.n, ranges[i]));
+    } else {
+      tasks += p.packed != nullptr ? CeilDiv(m, packed_once_rows) * CeilDiv(p.n, gemm_detail::PackedRangeCols(p.n)) : 1;
+    }
+  }
+  while (tasks < kMinPackedTasks) {
+    size_t widest = products.size();
+    for (size_t i = 0; i < products.size(); ++i) {
+      if (ranges[i] / 2 < kMinPackedCols || gemm_detail::RangeCols(products[i].n, ranges[i]) <= kMinPackedCols) continue;
+      if (widest == products.size() || ranges[i] > ranges[widest]) widest = i;
+    }
+    if (widest == products.size()) break;
+    const int64_t n = products[widest].n;
+    tasks -= CeilDiv(m, chunk_rows) * CeilDiv(n, gemm_detail::RangeCols(n, ranges[widest]));
+    ranges[widest] /= 2;
+    tasks += CeilDiv(m, chunk_rows) * CeilDiv(n, gemm_detail::RangeCols(n, ranges[widest]));
+  }
+  return ranges;
+}
+
 std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduct>& products, int64_t* max_cells) {
   std::vector<Task> tasks;
   *max_cells = 0;
@@ -108,46 +158,24 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
   for (const GemmProduct& p : products) total_cols += p.n;
   const int64_t max_range = std::max(kTileWidth, StreamAccumulatorFloats() / m / kTileWidth * kTileWidth);
   const int64_t wanted = std::max(kMinRangeCols, RoundUp(CeilDiv(total_cols, kStreamTasks), kTileWidth));
-  // [n, k] weights: the dot form up to kDotMaxRows rows, else the lane form (gemm_few_rows.inc).
-  const TaskKind transposed_kind = m <= gemm_detail::kDotMaxRows ? TaskKind::kDot : TaskKind::kLane;
+  // Staged tasks for [n, k] weights with AVX-512, else packed ones (gemm_tiles.inc chooses by
+  // the same rule).
+  const std::vector<int64_t> packed_ranges = PerCallPackedRanges(isa, m, products, chunk_rows, packed_once_rows);
   for (size_t i = 0; i < products.size(); ++i) {
-    if (products[i].packed != nullptr) {  // packed once: its panels at every row count
-      AddTasks(products, TaskKind::kPacked, m, packed_once_rows, i, gemm_detail::kPackCols, &tasks, max_cells);
-      continue;
+    const TaskKind kind = KindFor(isa, m, products[i]);
+    if (products[i].packed != nullptr) {
+      AddTasks(products, kind, m, packed_once_rows, i, gemm_detail::kPackCols, &tasks, max_cells);
+    } else if (kind == TaskKind::kPacked) {
+      AddTasks(products, kind, m, chunk_rows, i, packed_ranges[i], &tasks, max_cells);
+    } else {
+      AddTasks(products, kind, m, m, i, std::min(max_range, wanted), &tasks, max_cells);
     }
-    if (m > StreamMaxRows(isa, products[i])) {
-      // Column ranges: staged tasks for [n, k] weights with AVX-512, else packed ones (gemm_tiles.inc
-      // chooses by the same rule).
-      const int64_t range = !products[i].transposed  ? gemm_detail::kPackCols
-                            : isa == GemmIsa::kAvx512 ? gemm_detail::kStagedCols
-                                                      : gemm_detail::kPackColsTransposed;
-      AddTasks(products, TaskKind::kPacked, m, chunk_rows, i, range, &tasks, max_cells);
-      continue;
-    }
-    const TaskKind kind = products[i].transposed ? transposed_kind : TaskKind::kPlain;
-    AddTasks(products, kind, m, m, i, std::min(max_range, wanted), &tasks, max_cells);
   }
   // The largest tasks first: the threads claim them in this order (GemmInPlace), so the last
   // ones, which decide how long one thread waits for the other, are the smallest.
   std::stable_sort(tasks.begin(), tasks.end(),
                    [](const Task& a, const Task& b) { return a.rows * a.cols > b.rows * b.cols; });
   return tasks;
-}
-
-// A buffer of at least `floats` floats per thread and Slot, reused across runs (ORT's pool threads
-// live as long as the session), grown when a run needs more; null when that allocation fails. One
-// Slot per use: the calling thread also runs tasks, so A's copy and the task buffers must differ.
-enum class Slot { kTask, kCallerA };
-template <Slot>
-float* ThreadFloats(size_t floats) {
-  thread_local std::unique_ptr<float[]> buffer;
-  thread_local size_t capacity = 0;
-  if (capacity < floats) {
-    buffer.reset();  // the old one freed first: never both at once
-    buffer.reset(new (std::nothrow) float[floats]);
-    capacity = buffer ? floats : 0;
-  }
-  return buffer.get();
 }
 
 // A full row block ([kRowBlock][k] at src) as [k][kRowBlock] at dst: the writes in order, a
@@ -158,64 +186,65 @@ void PackFullRowBlock(const float* src, int64_t k, float* dst) {
   }
 }
 
-// A's packed copy: kept by the calling thread from one call to the next (grown when a call needs
-// more). A fresh M x K buffer per call got new pages every time once glibc had handed the last
-// one back to the kernel: at M = 2048, K = 2048 a norm + N = 1024 node ran 0.80x the unfused
-// time, 0.96x with glibc told not to trim (bench/README.md, "Issue 12, session 12").
-float* CallerA(int64_t floats) {
-  float* buffer = ThreadFloats<Slot::kCallerA>(static_cast<size_t>(floats));
-  if (buffer == nullptr) throw Error("out of memory for a " + std::to_string(floats) + "-float GEMM operand");
-  return buffer;
-}
-
-std::unique_ptr<float[]> AllocateA(int64_t floats) {
-  std::unique_ptr<float[]> buffer(new (std::nothrow) float[static_cast<size_t>(floats)]);
-  if (!buffer) throw Error("out of memory for a " + std::to_string(floats) + "-float GEMM operand");
-  return buffer;
-}
-
 }  // namespace
+
+void PackRowBlock(const float* rows, int64_t count, int64_t k, float* block) {
+  if (count == kRowBlock) {
+    PackFullRowBlock(rows, k, block);
+    return;
+  }
+  for (int64_t r = 0; r < count; ++r) {
+    for (int64_t kk = 0; kk < k; ++kk) block[kk * count + r] = rows[r * k + kk];
+  }
+}
+
+GemmALayouts GemmReadsA(GemmIsa isa, int64_t m, const std::vector<GemmProduct>& products) {
+  GemmALayouts layouts;
+  for (const GemmProduct& product : products) {
+    (ReadsRowMajorA(KindFor(isa, m, product)) ? layouts.rows : layouts.packed) = true;
+  }
+  return layouts;
+}
 
 void GemmInPlace(const KernelContext& ctx, GemmIsa isa, int64_t m, int64_t k, const float* a,
                  const std::vector<GemmProduct>& products) {
   if (m <= 0 || products.empty()) return;
+  float* packed = nullptr;
+  if (GemmReadsA(isa, m, products).packed) {
+    packed = CallerFloats<ThreadSlot::kCallerPackedA>(static_cast<size_t>(m * k), "a packed GEMM operand");
+    ctx.ParallelFor(static_cast<size_t>(CeilDiv(m, kRowBlock)), [&](size_t block) {
+      const int64_t row0 = static_cast<int64_t>(block) * kRowBlock;
+      PackRowBlock(a + row0 * k, std::min(kRowBlock, m - row0), k, packed + row0 * k);
+    });
+  }
+  GemmInPlace(ctx, isa, m, k, GemmA{a, packed}, products);
+}
+
+void GemmInPlace(const KernelContext& ctx, GemmIsa isa, int64_t m, int64_t k, const GemmA& a,
+                 const std::vector<GemmProduct>& products) {
+  if (m <= 0 || products.empty()) return;
   int64_t max_cells = 0;
   const std::vector<Task> tasks = PlanTasks(isa, m, products, &max_cells);
-  bool wants_packed = false, wants_lanes = false;
+  bool wants_lanes = false;
   for (const Task& task : tasks) {
-    wants_packed |= task.kind != TaskKind::kDot && task.kind != TaskKind::kLane;
+    if ((ReadsRowMajorA(task.kind) ? a.rows : a.packed) == nullptr) throw Error("GemmInPlace: A lacks a layout it reads");
     wants_lanes |= task.kind == TaskKind::kLane;
   }
-  // A in row blocks of up to 6 rows, [k][rows] each (one broadcast per row and k).
-  float* const a_packed = wants_packed ? CallerA(m * k) : nullptr;
-  const int64_t blocks = CeilDiv(m, kRowBlock);
-  ctx.ParallelFor(static_cast<size_t>(wants_packed ? blocks : 0), [&](size_t block) {
-    const int64_t row0 = static_cast<int64_t>(block) * kRowBlock;
-    const int64_t rows = std::min(kRowBlock, m - row0);
-    float* dst = a_packed + row0 * k;
-    if (rows == kRowBlock) {
-      PackFullRowBlock(a + row0 * k, k, dst);
-      return;
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* src = a + (row0 + r) * k;
-      for (int64_t kk = 0; kk < k; ++kk) dst[kk * rows + r] = src[kk];
-    }
-  });
-  // A in groups of 16 rows, [k][16] each, for the lane form.
-  std::unique_ptr<float[]> a_lanes;
+  // A in groups of 16 rows, [k][16] each, for the lane form (at most kStreamMaxRows rows).
   const int64_t groups = CeilDiv(m, 16);
-  if (wants_lanes) a_lanes = AllocateA(groups * 16 * k);
+  float* const a_lanes = wants_lanes ? CallerFloats<ThreadSlot::kCallerLanesA>(static_cast<size_t>(groups * 16 * k),
+                                                                                "a GEMM operand's row groups")
+                                     : nullptr;
   ctx.ParallelFor(static_cast<size_t>(wants_lanes ? groups : 0), [&](size_t group) {
     const int64_t row0 = static_cast<int64_t>(group) * 16;
-    float* dst = a_lanes.get() + row0 * k;
+    float* dst = a_lanes + row0 * k;
     for (int64_t r = 0; r < 16; ++r) {
-      const float* src = row0 + r < m ? a + (row0 + r) * k : nullptr;
+      const float* src = row0 + r < m ? a.rows + (row0 + r) * k : nullptr;
       for (int64_t kk = 0; kk < k; ++kk) dst[kk * 16 + r] = src != nullptr ? src[kk] : 0.0f;
     }
   });
 
-  const gemm_detail::Job job{m, k, a_packed, products.data(), a, a_lanes.get()};
+  const gemm_detail::Job job{m, k, a.packed, products.data(), a.rows, a_lanes};
   const gemm_detail::TaskFn run = TaskFnFor(isa);
   const size_t stage_floats = static_cast<size_t>(gemm_detail::kStageFloats);
   const size_t buffer_floats = stage_floats + static_cast<size_t>(max_cells);
@@ -230,7 +259,7 @@ void GemmInPlace(const KernelContext& ctx, GemmIsa isa, int64_t m, int64_t k, co
   ctx.ParallelFor(tasks.size(), [&](size_t) {
     const size_t index = next_task.fetch_add(1, std::memory_order_relaxed);
     // Nothing may throw into ORT's worker threads: a failed allocation is reported afterwards.
-    float* buffer = ThreadFloats<Slot::kTask>(buffer_floats);
+    float* buffer = ThreadFloats<ThreadSlot::kGemmTask>(buffer_floats);
     if (buffer == nullptr) {
       out_of_memory = true;
       return;

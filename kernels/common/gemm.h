@@ -13,9 +13,10 @@
 // cpu/norm_linear.cc chooses between this and MLAS per product size (bench/README.md says which
 // wins where, per CPU).
 //
-// Blocking. The rows of A are packed per call into blocks of kRowBlock (6) rows, [k][6] each
-// (in a buffer the calling thread keeps from one call to the next: gemm.cc, CallerA),
-// so the micro-kernel broadcasts them. With AVX-512 (one zmm per 16-wide tile row) a call over
+// Blocking. The rows of A are packed into blocks of kRowBlock (6) rows, [k][6] each (GemmA::packed:
+// by the caller as it makes A, or per call by GemmInPlace from row-major A, into a buffer the
+// calling thread keeps from one call to the next: common/thread_floats.h), so the micro-kernel
+// broadcasts them. With AVX-512 (one zmm per 16-wide tile row) a call over
 // packed panels takes two row blocks of two adjacent tiles (24 accumulators), over a staged panel
 // two row blocks (12): 6 accumulators alone cannot cover the FMA latency. With AVX2 (a 6 x 16
 // block is 12 ymm accumulators) a panel passes through all of a task's row blocks, each call
@@ -88,8 +89,29 @@ enum class GemmIsa { kBaseline, kAvx2, kAvx512 };
 GemmIsa SelectGemmIsa();
 const char* GemmIsaName(GemmIsa isa);  // "avx512f", "avx2+fma" or "baseline"
 
-// Y_i = A · W_i (+ bias_i) for every product, A float32 [m, k] row-major. Throws Error when out
+// A float32 [m, k] in the layouts a call reads: `rows` row-major (the few-rows forms over [n, k]
+// weights, gemm_few_rows.inc), `packed` in row blocks (every other task): block b, of kRowBlock
+// rows (the last one fewer), at packed + b * kRowBlock * k as [k][rows of the block]
+// (PackRowBlock). A caller that makes A row by row (cpu/norm_linear.cc) writes the packed blocks
+// itself, which spares GemmInPlace a pass over A.
+struct GemmA {
+  const float* rows = nullptr;
+  const float* packed = nullptr;
+};
+struct GemmALayouts {
+  bool rows = false;
+  bool packed = false;
+};
+// Which layouts a call of m rows over these products reads (GemmInPlace's plan).
+GemmALayouts GemmReadsA(GemmIsa isa, int64_t m, const std::vector<GemmProduct>& products);
+// Rows [count][k] of A (count <= kRowBlock: one row block) as that block of GemmA::packed, [k][count].
+void PackRowBlock(const float* rows, int64_t count, int64_t k, float* block);
+
+// Y_i = A · W_i (+ bias_i) for every product. A given in the layouts GemmReadsA names (the others
+// are not read and may be null), or row-major only: then packed per call. Throws Error when out
 // of memory.
+void GemmInPlace(const KernelContext& ctx, GemmIsa isa, int64_t m, int64_t k, const GemmA& a,
+                 const std::vector<GemmProduct>& products);
 void GemmInPlace(const KernelContext& ctx, GemmIsa isa, int64_t m, int64_t k, const float* a,
                  const std::vector<GemmProduct>& products);
 

@@ -2,7 +2,8 @@
 // AddLayerNormLinear (contract: docs/ops.md). One node = one normalisation feeding n projections.
 //
 // A run normalises the rows with the norm family's row kernels (cpu/norm_rows.h: same math, same
-// rounding to T as the standalone norm ops) into float32 rows A, then multiplies A by each weight
+// rounding to T as the standalone norm ops) into float32 A, written by the norm's tasks in the
+// layout the GEMM reads (packed row blocks, or row-major rows), then multiplies A by each weight
 // exactly as ORT holds it (the initializer: never copied, never packed beyond one block per task
 // in flight, so fusing costs no memory): one float32 row on a CPU without AVX-512 goes through
 // ORT's own Gemm (cpu/ort_gemm.h: MLAS's single-row kernel, which reads a weight in place as fast
@@ -26,6 +27,7 @@
 #include "common/gemm.h"
 #include "common/norm_params.h"
 #include "common/shape_check.h"
+#include "common/thread_floats.h"
 #include "cpu/norm_linear.h"
 #include "cpu/norm_rows.h"
 #include "cpu/ort_gemm.h"
@@ -33,6 +35,8 @@
 
 namespace otfuse::cpu {
 namespace {
+
+using gemm_detail::kRowBlock;
 
 template <typename T>
 NormRowsFn<T> RowsFor(CpuIsa isa) {
@@ -169,24 +173,6 @@ class NormLinearKernel {
            const NormLinearRows& dims, const std::vector<InputTensor>& weights,
            const std::vector<std::optional<InputTensor>>& biases, const NormLinearOutputs& outputs) const {
     const int64_t rows = dims.rows, d = dims.k;
-    const size_t elements = static_cast<size_t>(rows) * static_cast<size_t>(d);
-    // The normalised rows in T: into the Yn output when the node has one, else a buffer (for
-    // float32 that buffer is the projections' A itself).
-    std::unique_ptr<T[]> y_storage;
-    T* y = outputs.normalized ? outputs.normalized.As<T>() : nullptr;
-    if (y == nullptr) {
-      y_storage = Allocate<T>(elements, "the normalised rows");
-      y = y_storage.get();
-    }
-    std::unique_ptr<float[]> a_storage;
-    float* a = reinterpret_cast<float*>(y);
-    if constexpr (!std::is_same_v<T, float>) {
-      a_storage = Allocate<float>(elements, "the float32 normalised rows");
-      a = a_storage.get();
-    }
-    Normalize<T>(ctx, input, norm, rows, d, y, a, outputs.sum ? outputs.sum.As<T>() : nullptr);
-
-    constexpr bool kFloat = std::is_same_v<T, float>;
     std::vector<std::vector<float>> bias_storage(params_.count());
     std::vector<const float*> bias_f(params_.count(), nullptr);
     for (size_t i = 0; i < params_.count(); ++i) {
@@ -198,21 +184,22 @@ class NormLinearKernel {
         bias_f[i] = bias_storage[i].data();
       }
     }
-    if constexpr (kFloat) {
-      if (ChooseGemm(rows) == GemmPath::kOrt && !AnyPacked()) {
-        for (size_t i = 0; i < params_.count(); ++i) {
-          gemm_[params_.transposed[i] != 0][bias_f[i] != nullptr]->Run(
-              ctx, rows, d, params_.widths[i], a, weights[i].As<float>(), bias_f[i], outputs.ys[i].As<float>());
-        }
-        return;
-      }
-    }
     std::vector<GemmProduct> products;
     for (size_t i = 0; i < params_.count(); ++i) {
       products.push_back({weights[i].data, WeightTypeOf(input.x.type), params_.transposed[i] != 0, params_.widths[i],
                           bias_f[i], outputs.ys[i].data, packed_[i].panels.get()});
     }
-    GemmInPlace(ctx, gemm_isa_, rows, d, a, products);
+    // ORT's Gemm reads A row-major; ours the layouts its plan names (the packed row blocks
+    // written by the norm's tasks directly).
+    const bool ort_gemm = std::is_same_v<T, float> && ChooseGemm(rows) == GemmPath::kOrt && !AnyPacked();
+    const GemmALayouts layouts = ort_gemm ? GemmALayouts{true, false} : GemmReadsA(gemm_isa_, rows, products);
+    const GemmA a = Normalize<T>(ctx, input, norm, rows, d, layouts, outputs);
+    if (!ort_gemm) return GemmInPlace(ctx, gemm_isa_, rows, d, a, products);
+    for (size_t i = 0; i < params_.count(); ++i) {
+      gemm_[params_.transposed[i] != 0][bias_f[i] != nullptr]->Run(ctx, rows, d, params_.widths[i], a.rows,
+                                                                   weights[i].As<float>(), bias_f[i],
+                                                                   outputs.ys[i].As<float>());
+    }
   }
 
   // W_i as the run reads it: its packed panels (and the shape it had) where PrePack took it.
@@ -247,10 +234,15 @@ class NormLinearKernel {
     return rows == 1 && !one_row_own_ ? GemmPath::kOrt : GemmPath::kOwn;
   }
 
-  // Rows of the norm into y (T; and S), then widened to float32 into a unless T is float32 (a == y).
+  // Rows of the norm (T, as the standalone norm rounds them; and S) as the products' A: rounded
+  // to T and widened back exactly, in the layouts asked for. Tasks of whole row blocks, each
+  // block normalised into Yn when the node has it, else into a row block of the task's thread,
+  // then packed from there while it is in L1 / L2 (common/gemm.h, GemmA). Every buffer is kept per
+  // thread (common/thread_floats.h): no M x K buffer is faulted in per call.
   template <typename T>
-  void Normalize(const KernelContext& ctx, const NormInput& input, const NormLinearNormParams& norm, int64_t rows,
-                 int64_t d, T* y, float* a, T* sum) const {
+  GemmA Normalize(const KernelContext& ctx, const NormInput& input, const NormLinearNormParams& norm, int64_t rows,
+                  int64_t d, GemmALayouts layouts, const NormLinearOutputs& outputs) const {
+    constexpr bool kFloat = std::is_same_v<T, float>;
     const std::vector<float> scale_f = AsFloat(norm.scale, d);
     const std::vector<float> bias_f = norm.norm_bias ? AsFloat(*norm.norm_bias, d) : std::vector<float>{};
     NormJob<T> job{};
@@ -261,32 +253,71 @@ class NormLinearKernel {
     job.b = input.b ? input.b->As<T>() : nullptr;
     job.scale = scale_f.data();
     job.bias = norm.norm_bias ? bias_f.data() : nullptr;
-    job.y = y;
-    job.sum = sum;
+    job.sum = outputs.sum ? outputs.sum.As<T>() : nullptr;
+    T* const yn = outputs.normalized ? outputs.normalized.As<T>() : nullptr;
+    const size_t elements = static_cast<size_t>(rows) * static_cast<size_t>(d);
+    float* a_rows = nullptr;  // float32 Yn is row-major A itself
+    if (layouts.rows) {
+      a_rows = kFloat && yn != nullptr ? reinterpret_cast<float*>(yn)
+                                       : CallerFloats<ThreadSlot::kCallerRowsA>(elements, "the normalised rows");
+    }
+    float* const a_packed =
+        layouts.packed ? CallerFloats<ThreadSlot::kCallerPackedA>(elements, "the packed normalised rows") : nullptr;
 
-    constexpr bool kFloat = std::is_same_v<T, float>;
     const NormRowsFn<T> rows_fn = RowsFor<T>(isa_);
-    const bool needs_scratch = !kFloat || job.b != nullptr;
-    const RowTasks tasks(rows, d);
+    const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
+    const RowTasks tasks(blocks, kRowBlock * d);  // its "rows" are row blocks here
+    // Per thread: the norm's scratch row, a row block of float32 A, a row block in T.
+    const size_t block_floats = static_cast<size_t>(d) * (1 + kRowBlock + (kFloat ? 0 : kRowBlock));
     std::atomic<bool> out_of_memory{false};
     ctx.ParallelFor(tasks.count, [&](size_t task) {
-      const int64_t begin = static_cast<int64_t>(task) * tasks.rows_per_task;
-      const int64_t end = std::min(rows, begin + tasks.rows_per_task);
-      std::unique_ptr<float[]> scratch;
-      if (needs_scratch) {
-        scratch.reset(new (std::nothrow) float[static_cast<size_t>(d)]);
-        if (!scratch) {
-          out_of_memory = true;
-          return;
-        }
+      float* const scratch = ThreadFloats<ThreadSlot::kNormBlock>(block_floats);
+      if (scratch == nullptr) {
+        out_of_memory = true;
+        return;
       }
-      rows_fn(job, begin, end, scratch.get());
-      if constexpr (!kFloat) {
-        // The rounded values, widened back exactly: what the unfused MatMul reads.
-        for (int64_t i = begin * d; i < end * d; ++i) a[i] = ToFloat(y[i]);
+      const int64_t first = static_cast<int64_t>(task) * tasks.rows_per_task;
+      for (int64_t block = first; block < std::min(blocks, first + tasks.rows_per_task); ++block) {
+        const int64_t row0 = block * kRowBlock;
+        NormalizeBlock(job, rows_fn, row0, std::min(kRowBlock, rows - row0), yn, a_rows, a_packed, scratch);
       }
     });
-    if (out_of_memory) throw Error("out of memory for a " + std::to_string(d) + "-element row buffer");
+    if (out_of_memory) throw Error("out of memory for a " + std::to_string(block_floats) + "-float row block");
+    return GemmA{a_rows, a_packed};
+  }
+
+  // Rows [row0, row0 + count) of the norm (one row block): in T into Yn, or else into row-major
+  // A (float32) or the thread's block; widened into row-major A (unless already there) and packed.
+  // `scratch`: d floats for the norm, kRowBlock * d floats of A, kRowBlock * d T.
+  template <typename T>
+  static void NormalizeBlock(const NormJob<T>& whole, NormRowsFn<T> rows_fn, int64_t row0, int64_t count, T* yn,
+                             float* a_rows, float* a_packed, float* scratch) {
+    constexpr bool kFloat = std::is_same_v<T, float>;
+    const int64_t d = whole.d, offset = row0 * d;
+    float* const block_a = scratch + d;
+    float* a = block_a;  // this block of float32 A
+    if (a_rows != nullptr) {
+      a = a_rows + offset;
+    } else if constexpr (kFloat) {
+      if (yn != nullptr) a = yn + offset;
+    }
+    NormJob<T> job = whole;
+    job.x += offset;
+    if (job.b != nullptr) job.b += offset;
+    if (job.sum != nullptr) job.sum += offset;
+    if (yn != nullptr) {
+      job.y = yn + offset;
+    } else if constexpr (kFloat) {
+      job.y = a;
+    } else {
+      job.y = reinterpret_cast<T*>(block_a + kRowBlock * d);
+    }
+    rows_fn(job, 0, count, scratch);
+    if (static_cast<const void*>(job.y) != static_cast<const void*>(a)) {
+      // The rounded values widened back exactly: what the unfused MatMul reads.
+      for (int64_t i = 0; i < count * d; ++i) a[i] = ToFloat(job.y[i]);
+    }
+    if (a_packed != nullptr) PackRowBlock(a, count, d, a_packed + offset);
   }
 
   NormLinearParams params_;

@@ -176,6 +176,9 @@ SHAPES = {
     "packed-first-avx512": ((257, 40), (48, 17), [0, 1]),  # the first packed size of AVX-512's [K, N] weights
     "packed-deep": ((2, 70, 601), (130, 13), [0, 1]),  # three k blocks (256, 256, 89), K % 8 != 0
     "packed-chunks": ((4, 203, 70), (1100, 9), [0, 1]),  # 812 rows: two row chunks, two column ranges
+    # one row chunk of a [K, N] weight packed per call: its 1100 columns in 5 narrower ranges, so
+    # that the node has at least 4 tasks (common/gemm.cc, PerCallPackedRanges)
+    "packed-narrow": ((301, 70), (1100,), [0]),
     # [n, k] weights, many rows: AVX-512's staged units (two tiles, then a partial one) over three k
     # blocks and two column ranges; the other kernels' packed blocks
     "packed-transposed": ((2, 70, 601), (300, 40), [1, 1]),
@@ -239,6 +242,39 @@ def test_thread_count_does_not_change_results(name):
     one, two = case.run(threads=1), case.run(threads=2)
     for a, b in zip(one, two):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("op", ["RMSNormLinear", "AddLayerNormLinear"])
+@pytest.mark.parametrize("rows", [1, 5, 16, 47, 301, 1003])
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
+def test_normalised_rows_output_does_not_change_products(op, rows, dtype):
+    """The norm's tasks write A in the layouts the GEMM reads (kernels/cpu/norm_linear.cc, Normalize):
+    through the Yn output when the node has one, else through a row block of their own, packed into
+    row blocks of 6 (row counts that are not multiples of 6 leave a short last block) or row-major
+    for the dot / lane forms. Both give the products the same bits, on every path ([K, N] and
+    [N, K] weights, streamed, packed in one and in two row chunks) and thread count."""
+    kwargs = dict(shape=(rows, 88), widths=(70, 33), transposed=[0, 1], seed=rows)
+    without, with_yn = Case(op, dtype, **kwargs), Case(op, dtype, keep=True, **kwargs)
+    got = {(keep, threads): case.run(threads=threads) for keep, case in ((False, without), (True, with_yn))
+           for threads in (1, 2)}
+    _check(with_yn, got[True, 2])
+    for key, outputs in got.items():
+        for a, b in zip(outputs, got[False, 2]):  # Y_i, and S (Yn is not in both)
+            np.testing.assert_array_equal(a, b, err_msg=str(key))
+
+
+def test_kept_row_buffers_grow_and_are_reused():
+    """A's buffers are kept per thread from one run to the next (kernels/common/thread_floats.h):
+    small, large (they grow), small again (reused), with and without Yn, each right; one thread,
+    so the caller also runs every task."""
+    small = dict(shape=(100, 64), widths=(48, 40), transposed=[0, 1], seed=8)
+    large = dict(shape=(2, 700, 96), widths=(80, 40), transposed=[0, 1], seed=9)
+    few = dict(shape=(20, 96), widths=(80, 40), transposed=[1, 1], seed=10)
+    for kwargs in (small, large, few, small, large, few):
+        for keep in (False, True):
+            for dtype in (F32, F16):
+                case = Case("AddRMSNormLinear", dtype, keep=keep, **kwargs)
+                _check(case, case.run(threads=1))
 
 
 @pytest.mark.parametrize("rows", [1, 4, 5, 16, 40, 64])

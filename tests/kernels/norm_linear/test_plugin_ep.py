@@ -107,8 +107,8 @@ def test_unequal_products_every_task_on_any_thread_count():
 
 
 def test_packed_rows_buffer_grows_and_is_reused():
-    """A's packed copy is kept by the calling thread from one run to the next (common/gemm.cc,
-    CallerA): a small run, a larger one (the buffer grows), the small one again (reused), each
+    """A's packed copy is kept by the calling thread from one run to the next (common/thread_floats.h,
+    kCallerPackedA): a small run, a larger one (the buffer grows), the small one again (reused), each
     right, on one thread so that every task writes into the caller's buffer."""
     small = Case("RMSNormLinear", shape=(1, 100, 64), widths=(48, 40), transposed=[0, 0], seed=8)
     large = Case("RMSNormLinear", shape=(2, 700, 96), widths=(80, 40), transposed=[0, 0], seed=9)
