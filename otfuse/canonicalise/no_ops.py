@@ -95,7 +95,9 @@ def _has_subgraph(node: onnx.NodeProto) -> bool:
 
 def _droppable(graph: GraphIndex, node: onnx.NodeProto, opset: int) -> bool:
     outputs = 2 if node.op_type == "Dropout" else 1  # Dropout's mask: checked below
-    if node.domain not in ("", "ai.onnx") or not 1 <= len(node.output) <= outputs or not node.input or not node.input[0]:
+    if node.domain not in ("", "ai.onnx") or not 1 <= len(node.output) <= outputs:
+        return False
+    if not node.input or not node.input[0]:
         return False
     out = node.output[0]
     if graph.is_graph_output(out) or any(out not in reader.input or _has_subgraph(reader) for reader in graph.uses(out)):
