@@ -9,6 +9,9 @@ reading the input instead, so that one tensor is one value again for the pattern
   exporter's unoptimised output writes ``x[:, :, :, :r]`` as a full Slice of each leading axis,
   once per use: the rotated and the passed-through lanes of one x then hang off two different,
   equal values).
+- ``Dropout`` at inference: no ``training_mode`` input (or a constant false one), its mask output
+  absent or unread (from opset 7 on, where an absent training mode means inference; onnxscript's
+  own test models and older dynamo exports write ``Dropout(p, 0.0)`` after the attention Softmax).
 
 Exact: the dropped node's output equals its input in every run. A node whose output is a graph
 output, or is read inside a subgraph, is kept (its name is part of the interface).
@@ -67,12 +70,34 @@ def _is_full_slice(graph: GraphIndex, node: onnx.NodeProto) -> bool:
     return all(_full_axis(dims, *params) for params in zip(starts, ends, axes, steps))
 
 
+def _unread(graph: GraphIndex, name: str) -> bool:
+    return not name or (not graph.is_graph_output(name) and not graph.uses(name))
+
+
+def _is_inference_dropout(graph: GraphIndex, node: onnx.NodeProto, opset: int) -> bool:
+    """Dropout returns its input unchanged unless training: opset >= 7 (before, ``is_test`` 0 by
+    default meant training), no attribute but ``seed`` / ``ratio`` (neither matters at inference),
+    the training mode absent or a constant false, and the mask output nobody reads."""
+    if opset < 7 or {a.name for a in node.attribute} - {"seed", "ratio"}:
+        return False
+    if len(node.output) > 2 or (len(node.output) == 2 and not _unread(graph, node.output[1])):
+        return False
+    training = node.input[2] if len(node.input) > 2 else ""
+    if not training:
+        return True
+    value = graph.constant_value(training) if graph.is_constant(training) else None
+    return value is not None and value.size == 1 and not bool(value.reshape(-1)[0])
+
+
 def _has_subgraph(node: onnx.NodeProto) -> bool:
     return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
 
 
-def _droppable(graph: GraphIndex, node: onnx.NodeProto) -> bool:
-    if node.domain not in ("", "ai.onnx") or len(node.output) != 1 or not node.input or not node.input[0]:
+def _droppable(graph: GraphIndex, node: onnx.NodeProto, opset: int) -> bool:
+    outputs = 2 if node.op_type == "Dropout" else 1  # Dropout's mask: checked below
+    if node.domain not in ("", "ai.onnx") or not 1 <= len(node.output) <= outputs:
+        return False
+    if not node.input or not node.input[0]:
         return False
     out = node.output[0]
     if graph.is_graph_output(out) or any(out not in reader.input or _has_subgraph(reader) for reader in graph.uses(out)):
@@ -85,29 +110,35 @@ def _droppable(graph: GraphIndex, node: onnx.NodeProto) -> bool:
         return _is_noop_cast_like(graph, node)
     if node.op_type == "Slice":
         return _is_full_slice(graph, node)
+    if node.op_type == "Dropout":
+        return _is_inference_dropout(graph, node, opset)
     return False
 
 
 @dataclass(frozen=True)
 class NoOpsPass:
-    """Drops Identity, Casts to the input's own type and Slices that keep every element (see above)."""
+    """Drops Identity, Casts to the input's own type, Slices that keep every element and inference
+    Dropouts (see above)."""
 
     def run(self, model: onnx.ModelProto, base_dir: Path | None) -> PassResult:
         graph = index_for(model, base_dir)
+        opset = next((e.version for e in model.opset_import if e.domain in ("", "ai.onnx")), 0)
         renamed: dict[str, str] = {}
+        gone: set[str] = set()  # unread second outputs (Dropout's mask)
         kept = []
         for node in model.graph.node:
             for i, name in enumerate(node.input):
                 if name in renamed:
                     node.input[i] = renamed[name]
-            if _droppable(graph, node):
+            if _droppable(graph, node, opset):
                 renamed[node.output[0]] = node.input[0]
+                gone.update(name for name in node.output[1:] if name)
             else:
                 kept.append(node)
         if renamed:
             del model.graph.node[:]
             model.graph.node.extend(kept)
-            stale = [v for v in model.graph.value_info if v.name in renamed]
+            stale = [v for v in model.graph.value_info if v.name in renamed or v.name in gone]
             for value in stale:
                 model.graph.value_info.remove(value)
         return PassResult(fusions=Counter())

@@ -95,3 +95,40 @@ def test_a_copy_that_is_a_graph_output_stays():
     b.nodes[-1].output[0] = "y"
     b.output("y", F32, None)
     assert _dropped(b.model()) == []
+
+
+def _dropout(ratio=None, training=None, outputs=1, read_mask=False):
+    """x -> Dropout(x[, ratio[, training_mode]]) -> Neg; with ``read_mask`` its mask output feeds a
+    second graph output."""
+    b = GraphBuilder()
+    x = b.input("x", F32, ["batch", 4, 8])
+    inputs = [x]
+    if ratio is not None or training is not None:
+        inputs.append(b.const(np.array(0.0 if ratio is None else ratio, np.float32)))
+    if training is not None:
+        inputs.append(b.const(np.array(training, bool)))
+    out = b.node("Dropout", inputs, outputs=outputs)
+    data = out[0] if outputs == 2 else out
+    b.node("Neg", [data])
+    b.nodes[-1].output[0] = "y"
+    b.output("y", F32, None)
+    if read_mask:
+        b.node("Not", [out[1]])
+        b.nodes[-1].output[0] = "kept"
+        b.output("kept", TensorProto.BOOL, None)
+    return b.model()
+
+
+@pytest.mark.parametrize("ratio,training,outputs", [
+    (None, None, 1), (0.0, None, 2), (0.1, None, 1), (0.5, False, 2)])
+def test_an_inference_dropout_is_dropped(ratio, training, outputs):
+    """onnxscript's test models (and older dynamo exports) write ``Dropout(p, 0.0)`` after the
+    attention Softmax; without a training mode (or a false one) it returns its input."""
+    assert _dropped(_dropout(ratio, training, outputs)) == ["Dropout"]
+
+
+def test_a_training_dropout_or_one_whose_mask_is_read_stays():
+    model = _dropout(0.0, True)  # ratio 0: outputs equal, yet training mode is not this pass's to judge
+    NoOpsPass().run(model, None)
+    assert [n.op_type for n in model.graph.node] == ["Dropout", "Neg"]
+    assert _dropped(_dropout(0.0, None, outputs=2, read_mask=True)) == []

@@ -12,6 +12,7 @@ import onnx
 
 from otfuse.fusions.attention.fused_matmul import fused_alpha
 from otfuse.fusions.attention.constant_masks import looks_like_mask
+from otfuse.fusions.attention.mask_probes import FLOAT_PADDING
 from otfuse.fusions.attention.masks import classify_bool_mask, classify_mask, zero_filled
 from otfuse.rewriter import checks
 from otfuse.rewriter.builder import Helpers, Value
@@ -247,6 +248,18 @@ def require_mask(graph: GraphIndex, mask: str, target: tuple) -> None:
         raise Refuse(f"the mask {mask!r} is not a float tensor")
 
 
+def padding_input(graph: GraphIndex, helpers: Helpers, key_padding: str | None) -> Value:
+    """The proven padding input as the op's ``key_padding_mask`` (int64, int32 or bool): a float
+    one (SmolLM's float ``attention_mask`` as onnxscript's test models declare it) through
+    ``Cast(to=bool)``, which is ``m != 0`` with NaN attending, as mask_probes checked the graph's
+    mask computes for such values too."""
+    if not key_padding:
+        return ""
+    if graph.elem_type(key_padding) in FLOAT_PADDING:
+        return helpers.node("Cast", [key_padding], to=onnx.TensorProto.BOOL)
+    return key_padding
+
+
 def mask_inputs(ctx: RewriteContext, match: Match, attributes: dict, helpers: Helpers,
                 scores: tuple, sinks: bool = False) -> tuple[Value, Value]:
     """(attn_bias, key_padding_mask): the graph's mask as causal/window/padding when masks.py
@@ -275,7 +288,7 @@ def mask_inputs(ctx: RewriteContext, match: Match, attributes: dict, helpers: He
             return match.value("mask"), ""
     empty_rows = "zero" if sinks else claim.empty_rows  # every row sees the sink (docs/ops.md)
     attributes.update(causal=int(claim.causal), window=claim.window, empty_rows=empty_rows)
-    return "", claim.key_padding or ""
+    return "", padding_input(ctx.graph, helpers, claim.key_padding)
 
 
 def _report_unclaimed(ctx: RewriteContext, mask: str, refusal: Refuse) -> None:
@@ -310,7 +323,7 @@ def _filled_mask_inputs(ctx: RewriteContext, match: Match, attributes: dict,
         if claim is not None:
             empty_rows = "uniform" if math.isfinite(fill(graph, match)) else "zero"
             attributes.update(causal=int(claim.causal), window=claim.window, empty_rows=empty_rows)
-            return "", claim.key_padding or ""
+            return "", padding_input(graph, helpers, claim.key_padding)
     filler = helpers.float32(fill(graph, match))
     mask = match.value("mask") if match.has("mask") else None
     if mask is not None and graph.elem_type(mask) != onnx.TensorProto.FLOAT:

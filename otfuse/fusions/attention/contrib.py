@@ -6,12 +6,14 @@ What onnxscript's ``optimize_for_ort`` and ORT's transformers optimizer write: 3
 projections' ``bias`` (``[N*D + N*D + N*Dv]``, added to Q, K, V: plain ``Add`` nodes in front),
 ``attention_bias`` added to the scaled scores (``attn_bias``, first offered to masks.py),
 ``past_key``/``past_value`` BNSD and ``present_key``/``present_value`` their concatenation with the
-new keys, ``scale`` (absent or 0 = ``1/sqrt(D)``, as ours).
+new keys, ``scale`` (absent or 0 = ``1/sqrt(D)``, as ours); or ``key``/``value`` 4-D BNSD with no
+bias, past or present (ORT's BSNH_BNSH_BNSH form, onnxscript's where the rotated keys are a graph
+output: transposed to BSND for the op).
 
 Refused (``MULTI_HEAD_ATTENTION_OP``): ``key_padding_mask`` and ``unidirectional = 1`` (ORT adds
 ``mask_filter_value``, -10000 by default, to the masked scores: a fully padded row is then
-``softmax(s)``, not otfuse's 0), packed QKV / KV (5-D) and a 4-D ``key`` (BNSD keys given as the
-past), ``past_sequence_length`` / ``cache_indirection`` (shared buffers, beam search) and the
+``softmax(s)``, not otfuse's 0), packed QKV / KV (5-D), a 4-D ``key`` with bias, past or
+present, ``past_sequence_length`` / ``cache_indirection`` (shared buffers, beam search) and the
 ``qk`` output.
 """
 
@@ -61,11 +63,32 @@ def _hidden(graph: GraphIndex, value: str, what: str) -> tuple:
     return shape
 
 
+def _bnsd_keys(graph: GraphIndex, match: Match, node, heads: int) -> tuple | None:
+    """(k, v) as [B, L, N*D] / [B, L, N*Dv] views when ORT's MHA gets them 4-D BNSD
+    (``kv_format`` BSNH_BNSH_BNSH: used as they are; onnxscript writes it where the rotated keys are
+    also a graph output), else None. Only without bias, past and present (what ORT then does with
+    them is not modelled); N must be num_heads."""
+    k, v = (graph.shape(match.value(n)) for n in ("k", "v"))
+    if k is None or v is None or len(k) != 4 or len(v) != 4:
+        return None
+    if match.has("bias") or match.has("past_k") or match.has("past_v") or any(node.output[1:3]):
+        raise Refuse("4-D BNSD key / value with bias, past or present outputs are not modelled")
+    if heads and (k[1] != heads or v[1] != heads):
+        raise Refuse(f"BNSD key / value heads {k[1]} / {v[1]} are not num_heads {heads}")
+    return (k[0], k[2], _product(k[1], k[3])), (v[0], v[2], _product(v[1], v[3]))
+
+
+def _product(a, b):
+    return a * b if isinstance(a, int) and isinstance(b, int) else None
+
+
 def _geometry(graph: GraphIndex, match: Match, node) -> dict:
     heads = attr(node, "num_heads", 0)
     if not match.has("k") or not match.has("v"):
         raise Refuse("packed QKV (no key / value input) is not modelled")
-    q, k, v = (_hidden(graph, match.value(n), n.upper()) for n in ("q", "k", "v"))
+    bnsd = _bnsd_keys(graph, match, node, heads)
+    q = _hidden(graph, match.value("q"), "Q")
+    k, v = bnsd if bnsd else (_hidden(graph, match.value(n), n.upper()) for n in ("k", "v"))
     elem = graph.elem_type(match.value("q"))
     if elem not in checks.FLOAT_TYPES or any(graph.elem_type(x) != elem for x in
                                              (match.value("k"), match.value("v"), node.output[0])):
@@ -74,7 +97,7 @@ def _geometry(graph: GraphIndex, match: Match, node) -> dict:
     if q[2] % heads or k[2] != q[2] or v[2] % heads:
         raise Refuse(f"hidden sizes {q[2]}/{k[2]}/{v[2]} do not split into {heads} heads of one size for Q and K")
     return {"heads": heads, "head_dim": q[2] // heads, "v_dim": v[2] // heads, "batch": q[0], "q_len": q[1],
-            "kv_len": k[1], "hidden": (q[2], k[2], v[2]), "elem": elem}
+            "kv_len": k[1], "hidden": (q[2], k[2], v[2]), "elem": elem, "kv_bnsd": bnsd is not None}
 
 
 def _check_past(graph: GraphIndex, match: Match, g: dict):
@@ -131,6 +154,8 @@ def _analyse(ctx: RewriteContext, match: Match) -> Fusion:
         chain.require_mask(graph, match.value("mask"), scores)
     helpers = Helpers(match.root)
     q, k, v = _bias_inputs(graph, match, g, helpers)
+    if g["kv_bnsd"]:  # to the BSND of the 3-D query (the op reads Q, K and V in one layout)
+        k, v = (helpers.node("Transpose", [x], perm=[0, 2, 1, 3]) for x in (k, v))
     bias, padding = chain.mask_inputs(ctx, match, attributes, helpers, scores)
     past = {"past_key": match.value("past_k"), "past_value": match.value("past_v")} if match.has("past_k") else {}
     present = dict(zip(("present_key", "present_value"), node.output[1:3]))

@@ -17,6 +17,7 @@ import numpy as np
 
 from otfuse.fusions.attention.alibi import classify_alibi
 from otfuse.fusions.attention.chain_checks import fill
+from otfuse.fusions.attention.mask_probes import FLOAT_PADDING
 from otfuse.fusions.attention.masks import classify_bool_mask
 from otfuse.rewriter.builder import Helpers, Value
 from otfuse.rewriter.pattern import Match
@@ -35,6 +36,9 @@ def alibi_before_fill(ctx: RewriteContext, match: Match, attributes: dict, helpe
     try:
         filler = fill(graph, match)
         claim = classify_bool_mask(graph, match.value("fill_cond"), ctx.memo, scores, masked=swapped)
+        if claim.key_padding and graph.elem_type(claim.key_padding) in FLOAT_PADDING:
+            raise Refuse(f"the padding mask {claim.key_padding!r} is a float input: alibi_positions "
+                         f"'mask_cumsum' counts its integer values")
         alibi = classify_alibi(graph, match.value("mask"), attributes["num_heads"], claim.key_padding,
                                ctx.memo, row_offsets=True)
     except Refuse as refusal:

@@ -312,7 +312,8 @@ def _configurations(claim: MaskClaim, has_past: bool, offsets: set[int], static:
                 yield batch, seq, past
 
 
-def _padding_patterns(batch: int, total: int, rng, binary: bool = False) -> list[np.ndarray]:
+def _padding_patterns(batch: int, total: int, rng, binary: bool = False,
+                      floating: bool = False) -> list[np.ndarray]:
     ones = np.ones((batch, total), dtype=np.int64)
     left = ones.copy()
     left[0, : total // 2] = 0
@@ -320,7 +321,17 @@ def _padding_patterns(batch: int, total: int, rng, binary: bool = False) -> list
     # ``binary`` (0 / 1 only) serves only to say why a claim failed, never to make one.
     values = np.array([0, 1, 1] if binary else [0, 1, 3], dtype=np.int64)
     random = rng.choice(values, size=(batch, total), p=[0.3, 0.5, 0.2])
-    return [ones, left, random]
+    if not floating or binary:
+        return [ones, left, random]
+    # A float padding input reaches the op as Cast(m, bool) (chain_checks.padding_input): non-zero,
+    # NaN too, attends and -0.0 masks; a graph testing m > 0.5 or m >= 0 must not pass.
+    odd = rng.choice(np.array([0.0, -0.0, 1.0, 0.5, -2.0, 0.25, np.nan]), size=(batch, total))
+    odd[:, -1] = 1.0  # every row keeps a key: an all-masked row is checked by the patterns above
+    return [ones, left, random, odd]
+
+
+FLOAT_PADDING = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
+                 onnx.TensorProto.DOUBLE)
 
 
 def probe_session(model: onnx.ModelProto, what: str):
@@ -373,7 +384,8 @@ def verify_by_running(graph: GraphIndex, output: str, claim: MaskClaim, visible_
         if fixed_length is not None:  # the export fixed the length, the batch stays free
             seq, past = fixed_length[0], fixed_length[1] - fixed_length[0]
         total = _key_length(claim, feeds, seq, past)
-        for padding in _padding_patterns(batch, total, rng, binary_padding):
+        floating = bool(claim.key_padding) and graph.elem_type(claim.key_padding) in FLOAT_PADDING
+        for padding in _padding_patterns(batch, total, rng, binary_padding, floating):
             if claim.key_padding:
                 feeds[claim.key_padding] = padding.astype(feeds[claim.key_padding].dtype)
             try:

@@ -32,6 +32,7 @@ import math
 import numpy as np
 import onnx
 
+from otfuse.fusions.attention.chain_checks import padding_input
 from otfuse.fusions.attention.masks import classify_bool_mask, classify_mask
 from otfuse import ops
 from otfuse.rewriter import checks
@@ -268,7 +269,7 @@ def _mask_inputs(ctx: RewriteContext, match: Match, attributes: dict, helpers: H
         windows = [w for w in (claim.window, attributes.get("window", 0)) if w]  # both bound the keys
         attributes.update(causal=int(claim.causal or attributes.get("causal", 0)),
                           window=min(windows, default=0), empty_rows=claim.empty_rows)
-        return "", claim.key_padding or ""
+        return "", padding_input(graph, helpers, claim.key_padding)
     if not boolean:
         return mask, ""
     dtype = onnx.helper.tensor_dtype_to_np_dtype(graph.elem_type(match.value("q")))
