@@ -9,6 +9,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <thread>
 
 #include "common/cpu_features.h"
 
@@ -58,10 +59,6 @@ int64_t StreamAccumulatorFloats() {
   return floats;
 }
 
-// Many rows: a task packs its W block once for a chunk of up to kPackedChunkRows rows, whose A
-// slice (rows x kPackDepth floats) stays in L3 and whose accumulators take at most 3 MiB.
-constexpr int64_t kPackedChunkRows = 768;
-
 // Panels packed once (nothing copied per task, so a smaller chunk only re-reads W): chunks short
 // enough that the largest task is at most 1/kPackedOnceTasks of the node's work, so that a node
 // dominated by one narrow product (the LM head's N = 1024 is one column range) still has a task
@@ -99,10 +96,19 @@ int64_t StreamMaxRows(GemmIsa isa, const GemmProduct& product) {
   return isa == GemmIsa::kAvx512 && !product.transposed ? gemm_detail::kStreamMaxRowsAvx512 : kStreamMaxRows;
 }
 
-std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduct>& products, int64_t* max_cells) {
+// Whether a product's many-rows tasks pack W per call (PackedTask; gemm_tiles.inc chooses by the
+// same rule): not packed once, and not staged ([n, k] weights with the AVX-512 kernels).
+bool PacksPerCall(GemmIsa isa, const GemmProduct& product) {
+  return product.packed == nullptr && (!product.transposed || isa != GemmIsa::kAvx512);
+}
+
+// span_chunks: row chunks per task that packs W per call (gemm_detail::kPackedSpanChunks).
+std::vector<Task> PlanTasksSpanning(GemmIsa isa, int64_t m, const std::vector<GemmProduct>& products,
+                                    int64_t span_chunks, int64_t* max_cells) {
   std::vector<Task> tasks;
   *max_cells = 0;
-  const int64_t chunk_rows = RoundUp(CeilDiv(m, CeilDiv(m, kPackedChunkRows)), kRowBlock);
+  const int64_t chunk_rows = gemm_detail::PackedChunkRows(m);
+  const int64_t span_rows = span_chunks * chunk_rows;
   const int64_t packed_once_rows = PackedOnceChunkRows(m, products, chunk_rows);
   int64_t total_cols = 0;
   for (const GemmProduct& p : products) total_cols += p.n;
@@ -121,7 +127,8 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
       const int64_t range = !products[i].transposed  ? gemm_detail::kPackCols
                             : isa == GemmIsa::kAvx512 ? gemm_detail::kStagedCols
                                                       : gemm_detail::kPackColsTransposed;
-      AddTasks(products, TaskKind::kPacked, m, chunk_rows, i, range, &tasks, max_cells);
+      const int64_t rows = PacksPerCall(isa, products[i]) ? span_rows : chunk_rows;
+      AddTasks(products, TaskKind::kPacked, m, rows, i, range, &tasks, max_cells);
       continue;
     }
     const TaskKind kind = products[i].transposed ? transposed_kind : TaskKind::kPlain;
@@ -132,6 +139,25 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
   std::stable_sort(tasks.begin(), tasks.end(),
                    [](const Task& a, const Task& b) { return a.rows * a.cols > b.rows * b.cols; });
   return tasks;
+}
+
+// Tasks that pack W per call span as many row chunks as keep the largest task at most
+// 1 / (threads + 1) of the node's work, `threads` the hardware threads (ORT's pool has at most that
+// many): a q/k/v node (1024-column ranges of N = 2048 + 512 + 512) at M = 2048 on 2 threads is then
+// one task per column range, while a node that is mostly one 1024-column product keeps a task per
+// chunk, so that every thread has one.
+std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduct>& products, int64_t* max_cells) {
+  const int64_t threads = std::max(1u, std::thread::hardware_concurrency());
+  for (int64_t span = gemm_detail::kPackedSpanChunks; span > 1; --span) {
+    std::vector<Task> tasks = PlanTasksSpanning(isa, m, products, span, max_cells);
+    int64_t total = 0, largest = 0;
+    for (const Task& task : tasks) {
+      total += task.rows * task.cols;
+      largest = std::max(largest, task.rows * task.cols);
+    }
+    if (largest * (threads + 1) <= total) return tasks;
+  }
+  return PlanTasksSpanning(isa, m, products, 1, max_cells);
 }
 
 // A buffer of at least `floats` floats per thread and Slot, reused across runs (ORT's pool threads
