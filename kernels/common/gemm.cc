@@ -102,9 +102,10 @@ bool PacksPerCall(GemmIsa isa, const GemmProduct& product) {
   return product.packed == nullptr && (!product.transposed || isa != GemmIsa::kAvx512);
 }
 
-// span_chunks: row chunks per task that packs W per call (gemm_detail::kPackedSpanChunks).
+// Tasks that pack W per call: span_chunks row chunks (gemm_detail::kPackedSpanChunks) x column
+// ranges of at most packed_cols columns.
 std::vector<Task> PlanTasksSpanning(GemmIsa isa, int64_t m, const std::vector<GemmProduct>& products,
-                                    int64_t span_chunks, int64_t* max_cells) {
+                                    int64_t span_chunks, int64_t packed_cols, int64_t* max_cells) {
   std::vector<Task> tasks;
   *max_cells = 0;
   const int64_t chunk_rows = gemm_detail::PackedChunkRows(m);
@@ -124,7 +125,7 @@ std::vector<Task> PlanTasksSpanning(GemmIsa isa, int64_t m, const std::vector<Ge
     if (m > StreamMaxRows(isa, products[i])) {
       // Column ranges: staged tasks for [n, k] weights with AVX-512, else packed ones (gemm_tiles.inc
       // chooses by the same rule).
-      const int64_t range = !products[i].transposed  ? gemm_detail::kPackCols
+      const int64_t range = !products[i].transposed  ? packed_cols
                             : isa == GemmIsa::kAvx512 ? gemm_detail::kStagedCols
                                                       : gemm_detail::kPackColsTransposed;
       const int64_t rows = PacksPerCall(isa, products[i]) ? span_rows : chunk_rows;
@@ -141,23 +142,34 @@ std::vector<Task> PlanTasksSpanning(GemmIsa isa, int64_t m, const std::vector<Ge
   return tasks;
 }
 
-// Tasks that pack W per call span as many row chunks as keep the largest task at most
-// 1 / (threads + 1) of the node's work, `threads` the hardware threads (ORT's pool has at most that
-// many): a q/k/v node (1024-column ranges of N = 2048 + 512 + 512) at M = 2048 on 2 threads is then
-// one task per column range, while a node that is mostly one 1024-column product keeps a task per
-// chunk, so that every thread has one.
+// Whether the largest task is at most 1 / (threads + 1) of the node's work: the threads, claiming
+// the tasks largest first, then finish close together.
+bool Balanced(const std::vector<Task>& tasks, int64_t threads) {
+  int64_t total = 0, largest = 0;
+  for (const Task& task : tasks) {
+    total += task.rows * task.cols;
+    largest = std::max(largest, task.rows * task.cols);
+  }
+  return largest * (threads + 1) <= total;
+}
+
+// Tasks that pack W per call copy each k block of their columns once for all their rows, so the
+// plan takes the fewest row spans (up to kPackedSpanChunks chunks each) and then the widest column
+// ranges (kPackCols, halved down to a quarter) that leave the tasks Balanced for the hardware
+// threads (ORT's pool has at most that many); none: a task per chunk and kPackCols, as before. A
+// q/k/v node (N = 2048 + 512 + 512) at M = 2048 on 2 threads is one task per 1024-column range;
+// a node that is mostly one 1024-column product (an LM head of vocabulary 1024) has 256-column
+// tasks over all rows, where one 1024-column task per chunk kept one thread idle at M = 512
+// (0.63x the unfused time) and unevenly loaded at 2048 (3 chunks on 2 threads).
 std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduct>& products, int64_t* max_cells) {
   const int64_t threads = std::max(1u, std::thread::hardware_concurrency());
-  for (int64_t span = gemm_detail::kPackedSpanChunks; span > 1; --span) {
-    std::vector<Task> tasks = PlanTasksSpanning(isa, m, products, span, max_cells);
-    int64_t total = 0, largest = 0;
-    for (const Task& task : tasks) {
-      total += task.rows * task.cols;
-      largest = std::max(largest, task.rows * task.cols);
+  for (int64_t span = gemm_detail::kPackedSpanChunks; span >= 1; --span) {
+    for (int64_t cols = gemm_detail::kPackCols; cols >= gemm_detail::kPackCols / 4; cols /= 2) {
+      std::vector<Task> tasks = PlanTasksSpanning(isa, m, products, span, cols, max_cells);
+      if (Balanced(tasks, threads)) return tasks;
     }
-    if (largest * (threads + 1) <= total) return tasks;
   }
-  return PlanTasksSpanning(isa, m, products, 1, max_cells);
+  return PlanTasksSpanning(isa, m, products, 1, gemm_detail::kPackCols, max_cells);
 }
 
 // A buffer of at least `floats` floats per thread and Slot, reused across runs (ORT's pool threads
