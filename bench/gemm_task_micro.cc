@@ -1,14 +1,20 @@
-// One-thread micro of one many-rows GEMM task (common/gemm.h) with the AVX2 kernels: M rows of A x
-// COLS columns of a float32 [K, N_TOTAL] weight, either packed once as PackWeight lays it out (the
-// plugin-EP route, PrepackedTask) or packed per call from W (the custom-op route, PackedTask), run
-// as the library runs it (RunTask: its calls, prefetches, copies, bias pass). With OTHER (another
-// tree's gemm_tiles.inc, e.g. main's) both trees' tasks run in alternating turns and the median of
-// the per-turn time ratios is printed (bench/README.md, "AVX2 float32 GEMM, session 12").
+// One-thread micro of one many-rows GEMM task (common/gemm.h): M rows of A x COLS columns of a
+// [K, N_TOTAL] weight (float32, or float16 with HALF=1), either packed once as PackWeight lays it
+// out (the plugin-EP route, PrepackedTask) or packed per call from W (the custom-op route,
+// PackedTask), run as the library runs it (RunTask: its calls, prefetches, copies, bias pass). ROUTE
+// both: the two routes of this tree in alternating turns, the median of the per-turn time ratios
+// printed (bench/README.md, "norm_linear custom-op route, session 13"). With OTHER (another tree's
+// gemm_tiles.inc, e.g. main's) both trees' tasks run in alternating turns instead ("AVX2 float32
+// GEMM, session 12"). -DISA=avx512 (and -mavx512f) for the AVX-512 kernels, else AVX2. HUGE=1 /
+// HUGEW=1: the task's buffer / W on transparent huge pages.
 //   I="-Ikernels -isystem $(grep -o '/[^ ]*ort-headers/[^ ]*' build/dev/build.ninja | head -1)"
 //   g++ -O3 -DNDEBUG -ffp-contract=off -fno-math-errno -std=c++17 $I -mavx2 -mfma -mf16c
 //       -DOTHER='"/work/main/kernels/common/gemm_tiles.inc"' bench/gemm_task_micro.cc -o /tmp/gemm_task_micro
-//   /tmp/gemm_task_micro M K COLS N_TOTAL ROUTE TURNS   # e.g. 512 4096 1008 11008 ep 12 (ROUTE ep | custom)
-#define OTFUSE_ISA_NAMESPACE avx2
+//   /tmp/gemm_task_micro M K COLS N_TOTAL ROUTE TURNS   # e.g. 512 4096 1008 11008 ep 12 (ROUTE ep | custom | both)
+#if !defined(ISA)
+#define ISA avx2
+#endif
+#define OTFUSE_ISA_NAMESPACE ISA
 #include "common/gemm_tiles.inc"
 #undef OTFUSE_ISA_NAMESPACE
 #if defined(OTHER)
@@ -16,6 +22,9 @@
 #include OTHER
 #undef OTFUSE_ISA_NAMESPACE
 #endif
+
+#include <immintrin.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cmath>
@@ -35,9 +44,10 @@ static double Now() {
 }
 
 // PackWeight's layout of columns [0, cols) (one column range) of a [k, n] weight.
-static std::vector<float> PackRange(const std::vector<float>& w, int64_t k, int64_t n, int64_t cols) {
+template <typename E>
+static std::vector<E> PackRange(const E* w, int64_t k, int64_t n, int64_t cols) {
   const int64_t tiles = (cols + kTileWidth - 1) / kTileWidth;
-  std::vector<float> panels(tiles * kTileWidth * k, 0.0f);
+  std::vector<E> panels(tiles * kTileWidth * k, E{});
   for (int64_t k0 = 0; k0 < k; k0 += kPackDepth) {
     const int64_t kc = std::min(kPackDepth, k - k0);
     for (int64_t t = 0; t < tiles; ++t) {
@@ -56,12 +66,18 @@ int main(int argc, char** argv) {
   const int64_t k = argc > 2 ? atoll(argv[2]) : 4096;
   const int64_t cols = argc > 3 ? atoll(argv[3]) : 1008;
   const int64_t n = argc > 4 ? atoll(argv[4]) : cols;
-  const bool packed_once = argc <= 5 || std::strcmp(argv[5], "custom") != 0;
+  const bool both = argc > 5 && std::strcmp(argv[5], "both") == 0;  // custom, then ep: one tree
+  const bool packed_once = !both && (argc <= 5 || std::strcmp(argv[5], "custom") != 0);
   const int turns = argc > 6 ? atoi(argv[6]) : 8;
-  std::vector<float> a(m * k), w(k * n), y(m * n);
+  std::vector<float> a(m * k), y(m * n);
+  // HUGEW=1: W on transparent huge pages (else 4 KiB ones, as a malloc'd initializer).
+  const size_t w_bytes = (k * n * sizeof(float) + (2 << 20) - 1) / (2 << 20) * (2 << 20);
+  float* const w_memory = static_cast<float*>(aligned_alloc(2 << 20, w_bytes));
+  if (getenv("HUGEW") != nullptr && atoi(getenv("HUGEW")) == 1) madvise(w_memory, w_bytes, MADV_HUGEPAGE);
+  struct { float* p; float& operator[](int64_t i) const { return p[i]; } float* data() const { return p; } } w{w_memory};
   for (int64_t i = 0; i < m * k; ++i) a[i] = static_cast<float>(i % 7) * 0.1f;
   for (int64_t i = 0; i < k * n; ++i) w[i] = static_cast<float>(i % 5) * 0.01f;
-  const std::vector<float> panels = PackRange(w, k, n, cols);
+  const std::vector<float> panels = PackRange(w.data(), k, n, cols);
   std::vector<float> a_packed(m * k);  // row blocks of 6, [k][rows] each (gemm.cc)
   for (int64_t r0 = 0; r0 < m; r0 += kRowBlock) {
     const int64_t rows = std::min(kRowBlock, m - r0);
@@ -69,22 +85,43 @@ int main(int argc, char** argv) {
       for (int64_t kk = 0; kk < k; ++kk) a_packed[r0 * k + kk * rows + r] = a[(r0 + r) * k + kk];
     }
   }
-  const GemmProduct product{w.data(), WeightType::kFloat32, false, n, nullptr, y.data(),
-                            packed_once ? panels.data() : nullptr};
+  // HALF=1: W (and Y) float16, W's values rounded (F16C).
+  const bool half = getenv("HALF") != nullptr && atoi(getenv("HALF")) == 1;
+  std::vector<uint16_t> w16(half ? k * n : 0), y16(half ? m * n : 0);
+  for (size_t i = 0; i < w16.size(); ++i) w16[i] = _cvtss_sh(w[i], 0);
+  const std::vector<uint16_t> panels16 = half ? PackRange(w16.data(), k, n, cols) : std::vector<uint16_t>();
+  const void* const panels_used = half ? static_cast<const void*>(panels16.data()) : panels.data();
+  const GemmProduct product{half ? static_cast<const void*>(w16.data()) : w.data(),
+                            half ? WeightType::kFloat16 : WeightType::kFloat32, false, n, nullptr,
+                            half ? static_cast<void*>(y16.data()) : y.data(), packed_once ? panels_used : nullptr};
   const Job job{m, k, a_packed.data(), &product, a.data(), nullptr};
+  GemmProduct product_ep = product;
+  product_ep.packed = panels_used;
+  const Job job_ep{m, k, a_packed.data(), &product_ep, a.data(), nullptr};
   const Task task{0, TaskKind::kPacked, 0, m, 0, cols};
-  std::vector<float> buffer(kStageFloats + m * ((cols + kTileWidth - 1) / kTileWidth) * kTileWidth);
+  // HUGE=1: the task's buffer (its pack blocks and accumulators) on transparent huge pages.
+  const size_t buffer_floats = kStageFloats + m * ((cols + kTileWidth - 1) / kTileWidth) * kTileWidth;
+  const size_t huge_bytes = (buffer_floats * sizeof(float) + (2 << 20) - 1) / (2 << 20) * (2 << 20);
+  float* const buffer_memory = static_cast<float*>(aligned_alloc(2 << 20, huge_bytes));
+  if (getenv("HUGE") != nullptr && atoi(getenv("HUGE")) == 1) madvise(buffer_memory, huge_bytes, MADV_HUGEPAGE);
+  std::fill(buffer_memory, buffer_memory + buffer_floats, 0.0f);
+  struct { float* p; float* data() const { return p; } } buffer{buffer_memory};
 #if defined(OTHER)
-  const TaskFn runs[] = {&avx2::RunTask, &other::RunTask};
+  const TaskFn runs[] = {&ISA::RunTask, &other::RunTask};
 #else
-  const TaskFn runs[] = {&avx2::RunTask};
+  const TaskFn runs_one[] = {&ISA::RunTask, &ISA::RunTask};
+  const TaskFn* runs = runs_one;
 #endif
-  const int variants = sizeof(runs) / sizeof(runs[0]);
+#if defined(OTHER)
+  const int variants = 2;
+#else
+  const int variants = both ? 2 : 1;
+#endif
   std::vector<std::vector<double>> times(variants);
   for (int turn = 0; turn < turns; ++turn) {
     for (int v = 0; v < variants; ++v) {
       const double t0 = Now();
-      runs[v](job, task, buffer.data(), buffer.data() + kStageFloats);
+      runs[v](v == 1 && both ? job_ep : job, task, buffer.data(), buffer.data() + kStageFloats);
       times[v].push_back(Now() - t0);
     }
   }
@@ -99,14 +136,14 @@ int main(int argc, char** argv) {
   for (int v = 0; v < variants; ++v) {
     std::vector<double> sorted = times[v];
     std::sort(sorted.begin(), sorted.end());
-    printf("%s: best %.1f, median %.1f GFLOP/s\n", v == 0 ? "this tree" : "OTHER", flop / sorted[0] * 1e-9,
+    printf("%s: best %.1f, median %.1f GFLOP/s\n", both ? (v == 0 ? "custom" : "ep") : v == 0 ? "this tree" : "OTHER", flop / sorted[0] * 1e-9,
            flop / sorted[sorted.size() / 2] * 1e-9);
   }
   if (variants > 1) {
     std::vector<double> ratios;
     for (int turn = 0; turn < turns; ++turn) ratios.push_back(times[1][turn] / times[0][turn]);
     std::sort(ratios.begin(), ratios.end());
-    printf("OTHER time / this tree's: %.3fx (median of %d turns)\n", ratios[ratios.size() / 2], turns);
+    printf(both ? "ep time / custom's: %.3fx (median of %d turns)\n" : "OTHER time / this tree's: %.3fx (median of %d turns)\n", ratios[ratios.size() / 2], turns);
   }
   printf("M %lld K %lld COLS %lld of %lld, %s; relative error %.1e\n", static_cast<long long>(m),
          static_cast<long long>(k), static_cast<long long>(cols), static_cast<long long>(n),

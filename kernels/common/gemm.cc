@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "common/cpu_features.h"
 #include "common/thread_floats.h"
@@ -57,10 +58,6 @@ int64_t StreamAccumulatorFloats() {
   return floats;
 }
 
-// Many rows: a task packs its W block once for a chunk of up to kPackedChunkRows rows, whose A
-// slice (rows x kPackDepth floats) stays in L3 and whose accumulators take at most 3 MiB.
-constexpr int64_t kPackedChunkRows = 768;
-
 // Panels packed once (nothing copied per task, so a smaller chunk only re-reads W): chunks short
 // enough that the largest task is at most 1/kPackedOnceTasks of the node's work, so that a node
 // dominated by one narrow product (the LM head's N = 1024 is one column range) still has a task
@@ -110,63 +107,36 @@ TaskKind KindFor(GemmIsa isa, int64_t m, const GemmProduct& product) {
 // The dot and lane forms read A row-major (the lane form through its [k][16] copy); the others packed.
 bool ReadsRowMajorA(TaskKind kind) { return kind == TaskKind::kDot || kind == TaskKind::kLane; }
 
-// W packed per call: column ranges of at most kPackCols ([k, n]; kStagedCols or
-// kPackColsTransposed for [n, k]). A node of few such tasks gets narrower ranges, the widest
-// halved first, until it has kMinPackedTasks tasks or no range can shrink below kMinPackedCols:
-// the LM head's N = 1024 at 512 rows was one task, one thread idle (0.53x the unfused time on the
-// custom-op route), and three row chunks at 2048 rows split 2 : 1. Narrower ranges, not more row
-// chunks: each chunk packs W again.
-constexpr int64_t kMinPackedTasks = 4;
-constexpr int64_t kMinPackedCols = 256;
-
-std::vector<int64_t> PerCallPackedRanges(GemmIsa isa, int64_t m, const std::vector<GemmProduct>& products,
-                                         int64_t chunk_rows, int64_t packed_once_rows) {
-  std::vector<int64_t> ranges(products.size(), 0);
-  int64_t tasks = 0;
-  for (size_t i = 0; i < products.size(); ++i) {
-    const GemmProduct& p = products[i];
-    if (p.packed == nullptr && KindFor(isa, m, p) == TaskKind::kPacked) {
-      ranges[i] = !p.transposed ? gemm_detail::kPackCols
-                  : isa == GemmIsa::kAvx512 ? gemm_detail::kStagedCols
-                                            : gemm_detail::kPackColsTransposed;
-      tasks += CeilDiv(m, chunk_rows) * CeilDiv(p.n, gemm_detail::RangeCols(p.n, ranges[i]));
-    } else {
-      tasks += p.packed != nullptr ? CeilDiv(m, packed_once_rows) * CeilDiv(p.n, gemm_detail::PackedRangeCols(p.n)) : 1;
-    }
-  }
-  while (tasks < kMinPackedTasks) {
-    size_t widest = products.size();
-    for (size_t i = 0; i < products.size(); ++i) {
-      if (ranges[i] / 2 < kMinPackedCols || gemm_detail::RangeCols(products[i].n, ranges[i]) <= kMinPackedCols) continue;
-      if (widest == products.size() || ranges[i] > ranges[widest]) widest = i;
-    }
-    if (widest == products.size()) break;
-    const int64_t n = products[widest].n;
-    tasks -= CeilDiv(m, chunk_rows) * CeilDiv(n, gemm_detail::RangeCols(n, ranges[widest]));
-    ranges[widest] /= 2;
-    tasks += CeilDiv(m, chunk_rows) * CeilDiv(n, gemm_detail::RangeCols(n, ranges[widest]));
-  }
-  return ranges;
+// Whether a product's many-rows tasks pack W per call (PackedTask; gemm_tiles.inc chooses by the
+// same rule): not packed once, and not staged ([n, k] weights with the AVX-512 kernels).
+bool PacksPerCall(GemmIsa isa, const GemmProduct& product) {
+  return product.packed == nullptr && (!product.transposed || isa != GemmIsa::kAvx512);
 }
 
-std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduct>& products, int64_t* max_cells) {
+// Tasks that pack W per call: span_chunks row chunks (gemm_detail::kPackedSpanChunks) x column
+// ranges of at most packed_cols columns.
+std::vector<Task> PlanTasksSpanning(GemmIsa isa, int64_t m, const std::vector<GemmProduct>& products,
+                                    int64_t span_chunks, int64_t packed_cols, int64_t* max_cells) {
   std::vector<Task> tasks;
   *max_cells = 0;
-  const int64_t chunk_rows = RoundUp(CeilDiv(m, CeilDiv(m, kPackedChunkRows)), kRowBlock);
+  const int64_t chunk_rows = gemm_detail::PackedChunkRows(m);
+  const int64_t span_rows = span_chunks * chunk_rows;
   const int64_t packed_once_rows = PackedOnceChunkRows(m, products, chunk_rows);
   int64_t total_cols = 0;
   for (const GemmProduct& p : products) total_cols += p.n;
   const int64_t max_range = std::max(kTileWidth, StreamAccumulatorFloats() / m / kTileWidth * kTileWidth);
   const int64_t wanted = std::max(kMinRangeCols, RoundUp(CeilDiv(total_cols, kStreamTasks), kTileWidth));
-  // Staged tasks for [n, k] weights with AVX-512, else packed ones (gemm_tiles.inc chooses by
-  // the same rule).
-  const std::vector<int64_t> packed_ranges = PerCallPackedRanges(isa, m, products, chunk_rows, packed_once_rows);
   for (size_t i = 0; i < products.size(); ++i) {
     const TaskKind kind = KindFor(isa, m, products[i]);
     if (products[i].packed != nullptr) {
       AddTasks(products, kind, m, packed_once_rows, i, gemm_detail::kPackCols, &tasks, max_cells);
     } else if (kind == TaskKind::kPacked) {
-      AddTasks(products, kind, m, chunk_rows, i, packed_ranges[i], &tasks, max_cells);
+      // Column ranges: staged tasks for [n, k] weights with AVX-512, else packed ones.
+      const int64_t range = !products[i].transposed  ? packed_cols
+                            : isa == GemmIsa::kAvx512 ? gemm_detail::kStagedCols
+                                                      : gemm_detail::kPackColsTransposed;
+      const int64_t rows = PacksPerCall(isa, products[i]) ? span_rows : chunk_rows;
+      AddTasks(products, kind, m, rows, i, range, &tasks, max_cells);
     } else {
       AddTasks(products, kind, m, m, i, std::min(max_range, wanted), &tasks, max_cells);
     }
@@ -176,6 +146,36 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
   std::stable_sort(tasks.begin(), tasks.end(),
                    [](const Task& a, const Task& b) { return a.rows * a.cols > b.rows * b.cols; });
   return tasks;
+}
+
+// Whether the largest task is at most 1 / (threads + 1) of the node's work: the threads, claiming
+// the tasks largest first, then finish close together.
+bool Balanced(const std::vector<Task>& tasks, int64_t threads) {
+  int64_t total = 0, largest = 0;
+  for (const Task& task : tasks) {
+    total += task.rows * task.cols;
+    largest = std::max(largest, task.rows * task.cols);
+  }
+  return largest * (threads + 1) <= total;
+}
+
+// Tasks that pack W per call copy each k block of their columns once for all their rows, so the
+// plan takes the fewest row spans (up to kPackedSpanChunks chunks each) and then the widest column
+// ranges (kPackCols, halved down to a quarter) that leave the tasks Balanced for the hardware
+// threads (ORT's pool has at most that many); none: a task per chunk and kPackCols, as before. A
+// q/k/v node (N = 2048 + 512 + 512) at M = 2048 on 2 threads is one task per 1024-column range;
+// a node that is mostly one 1024-column product (an LM head of vocabulary 1024) has 256-column
+// tasks over all rows, where one 1024-column task per chunk kept one thread idle at M = 512
+// (0.63x the unfused time) and unevenly loaded at 2048 (3 chunks on 2 threads).
+std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduct>& products, int64_t* max_cells) {
+  const int64_t threads = std::max(1u, std::thread::hardware_concurrency());
+  for (int64_t span = gemm_detail::kPackedSpanChunks; span >= 1; --span) {
+    for (int64_t cols = gemm_detail::kPackCols; cols >= gemm_detail::kPackCols / 4; cols /= 2) {
+      std::vector<Task> tasks = PlanTasksSpanning(isa, m, products, span, cols, max_cells);
+      if (Balanced(tasks, threads)) return tasks;
+    }
+  }
+  return PlanTasksSpanning(isa, m, products, 1, gemm_detail::kPackCols, max_cells);
 }
 
 // A full row block ([kRowBlock][k] at src) as [k][kRowBlock] at dst: the writes in order, a

@@ -21,7 +21,8 @@
 // two row blocks (12): 6 accumulators alone cannot cover the FMA latency. With AVX2 (a 6 x 16
 // block is 12 ymm accumulators) a panel passes through all of a task's row blocks, each call
 // fetching the next call's A block into L1 as it goes (gemm_tiles.inc, SweepTile).
-// A task is (row chunk) x (column range) of one product;
+// A task is (row chunk, up to kPackedSpanChunks of them when it packs W per call) x (column
+// range) of one product;
 // its accumulators (rows x range floats) stay in L2 for the whole k loop, and are biased, rounded
 // to T and stored once at the end. The micro-kernel computes a 6 x 16 block over a depth of kb
 // rows of W read straight from W (float32, [k, n]) or from a [kb][16] float32 stage in L1
@@ -183,6 +184,20 @@ constexpr int64_t kStagedCols = 256;
 constexpr int64_t kPackDepth = 256;
 constexpr int64_t kPackCols = 1024;
 constexpr int64_t kPackColsTransposed = 128;
+// Row chunks: a packed task multiplies its W block by up to kPackedChunkRows rows at a time,
+// whose A slice (rows x kPackDepth floats, 768 KiB) stays in L2 (L3 where L2 is 512 KiB) and
+// whose accumulators take at most 3 MiB per 1024 columns.
+constexpr int64_t kPackedChunkRows = 768;
+// Rows of kRowBlock in chunks of at most kPackedChunkRows, as even as whole row blocks allow.
+inline int64_t PackedChunkRows(int64_t rows) {
+  const int64_t chunks = (rows + kPackedChunkRows - 1) / kPackedChunkRows;
+  return ((rows + chunks - 1) / chunks + kRowBlock - 1) / kRowBlock * kRowBlock;
+}
+// A task that packs W per call (PackedTask) spans up to this many row chunks: each W block is
+// copied once for all of them (the copy, not the FMAs, is what packing per call costs: on the
+// AVX-512 Xeon about 9% of a 512-row task's time, bench/README.md "session 13").
+constexpr int64_t kPackedSpanChunks = 3;
+
 // Columns per task of a product's n columns split into equal ranges of whole tiles, at most
 // `max_cols` each (the task planner's split; a product packed once is laid out by the same split,
 // so each task's columns are one range of its panels).

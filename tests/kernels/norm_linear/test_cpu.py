@@ -176,9 +176,12 @@ SHAPES = {
     "packed-first-avx512": ((257, 40), (48, 17), [0, 1]),  # the first packed size of AVX-512's [K, N] weights
     "packed-deep": ((2, 70, 601), (130, 13), [0, 1]),  # three k blocks (256, 256, 89), K % 8 != 0
     "packed-chunks": ((4, 203, 70), (1100, 9), [0, 1]),  # 812 rows: two row chunks, two column ranges
-    # one row chunk of a [K, N] weight packed per call: its 1100 columns in 5 narrower ranges, so
-    # that the node has at least 4 tasks (common/gemm.cc, PerCallPackedRanges)
+    # one row chunk of a [K, N] weight packed per call: its 1100 columns in narrower ranges, so
+    # that the threads' tasks balance (common/gemm.cc, PlanTasks)
     "packed-narrow": ((301, 70), (1100,), [0]),
+    # 1001 rows: two row chunks (504 + 497, its last row block partial) that one task per column range
+    # spans on the custom-op route (W packed once for both), over two k blocks (256 + 44)
+    "packed-span": ((1001, 300), (1100, 500, 300), [0, 0, 0]),
     # [n, k] weights, many rows: AVX-512's staged units (two tiles, then a partial one) over three k
     # blocks and two column ranges; the other kernels' packed blocks
     "packed-transposed": ((2, 70, 601), (300, 40), [1, 1]),
