@@ -1,4 +1,5 @@
-// One-thread micro of one many-rows GEMM task (common/gemm.h) with the AVX2 kernels: M rows of A x
+// One-thread micro of one many-rows GEMM task (common/gemm.h) with the AVX2 kernels (or the AVX-512
+// ones: add -mavx512f -DISA=avx512): M rows of A x
 // COLS columns of a float32 [K, N_TOTAL] weight, either packed once as PackWeight lays it out (the
 // plugin-EP route, PrepackedTask) or packed per call from W (the custom-op route, PackedTask), run
 // as the library runs it (RunTask: its calls, prefetches, copies, bias pass). With OTHER (another
@@ -8,7 +9,12 @@
 //   g++ -O3 -DNDEBUG -ffp-contract=off -fno-math-errno -std=c++17 $I -mavx2 -mfma -mf16c
 //       -DOTHER='"/work/main/kernels/common/gemm_tiles.inc"' bench/gemm_task_micro.cc -o /tmp/gemm_task_micro
 //   /tmp/gemm_task_micro M K COLS N_TOTAL ROUTE TURNS   # e.g. 512 4096 1008 11008 ep 12 (ROUTE ep | custom)
-#define OTFUSE_ISA_NAMESPACE avx2
+// AVX-512 (bench/README.md, "AVX-512 float32 GEMM over packed panels, session 13"): the same line
+// with -mavx512f -DISA=avx512 (GCC 12: also -Wno-maybe-uninitialized), e.g. 684 2048 1024 5632 ep 9.
+#if !defined(ISA)
+#define ISA avx2
+#endif
+#define OTFUSE_ISA_NAMESPACE ISA
 #include "common/gemm_tiles.inc"
 #undef OTFUSE_ISA_NAMESPACE
 #if defined(OTHER)
@@ -75,9 +81,9 @@ int main(int argc, char** argv) {
   const Task task{0, TaskKind::kPacked, 0, m, 0, cols};
   std::vector<float> buffer(kStageFloats + m * ((cols + kTileWidth - 1) / kTileWidth) * kTileWidth);
 #if defined(OTHER)
-  const TaskFn runs[] = {&avx2::RunTask, &other::RunTask};
+  const TaskFn runs[] = {&ISA::RunTask, &other::RunTask};
 #else
-  const TaskFn runs[] = {&avx2::RunTask};
+  const TaskFn runs[] = {&ISA::RunTask};
 #endif
   const int variants = sizeof(runs) / sizeof(runs[0]);
   std::vector<std::vector<double>> times(variants);
