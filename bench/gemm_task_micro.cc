@@ -10,7 +10,9 @@
 //       -DOTHER='"/work/main/kernels/common/gemm_tiles.inc"' bench/gemm_task_micro.cc -o /tmp/gemm_task_micro
 //   /tmp/gemm_task_micro M K COLS N_TOTAL ROUTE TURNS   # e.g. 512 4096 1008 11008 ep 12 (ROUTE ep | custom)
 // COLD_PANELS=1 in the environment: the packed panels flushed from the caches before each run (in a
-// node a task's 8 MiB of panels come from memory, not from the L3 the previous turn left them in).
+// node a task's 8 MiB of panels come from memory, not from the L3 the previous turn left them in);
+// HUGE_PANELS=1: the panels in 2 MiB pages. OTHER's own #include "common/..." lines resolve to this
+// tree's files (-Ikernels): copy them beside it and point them there when they differ too.
 // AVX-512 (bench/README.md, "AVX-512 float32 GEMM over packed panels, session 13"): the same line
 // with -mavx512f -DISA=avx512 (GCC 12: also -Wno-maybe-uninitialized), e.g. 684 2048 1024 5632 ep 9.
 #if !defined(ISA)
