@@ -11,6 +11,12 @@
 //   g++ -O3 -DNDEBUG -ffp-contract=off -fno-math-errno -std=c++17 $I -mavx2 -mfma -mf16c
 //       -DOTHER='"/work/main/kernels/common/gemm_tiles.inc"' bench/gemm_task_micro.cc -o /tmp/gemm_task_micro
 //   /tmp/gemm_task_micro M K COLS N_TOTAL ROUTE TURNS   # e.g. 512 4096 1008 11008 ep 12 (ROUTE ep | custom | both)
+// COLD_PANELS=1 in the environment: the packed panels flushed from the caches before each run (in a
+// node a task's 8 MiB of panels come from memory, not from the L3 the previous turn left them in);
+// HUGE_PANELS=1: the panels in 2 MiB pages. OTHER's own #include "common/..." lines resolve to this
+// tree's files (-Ikernels): copy them beside it and point them there when they differ too.
+// AVX-512 (bench/README.md, "AVX-512 float32 GEMM over packed panels, session 13"): the same line
+// with -mavx512f -DISA=avx512 (GCC 12: also -Wno-maybe-uninitialized), e.g. 684 2048 1024 5632 ep 9.
 #if !defined(ISA)
 #define ISA avx2
 #endif
@@ -33,6 +39,8 @@
 #include <cstring>
 #include <ctime>
 #include <vector>
+
+#include <sys/mman.h>
 
 using namespace otfuse;
 using namespace otfuse::gemm_detail;
@@ -77,7 +85,19 @@ int main(int argc, char** argv) {
   struct { float* p; float& operator[](int64_t i) const { return p[i]; } float* data() const { return p; } } w{w_memory};
   for (int64_t i = 0; i < m * k; ++i) a[i] = static_cast<float>(i % 7) * 0.1f;
   for (int64_t i = 0; i < k * n; ++i) w[i] = static_cast<float>(i % 5) * 0.01f;
-  const std::vector<float> panels = PackRange(w.data(), k, n, cols);
+  const std::vector<float> packed = PackRange(w.data(), k, n, cols);
+  // HUGE_PANELS=1: the panels in 2 MiB pages (madvise), as a packed weight could be held.
+  const size_t panel_bytes = (packed.size() * sizeof(float) + (2 << 20) - 1) / (2 << 20) * (2 << 20);
+  float* panel_memory = static_cast<float*>(aligned_alloc(2 << 20, panel_bytes));
+  if (std::getenv("HUGE_PANELS") != nullptr) madvise(panel_memory, panel_bytes, MADV_HUGEPAGE);
+  std::memcpy(panel_memory, packed.data(), packed.size() * sizeof(float));
+  const struct {
+    float* p;
+    size_t n;
+    float* data() const { return p; }
+    size_t size() const { return n; }
+    const float& operator[](size_t i) const { return p[i]; }
+  } panels{panel_memory, packed.size()};
   std::vector<float> a_packed(m * k);  // row blocks of 6, [k][rows] each (gemm.cc)
   for (int64_t r0 = 0; r0 < m; r0 += kRowBlock) {
     const int64_t rows = std::min(kRowBlock, m - r0);
@@ -118,8 +138,13 @@ int main(int argc, char** argv) {
   const int variants = both ? 2 : 1;
 #endif
   std::vector<std::vector<double>> times(variants);
+  const bool cold = std::getenv("COLD_PANELS") != nullptr;  // W's panels flushed from every cache before each run
   for (int turn = 0; turn < turns; ++turn) {
     for (int v = 0; v < variants; ++v) {
+      if (cold) {
+        for (size_t i = 0; i < panels.size(); i += 16) _mm_clflush(&panels[i]);
+        _mm_mfence();
+      }
       const double t0 = Now();
       runs[v](v == 1 && both ? job_ep : job, task, buffer.data(), buffer.data() + kStageFloats);
       times[v].push_back(Now() - t0);
