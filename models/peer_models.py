@@ -21,7 +21,8 @@ stored in ``derived.bin`` (also regenerated: the manifest's ``derived`` recipes)
 computed is small and stays inline, and a large tensor of no such recipe fails that model.
 
 The test module (tests/models/test_peer_models.py) imports this file without onnxscript: only
-``write_weights`` and ``materialise`` are used there, and they need numpy and onnx alone.
+``write_weights`` and ``materialise`` are used there, and they need numpy, onnx and otfuse's tensor
+walk (``otfuse.rewriter.model_io``) alone.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from onnx import external_data_helper
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "models" / "fixtures" / "peers"
+sys.path.insert(0, str(REPO))  # otfuse, also when run with the export venv
+from otfuse.rewriter.model_io import iter_all_tensors  # noqa: E402
 MODELS = "onnxscript.rewriter.models"
 MARKER_BASE = 1_000_000.0  # exact in float32; no peer weight is drawn from rand() this large
 ALIGN = 64
@@ -78,16 +81,6 @@ def marker_rand(shapes: list[tuple[int, ...]]):
         np.random.rand = real
 
 
-def _all_tensors(graph: onnx.GraphProto):
-    yield from graph.initializer
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.TENSOR:
-                yield attr.t
-            elif attr.type == onnx.AttributeProto.GRAPH:
-                yield from _all_tensors(attr.g)
-
-
 def _marker_index(tensor: onnx.TensorProto, count: int) -> int | None:
     if tensor.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE) or tensor.data_location:
         return None
@@ -102,7 +95,7 @@ def externalise_markers(proto: onnx.ModelProto, shapes: list[tuple[int, ...]]) -
     """Each marker tensor becomes an external tensor of its recorded shape in weights.bin; returns the
     file's size. Offsets follow the markers' order (the order the maker drew them)."""
     offset, placed = 0, {}
-    for tensor in _all_tensors(proto.graph):
+    for tensor in iter_all_tensors(proto.graph):
         index = _marker_index(tensor, len(shapes))
         if index is None:
             continue
@@ -133,7 +126,7 @@ def _point_at(tensor: onnx.TensorProto, shape: tuple[int, ...], offset: int, len
 def external_tensors(proto: onnx.ModelProto) -> list[tuple[int, int, int]]:
     """(offset, length, data_type) of every tensor in weights.bin, by offset."""
     found = set()
-    for tensor in _all_tensors(proto.graph):
+    for tensor in iter_all_tensors(proto.graph):
         info = {kv.key: kv.value for kv in tensor.external_data}
         if tensor.data_location == onnx.TensorProto.EXTERNAL and info.get("location") == "weights.bin":
             found.add((int(info["offset"]), int(info["length"]), tensor.data_type))
@@ -194,7 +187,7 @@ MIN_DERIVED_BYTES = 64 * 1024
 
 def _base_weights(base: onnx.ModelProto, blob: np.ndarray) -> list[tuple[int, np.ndarray]]:
     found = {}
-    for tensor in _all_tensors(base.graph):
+    for tensor in iter_all_tensors(base.graph):
         info = {kv.key: kv.value for kv in tensor.external_data}
         if tensor.data_location == onnx.TensorProto.EXTERNAL and int(info["length"]) >= MIN_DERIVED_BYTES:
             offset, length = int(info["offset"]), int(info["length"])
@@ -222,7 +215,7 @@ def pack_derived(proto: onnx.ModelProto, base: onnx.ModelProto, weights_path: Pa
     derived.bin, their recipes returned (offset, length, source_offset, source_shape, perm, dtype)."""
     weights = _base_weights(base, np.memmap(weights_path, dtype=np.uint8, mode="r")) if weights_path.exists() else []
     recipes, offset = [], 0
-    for tensor in _all_tensors(proto.graph):
+    for tensor in iter_all_tensors(proto.graph):
         if tensor.data_location == onnx.TensorProto.EXTERNAL or len(tensor.raw_data) < MIN_DERIVED_BYTES:
             continue
         recipe = _recipe_for(onnx.numpy_helper.to_array(tensor), weights)
@@ -256,7 +249,7 @@ def optimise_for_ort(base: Path, seed: int) -> tuple[onnx.ModelProto, dict, list
         path = materialise({"base_file": base.name, "file": base.name, "seed": seed}, folder)
         model, counts = optimize_for_ort(ir.load(path))
         proto = ir.serde.serialize_model(model)
-        for tensor in _all_tensors(proto.graph):  # onnx_ir keeps untouched weights where they were
+        for tensor in iter_all_tensors(proto.graph):  # onnx_ir keeps untouched weights where they were
             info = {kv.key: kv.value for kv in tensor.external_data}
             if tensor.data_location == onnx.TensorProto.EXTERNAL and info.get("location") != "weights.bin":
                 raise ValueError(f"{tensor.name} points into {info.get('location')}")

@@ -167,8 +167,15 @@ bool Balanced(const std::vector<Task>& tasks, int64_t threads) {
 // a node that is mostly one 1024-column product (an LM head of vocabulary 1024) has 256-column
 // tasks over all rows, where one 1024-column task per chunk kept one thread idle at M = 512
 // (0.63x the unfused time) and unevenly loaded at 2048 (3 chunks on 2 threads).
+// Products of no other kind take the same tasks in every candidate plan: then the first is the
+// plan (a decode step's node plans once, not nine times).
 std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduct>& products, int64_t* max_cells) {
-  const int64_t threads = std::max(1u, std::thread::hardware_concurrency());
+  const bool packs_per_call = std::any_of(products.begin(), products.end(), [&](const GemmProduct& p) {
+    return KindFor(isa, m, p) == TaskKind::kPacked && PacksPerCall(isa, p);
+  });
+  if (!packs_per_call) return PlanTasksSpanning(isa, m, products, 1, gemm_detail::kPackCols, max_cells);
+  // Read once: glibc answers it from /sys on every call.
+  static const int64_t threads = std::max(1u, std::thread::hardware_concurrency());
   for (int64_t span = gemm_detail::kPackedSpanChunks; span >= 1; --span) {
     for (int64_t cols = gemm_detail::kPackCols; cols >= gemm_detail::kPackCols / 4; cols /= 2) {
       std::vector<Task> tasks = PlanTasksSpanning(isa, m, products, span, cols, max_cells);

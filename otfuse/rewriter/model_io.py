@@ -36,17 +36,18 @@ class LoadedModel:
         return self.path.parent
 
 
-def _iter_all_tensors(graph: onnx.GraphProto):
+def iter_all_tensors(graph: onnx.GraphProto):
+    """Every TensorProto the graph holds: initializers and tensor attributes, subgraphs' too."""
     yield from graph.initializer
     for node in graph.node:
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.TENSOR:
                 yield attr.t
             elif attr.type == onnx.AttributeProto.GRAPH:
-                yield from _iter_all_tensors(attr.g)
+                yield from iter_all_tensors(attr.g)
             elif attr.type == onnx.AttributeProto.GRAPHS:
                 for sub in attr.graphs:
-                    yield from _iter_all_tensors(sub)
+                    yield from iter_all_tensors(sub)
 
 
 def external_info(tensor: onnx.TensorProto) -> dict[str, str]:
@@ -60,7 +61,7 @@ def is_external(tensor: onnx.TensorProto) -> bool:
 def _check_external_data(model: onnx.ModelProto, base_dir: Path) -> set[str]:
     """Return the referenced data files; raise if one is missing, escapes the folder or is short."""
     sizes: dict[str, int] = {}
-    for tensor in _iter_all_tensors(model.graph):
+    for tensor in iter_all_tensors(model.graph):
         if not is_external(tensor):
             continue
         info = external_info(tensor)

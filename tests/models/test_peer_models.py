@@ -189,3 +189,14 @@ def test_bnsd_keys_of_another_head_count_are_refused_by_name(tmp_path):
     report = otfuse.fuse(_mutated_peer(tmp_path, "smollm_1.ofo", sixteen_heads), tmp_path / "fused.onnx")
     assert peer_sites(report.fusions)["attention"] == 0
     assert any("are not num_heads 16" in str(m.get("reason")) for m in report.near_misses), report.near_misses
+
+
+def test_bnsd_keys_with_present_outputs_are_refused_by_name(tmp_path):
+    """Mutation of smollm_1.ofo: its MultiHeadAttention with 4-D BNSD key / value also writing
+    present_key / present_value (what ORT then returns is not modelled) is refused, and says so."""
+    def with_present(graph):
+        mha = next(n for n in graph.node if n.op_type == "MultiHeadAttention")
+        mha.output.extend(["mutated_present_key", "mutated_present_value"])
+    report = otfuse.fuse(_mutated_peer(tmp_path, "smollm_1.ofo", with_present), tmp_path / "fused.onnx")
+    assert peer_sites(report.fusions)["attention"] == 0
+    assert any("bias, past or present" in str(m.get("reason")) for m in report.near_misses), report.near_misses
