@@ -99,6 +99,8 @@ int64_t StreamMaxRows(GemmIsa isa, const GemmProduct& product) {
 // packed per task past StreamMaxRows; else in place, an [n, k] weight as dot products up to
 // kDotMaxRows rows and with A's rows in the vector lanes above (gemm_few_rows.inc).
 TaskKind KindFor(GemmIsa isa, int64_t m, const GemmProduct& product) {
+  const bool deep_plain = isa == GemmIsa::kAvx512 && !product.transposed && m <= gemm_detail::kDeepPlainMaxRows;
+  if (product.packed == nullptr && m > StreamMaxRows(isa, product) && deep_plain) return TaskKind::kDeepPlain;
   if (product.packed != nullptr || m > StreamMaxRows(isa, product)) return TaskKind::kPacked;
   if (!product.transposed) return TaskKind::kPlain;
   return m <= gemm_detail::kDotMaxRows ? TaskKind::kDot : TaskKind::kLane;
@@ -130,6 +132,8 @@ std::vector<Task> PlanTasksSpanning(GemmIsa isa, int64_t m, const std::vector<Ge
     const TaskKind kind = KindFor(isa, m, products[i]);
     if (products[i].packed != nullptr) {
       AddTasks(products, kind, m, packed_once_rows, i, gemm_detail::kPackCols, &tasks, max_cells);
+    } else if (kind == TaskKind::kDeepPlain) {  // one row chunk: m <= kDeepPlainMaxRows
+      AddTasks(products, kind, m, chunk_rows, i, packed_cols, &tasks, max_cells);
     } else if (kind == TaskKind::kPacked) {
       // Column ranges: staged tasks for [n, k] weights with AVX-512, else packed ones.
       const int64_t range = !products[i].transposed  ? packed_cols
@@ -167,16 +171,19 @@ bool Balanced(const std::vector<Task>& tasks, int64_t threads) {
 // a node that is mostly one 1024-column product (an LM head of vocabulary 1024) has 256-column
 // tasks over all rows, where one 1024-column task per chunk kept one thread idle at M = 512
 // (0.63x the unfused time) and unevenly loaded at 2048 (3 chunks on 2 threads).
+// Deep plain tasks (kDeepPlain: one row chunk, nothing copied) take the column ranges the same way.
 // Products of no other kind take the same tasks in every candidate plan: then the first is the
 // plan (a decode step's node plans once, not nine times).
 std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduct>& products, int64_t* max_cells) {
   const bool packs_per_call = std::any_of(products.begin(), products.end(), [&](const GemmProduct& p) {
     return KindFor(isa, m, p) == TaskKind::kPacked && PacksPerCall(isa, p);
   });
-  if (!packs_per_call) return PlanTasksSpanning(isa, m, products, 1, gemm_detail::kPackCols, max_cells);
+  const bool deep_plain = std::any_of(products.begin(), products.end(),
+                                      [&](const GemmProduct& p) { return KindFor(isa, m, p) == TaskKind::kDeepPlain; });
+  if (!packs_per_call && !deep_plain) return PlanTasksSpanning(isa, m, products, 1, gemm_detail::kPackCols, max_cells);
   // Read once: glibc answers it from /sys on every call.
   static const int64_t threads = std::max(1u, std::thread::hardware_concurrency());
-  for (int64_t span = gemm_detail::kPackedSpanChunks; span >= 1; --span) {
+  for (int64_t span = packs_per_call ? gemm_detail::kPackedSpanChunks : 1; span >= 1; --span) {
     for (int64_t cols = gemm_detail::kPackCols; cols >= gemm_detail::kPackCols / 4; cols /= 2) {
       std::vector<Task> tasks = PlanTasksSpanning(isa, m, products, span, cols, max_cells);
       if (Balanced(tasks, threads)) return tasks;

@@ -142,6 +142,7 @@ enum class TaskKind {
   kDot,         // [n, k], up to kDotMaxRows rows: dot products along k (gemm_few_rows.inc)
   kLane,        // [n, k], more rows: A's rows in the vector lanes, W's elements broadcast
   kPacked,      // many rows: W packed (or staged) per call
+  kDeepPlain,   // [k, n], AVX-512, up to kDeepPlainMaxRows rows: in place, kPackDepth rows deep
 };
 
 // Few rows: W read in place up to this many rows (gemm.cc).
@@ -151,6 +152,13 @@ constexpr int64_t kStreamMaxRows = 64;
 // middle rows, session 9") this beat packing by 2-20% at 96-256 rows and lost at 384; with the
 // AVX2 kernels (one tile per call) packing wins from 96-128 rows on.
 constexpr int64_t kStreamMaxRowsAvx512 = 256;
+// ... and past kStreamMaxRowsAvx512 up to this many (a [k, n] weight, AVX-512, W not packed once):
+// still in place, but kPackDepth rows deep (PlainTask's tile pairs, each staged in L1 by its first
+// row block for the others): no copy of W per call. On the Emerald Rapids Xeon a 512-row task ran
+// 0.95-0.97x PackedTask's time in float32, 0.96-0.99x in float16, and 1.00x / 0.97x at 684 rows
+// (bench/README.md, "norm_linear custom-op route, session 14"). Up to 256 rows the 32-deep steps
+// stay (kStreamDepthPaired).
+constexpr int64_t kDeepPlainMaxRows = 576;
 // [n, k] weights, few rows: the dot form up to this many rows, the lane form above (its register
 // tile holds at most 4 rows of A; on the AVX-512 Xeon, float32 block, one thread, the dot form ran
 // 30.0 vs 53.1 ms at 2 rows and 39.9 vs 43.5 at 4: bench/README.md, "Issue 12, session 9").
