@@ -155,9 +155,9 @@ constexpr int64_t kStreamMaxRowsAvx512 = 256;
 // ... and past kStreamMaxRowsAvx512 up to this many (a [k, n] weight, AVX-512, W not packed once):
 // still in place, but kPackDepth rows deep (PlainTask's tile pairs, each staged in L1 by its first
 // row block for the others): no copy of W per call. On the Emerald Rapids Xeon a 512-row task ran
-// 0.95-0.97x PackedTask's time in float32, 0.96-0.99x in float16, and 1.00x / 0.97x at 684 rows
-// (bench/README.md, "norm_linear custom-op route, session 14"). Up to 256 rows the 32-deep steps
-// stay (kStreamDepthPaired).
+// 0.92-0.93x PackedTask's time in float32, 0.96-0.97x in float16; an earlier form 1.00x / 0.97x at
+// 684 rows, and a 2052-row task (its A slice and accumulators out of L2) 1.04x (bench/README.md,
+// "norm_linear custom-op route, session 14"). Up to 256 rows the 32-deep steps stay.
 constexpr int64_t kDeepPlainMaxRows = 576;
 // [n, k] weights, few rows: the dot form up to this many rows, the lane form above (its register
 // tile holds at most 4 rows of A; on the AVX-512 Xeon, float32 block, one thread, the dot form ran
