@@ -15,12 +15,12 @@
 // each's time ratio to custom's and direct's to ep's, and direct's Y compared with custom's bit for
 // bit). "direct" reads W in place: by every row block (MicroQuad / MicroBlockAhead with ldb = n,
 // DirectTask below: DEPTH k rows per block, default 256; the next tiles' rows fetched into L2 over
-// FETCH calls, default 8); STAGE=1: the library's kDeepPlain task with -DISA=avx512 (each tile pair
-// staged in L1 by the first row block), with AVX2 the first row block staging one tile for
-// MicroBlockAhead's other calls; STAGE=2: blocks 0-1 stage the pair (MicroQuad), the next pair
-// fetched over calls 1-8, Y written per call; STAGE=3: 2 with the fetch in the staging call;
-// STAGE=4: 2 with PlainTilePair's one-tile staging calls (bench/README.md, "norm_linear custom-op
-// route, session 14: W read in place"). COLD_W=1: W flushed from the caches before each run.
+// FETCH calls, default 8); STAGE=1: the library's kDeepPlain task (each tile pair, AVX2 tile, staged
+// in L1 by the first row block; another DEPTH: DirectStagedTask below); STAGE=2: blocks 0-1 stage
+// the pair (MicroQuad), the next pair fetched over calls 1-8, Y written per call; STAGE=3: 2 with
+// the fetch in the staging call; STAGE=4: 2 with PlainTilePair's one-tile staging calls (AVX2: the
+// next tile's rows into L2 in FETCH bursts) (bench/README.md, "norm_linear custom-op route,
+// session 14: W read in place"). COLD_W=1: W flushed from the caches before each run.
 // COLD_PANELS=1 in the environment: the packed panels flushed from the caches before each run (in a
 // node a task's 8 MiB of panels come from memory, not from the L3 the previous turn left them in);
 // HUGE_PANELS=1: the panels in 2 MiB pages. OTHER's own #include "common/..." lines resolve to this
@@ -159,9 +159,15 @@ static void DirectTask(const Job& job, const Task& task, float* acc, int64_t dep
 #if defined(OTFUSE_GEMM_AVX2) && !defined(OTFUSE_GEMM_AVX512)
 // Row blocks [first, blocks) of a task over one staged tile (its panel [kc][16] float32), into the
 // tile's accumulators acc_tile ([rows][16]) (experiment, session 14).
+template <typename S = float>
 static void SweepTileFrom(const Task& task, int64_t blocks, int64_t first, const float* a_chunk, int64_t k, int64_t k0,
-                          const float* panel, int64_t kc, float* acc_tile) {
+                          const float* panel, int64_t kc, float* acc_tile, const S* next = nullptr, int64_t n = 0,
+                          int64_t fetch = 1) {
   for (int64_t rb = first; rb < blocks; ++rb) {
+    if (next != nullptr && rb - first < fetch) {
+      const int64_t per = (kc + fetch - 1) / fetch;
+      for (int64_t kk = (rb - first) * per; kk < Min(kc, (rb - first + 1) * per); ++kk) PrefetchL2(next + kk * n);
+    }
     const int64_t r0 = rb * kRowBlock;
     const int64_t rows = Min(kRowBlock, task.rows - r0);
     const float* a = a_chunk + r0 * k + k0 * rows;
@@ -180,8 +186,6 @@ static void SweepTileFrom(const Task& task, int64_t blocks, int64_t first, const
 }  // namespace
 }  // namespace otfuse::gemm_detail::ISA
 
-#define STR2(x) #x
-#define STR(x) STR2(x)
 // Route "direct"'s knobs (the header: DEPTH, FETCH, STAGE).
 static int64_t g_depth = kPackDepth, g_fetch = 8;
 static bool g_stage = false, g_stage_quad = false, g_fetch_first = false, g_stage_single = false;
@@ -233,20 +237,25 @@ void DirectStagedTask(const Job& job, const Task& task, float* stage, float* acc
       }
       c += kTileWidth;
 #else
-      const S* prefetch = c + kTileWidth < task.cols ? w + kTileWidth : nullptr;
-      MicroRows<S, true>(kRowBlock, a_chunk + k0 * kRowBlock, w, n, kc, acc_tile, kTileWidth, k0 > 0, prefetch, stage);
-      SweepTileFrom(task, blocks, 1, a_chunk, k, k0, stage, kc, acc_tile);
+      const S* next = c + kTileWidth < task.cols ? w + kTileWidth : k0 + kc < k ? Offset<S>(p.w, (k0 + kc) * n + task.col0) : nullptr;
+      const bool spread = g_stage_single;  // STAGE=4 with AVX2: the next tile's rows into L2 in bursts before calls 1..FETCH
+      MicroRows<S, true>(kRowBlock, a_chunk + k0 * kRowBlock, w, n, kc, acc_tile, kTileWidth, k0 > 0,
+                         spread ? nullptr : next, stage);
+      SweepTileFrom(task, blocks, 1, a_chunk, k, k0, stage, kc, acc_tile, spread ? next : nullptr, n, g_fetch);
 #endif
     }
   }
   const int64_t tiles = (task.cols + kTileWidth - 1) / kTileWidth;
-  if (!g_stage_quad) WriteRows<S>(p, task, acc, 0, task.rows, 0, tiles);  // (STAGE=2 wrote Y per call)
+#if defined(OTFUSE_GEMM_AVX512)
+  if (g_stage_quad) return;  // (STAGE >= 2 wrote Y per call)
+#endif
+  WriteRows<S>(p, task, acc, 0, task.rows, 0, tiles);
 }
 }  // namespace
 }  // namespace otfuse::gemm_detail::ISA
 
 static void RunDirect(const Job& job, const Task& task, float* stage, float* acc) {
-  if (g_stage && !g_stage_quad && std::strcmp(STR(ISA), "avx512") == 0) {  // the library's kDeepPlain task
+  if (g_stage && !g_stage_quad && g_depth == kPackDepth) {  // the library's kDeepPlain task
     Task deep = task;
     deep.kind = TaskKind::kDeepPlain;
     return ISA::RunTask(job, deep, stage, acc);

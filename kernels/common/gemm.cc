@@ -95,12 +95,14 @@ int64_t StreamMaxRows(GemmIsa isa, const GemmProduct& product) {
   return isa == GemmIsa::kAvx512 && !product.transposed ? gemm_detail::kStreamMaxRowsAvx512 : kStreamMaxRows;
 }
 
-// How the tasks of a product read W at m rows: packed once, its panels at every row count; W
-// packed per task past StreamMaxRows; else in place, an [n, k] weight as dot products up to
+// How the tasks of a product read W at m rows: packed once, its panels at every row count; a
+// [k, n] weight deep in place past kStreamMaxRowsAvx512 up to kDeepPlainMaxRows (AVX2, AVX-512);
+// W packed per task past StreamMaxRows otherwise; else in place, an [n, k] weight as dot products up to
 // kDotMaxRows rows and with A's rows in the vector lanes above (gemm_few_rows.inc).
 TaskKind KindFor(GemmIsa isa, int64_t m, const GemmProduct& product) {
-  const bool deep_plain = isa == GemmIsa::kAvx512 && !product.transposed && m <= gemm_detail::kDeepPlainMaxRows;
-  if (product.packed == nullptr && m > StreamMaxRows(isa, product) && deep_plain) return TaskKind::kDeepPlain;
+  const bool deep_plain = isa != GemmIsa::kBaseline && !product.transposed && m > gemm_detail::kStreamMaxRowsAvx512 &&
+                          m <= gemm_detail::kDeepPlainMaxRows;
+  if (product.packed == nullptr && deep_plain) return TaskKind::kDeepPlain;
   if (product.packed != nullptr || m > StreamMaxRows(isa, product)) return TaskKind::kPacked;
   if (!product.transposed) return TaskKind::kPlain;
   return m <= gemm_detail::kDotMaxRows ? TaskKind::kDot : TaskKind::kLane;

@@ -142,7 +142,7 @@ enum class TaskKind {
   kDot,         // [n, k], up to kDotMaxRows rows: dot products along k (gemm_few_rows.inc)
   kLane,        // [n, k], more rows: A's rows in the vector lanes, W's elements broadcast
   kPacked,      // many rows: W packed (or staged) per call
-  kDeepPlain,   // [k, n], AVX-512, up to kDeepPlainMaxRows rows: in place, kPackDepth rows deep
+  kDeepPlain,   // [k, n], AVX2 / AVX-512, up to kDeepPlainMaxRows rows: in place, kPackDepth rows deep
 };
 
 // Few rows: W read in place up to this many rows (gemm.cc).
@@ -152,12 +152,13 @@ constexpr int64_t kStreamMaxRows = 64;
 // middle rows, session 9") this beat packing by 2-20% at 96-256 rows and lost at 384; with the
 // AVX2 kernels (one tile per call) packing wins from 96-128 rows on.
 constexpr int64_t kStreamMaxRowsAvx512 = 256;
-// ... and past kStreamMaxRowsAvx512 up to this many (a [k, n] weight, AVX-512, W not packed once):
-// still in place, but kPackDepth rows deep (PlainTask's tile pairs, each staged in L1 by its first
-// row block for the others): no copy of W per call. On the Emerald Rapids Xeon a 512-row task ran
-// 0.92-0.93x PackedTask's time in float32, 0.96-0.97x in float16; an earlier form 1.00x / 0.97x at
-// 684 rows, and a 2052-row task (its A slice and accumulators out of L2) 1.04x (bench/README.md,
-// "norm_linear custom-op route, session 14"). Up to 256 rows the 32-deep steps stay.
+// ... and past kStreamMaxRowsAvx512 up to this many (a [k, n] weight, W not packed once, the AVX2 or
+// AVX-512 kernels): still in place, but kPackDepth rows deep (PlainTask: each tile, AVX-512 tile
+// pair, staged in L1 by its first row block for the others): no copy of W per call. On the Emerald
+// Rapids Xeon a 512-row task ran 0.92-0.93x PackedTask's time in float32, 0.96-0.97x in float16
+// (AVX2 kernels: 0.97-0.99x either way); an earlier form 1.00x / 0.97x at 684 rows, and a 2052-row
+// task (its A slice and accumulators out of L2) 1.04x (bench/README.md, "norm_linear custom-op
+// route, session 14"). Up to 256 rows the 32-deep steps stay (AVX-512; AVX2: packing from 65).
 constexpr int64_t kDeepPlainMaxRows = 576;
 // [n, k] weights, few rows: the dot form up to this many rows, the lane form above (its register
 // tile holds at most 4 rows of A; on the AVX-512 Xeon, float32 block, one thread, the dot form ran

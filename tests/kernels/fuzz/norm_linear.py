@@ -105,7 +105,7 @@ def valid(rng: np.random.Generator, op: str, backend: str) -> Case:
     if backend == "cpu" and chance(rng, 0.3):
         # More rows than the lead dims give: the [N, K] lane form's several vectors and chunks, and
         # past kStreamMaxRows (64) / kStreamMaxRowsAvx512 (256) the paired-tile streams, the deep
-        # in-place tasks (AVX-512, [K, N]) and the packed ones (common/gemm.h), which no draw reached
+        # in-place tasks ([K, N]) and the packed ones (common/gemm.h), which no draw reached
         # before.
         w.lead = [int(pick(rng, [5, 16, 17, 33, 48, 64, 65, 100, 257, 300]))]
         w.x = [values(rng, w.lead + [w.k], w.t, 2.0, 0.5) for _ in w.x]

@@ -2,8 +2,8 @@
 
 Weights are constant initializers or graph inputs; the kernel reads both in place, so they must
 give the same bits. The products take one of three paths (kernels/cpu/norm_linear.cc): ORT's own
-Gemm (float32, one row, CPUs without AVX-512), our GEMM reading W in place (up to 64 rows; 576 for [K, N] weights with AVX-512, 256-deep k blocks past
-256 rows) or packing it per task (more rows); OTFUSE_NORM_LINEAR_GEMM=ort / own forces ORT's or ours for float32, OTFUSE_CPU_ISA=baseline
+Gemm (float32, one row, CPUs without AVX-512), our GEMM reading W in place (up to 64 rows; 576 for [K, N] weights with AVX2 / AVX-512, 256-deep k blocks
+past 256 rows) or packing it per task (more rows); OTFUSE_NORM_LINEAR_GEMM=ort / own forces ORT's or ours for float32, OTFUSE_CPU_ISA=baseline
 the portable micro-kernels, OTFUSE_GEMM_ISA=avx2 the AVX2 ones on an AVX-512 CPU. The shapes below reach every path, layout and edge (partial tiles,
 k blocks, row chunks, column ranges) on every path the machine has. bfloat16 crosses the graph
 boundary as float32 with a Cast on each side (ORT's Python API cannot feed bfloat16).
@@ -173,13 +173,13 @@ SHAPES = {
     # packed with the other kernels
     "stream-pairs": ((100, 70), (80, 33), [0, 0]),
     "packed-one-chunk": ((65, 40), (48, 17), [0, 1]),  # the first packed size (AVX-512: [N, K] only), one k block
-    # AVX-512's first deep in-place size of [K, N] weights (a tile pair and a lone tile; [N, K]: staged)
+    # the first deep in-place size of [K, N] weights (AVX-512: a tile pair and a lone tile; [N, K]: staged)
     "packed-first-avx512": ((257, 40), (48, 17), [0, 1]),
-    # AVX-512, [K, N], deep in place (common/gemm.h, kDeepPlain): three k blocks (256 + 256 + 88),
+    # [K, N], deep in place (common/gemm.h, kDeepPlain): three k blocks (256 + 256 + 88),
     # 301 rows (a last row block of one row), tile pairs, a lone partial tile (100 = 6 x 16 + 4) and
     # a pair whose second tile is partial (33), the next pair's rows fetched across k blocks
     "deep-plain": ((301, 600), (100, 33), [0, 0]),
-    # AVX-512, [K, N]: the most rows read in place (576) and the first packed per task (577)
+    # [K, N]: the most rows read in place (576) and the first packed per task (577)
     "deep-plain-last": ((576, 300), (70,), [0]),
     "packed-after-deep": ((577, 300), (70,), [0]),
     "packed-deep": ((2, 70, 601), (130, 13), [0, 1]),  # three k blocks (256, 256, 89), K % 8 != 0
