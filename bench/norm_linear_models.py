@@ -1,0 +1,272 @@
+"""norm_linear on other architectures: random-weight HF models (2 layers, fp32, batch 1) fused with
+every family and with every family but norm_linear, timed side by side in one process on both CPU
+routes of the *NormLinear nodes (see bench/README.md, "norm_linear default, session 14: other
+architectures").
+
+    python bench/norm_linear_models.py --models bert gpt2 qwen2 --tokens 1 16 128 512 2048
+
+Models (base models, no LM head; vocabulary 1000, which only sizes the embedding table; HF's
+random init plus N(0, 0.02) on every parameter, so that biases are not zero):
+  bert   BERT-base: hidden 768, 12 heads, FFN 3072, post-LN LayerNorm, biases
+  gpt2   GPT-2 small: hidden 768, 12 heads, FFN 3072, pre-LN LayerNorm, Conv1D weights
+  qwen2  Qwen2-0.5B-like: hidden 896, 14 heads / 2 KV heads, FFN 4864, RMSNorm
+  phi    Phi-2-like: one LayerNorm feeding parallel attention and MLP, 32 heads, rotary on 32
+         of each head (as Phi-2), hidden --phi-hidden (2048; Phi-2 has 2560), FFN 4x
+
+Each model is exported once (torch.onnx.export(dynamo=True), in the export venv: --export-python or
+$OTFUSE_EXPORT_PYTHON) into --workdir and fused twice with otfuse.fuse: "with" (every family) and
+"without" (every family but norm_linear). Sessions, in this order each turn: "dup" (the without
+model again: its ratio is the first slot's bias plus the spread), "without", "ep" (the with model
+on otfuse.InferenceSession: the plugin EP packs the projection weights once), "custom" (the with
+model on plain onnxruntime with the custom-op library: weights read in place). All sessions:
+--threads intra-op threads, no spinning, no memory pattern (as otfuse.InferenceSession). Prints per
+length the medians of per-turn without / variant ratios (above 1: the variant is faster) and the
+max abs diff of each variant's output against "without". Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+common.use_checkout()
+
+VOCAB = 1000
+OPSET = 20
+ALL_FAMILIES = ["norm", "norm_linear", "rope", "attention", "activation"]
+MAX_LENGTH = {"bert": 512}  # BERT's position table; the decoders get 4096
+DEFAULT_EXPORT_PYTHON = os.environ.get("OTFUSE_EXPORT_PYTHON") or next(
+    (p for p in ("/work/venvs/export/bin/python", "/work/export-venv/bin/python") if Path(p).exists()),
+    "/work/venvs/export/bin/python")
+
+
+# --------------------------------------------------------------------------------------------
+# export (runs in the export venv)
+
+
+def _config(name: str, phi_hidden: int):
+    import transformers
+
+    if name == "bert":
+        return transformers.BertModel, transformers.BertConfig(
+            hidden_size=768, num_attention_heads=12, intermediate_size=3072, num_hidden_layers=2,
+            vocab_size=VOCAB, max_position_embeddings=512)
+    if name == "gpt2":
+        return transformers.GPT2Model, transformers.GPT2Config(
+            n_embd=768, n_head=12, n_layer=2, n_positions=4096, vocab_size=VOCAB)
+    if name == "qwen2":
+        return transformers.Qwen2Model, transformers.Qwen2Config(
+            hidden_size=896, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864,
+            num_hidden_layers=2, vocab_size=VOCAB, max_position_embeddings=4096)
+    if name == "phi":
+        return transformers.PhiModel, transformers.PhiConfig(
+            hidden_size=phi_hidden, num_attention_heads=32, intermediate_size=4 * phi_hidden,
+            num_hidden_layers=2, vocab_size=VOCAB, max_position_embeddings=4096,
+            partial_rotary_factor=32 / (phi_hidden // 32))
+    raise SystemExit(f"unknown model {name}")
+
+
+def _export(name: str, out: str, phi_hidden: int) -> None:
+    import torch
+
+    model_class, config = _config(name, phi_hidden)
+    torch.manual_seed(0)
+    model = model_class._from_config(config, attn_implementation="sdpa", dtype=torch.float32).eval()
+    with torch.no_grad():  # HF's init zeroes biases (and the exporter then shares or drops them): perturb all
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+
+    class Hidden(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.model = m
+
+        def forward(self, input_ids, attention_mask):
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                              return_dict=True).last_hidden_state
+
+    ids = torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(1, 16, dtype=torch.int64)
+    dyn = ({1: "seq"}, {1: "seq"})
+    start = time.perf_counter()
+    with torch.no_grad():
+        program = torch.onnx.export(Hidden(model).eval(), (ids, mask), dynamo=True,
+                                    input_names=["input_ids", "attention_mask"], output_names=["hidden"],
+                                    dynamic_shapes=dyn, opset_version=OPSET, optimize=True, verbose=False)
+    program.save(out)
+    print(json.dumps({"model": name, "parameters": sum(p.numel() for p in model.parameters()),
+                      "export_seconds": round(time.perf_counter() - start, 1)}))
+
+
+# --------------------------------------------------------------------------------------------
+# preparation and timing (this venv)
+
+
+def prepare(args, name: str) -> tuple[Path, Path]:
+    """The export and its two fused models, made once per workdir."""
+    import otfuse
+
+    folder = args.workdir / (f"phi{args.phi_hidden}" if name == "phi" else name)
+    folder.mkdir(parents=True, exist_ok=True)
+    export = folder / "export.onnx"
+    if not export.exists():
+        subprocess.run([args.export_python, __file__, "_export", name, str(export), str(args.phi_hidden)], check=True)
+    paths = {}
+    for variant, only in (("with", ALL_FAMILIES), ("without", [f for f in ALL_FAMILIES if f != "norm_linear"])):
+        paths[variant] = folder / f"fused_{variant}.onnx"
+        if not paths[variant].exists():
+            report = otfuse.fuse(export, paths[variant], only=only)
+            (folder / f"fused_{variant}.json").write_text(json.dumps(report.fusions))
+        print(f"{name} {variant}: {json.loads((folder / f'fused_{variant}.json').read_text())}", flush=True)
+    return paths["with"], paths["without"]
+
+
+def norm_linear_shapes(path: Path) -> list[str]:
+    """Each *NormLinear node as 'Op K=.. N=[..]' (K: its weights' shared dimension)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    dims = {init.name: list(init.dims) for init in model.graph.initializer}
+    shapes = []
+    for node in model.graph.node:
+        if not node.op_type.endswith("NormLinear"):
+            continue
+        widths = next(list(a.ints) for a in node.attribute if a.name == "out_features")
+        flags = next((list(a.ints) for a in node.attribute if a.name == "transposed"), [0] * len(widths))
+        weights = [dims[n] for n in node.input if len(dims.get(n, [])) == 2][-len(widths):]
+        k = {w[1] if t else w[0] for w, t in zip(weights, flags)}
+        shapes.append(f"{node.op_type} K={'/'.join(map(str, sorted(k)))} N={widths} T={flags}")
+    return shapes
+
+
+def session(path: Path, threads: int, route: str, profile: str = ""):
+    import onnxruntime as ort
+
+    import otfuse
+
+    options = ort.SessionOptions()
+    if profile:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.enable_mem_pattern = False
+    if route == "custom":
+        options.register_custom_ops_library(otfuse.library_path())
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return otfuse.InferenceSession(str(path), options)
+
+
+def feeds_for(m: int) -> dict[str, np.ndarray]:
+    ids = np.random.default_rng(m).integers(0, VOCAB, (1, m), dtype=np.int64)
+    return {"input_ids": ids, "attention_mask": np.ones((1, m), dtype=np.int64)}
+
+
+def measure(args, name: str) -> None:
+    with_path, without_path = prepare(args, name)
+    for shape in norm_linear_shapes(with_path):
+        print(f"  {name} node: {shape}")
+    labels = ["dup", "without", "ep", "custom"]
+    sessions = [session(without_path, args.threads, "custom"), session(without_path, args.threads, "custom"),
+                session(with_path, args.threads, "ep"), session(with_path, args.threads, "custom")]
+    print(f"  {name} providers: ep {sessions[2].get_providers()}, custom {sessions[3].get_providers()}", flush=True)
+    for m in args.tokens:
+        if m > MAX_LENGTH.get(name, 4096):
+            continue
+        feeds = feeds_for(m)
+        outputs = [s.run(None, feeds)[0] for s in sessions]
+        start = time.perf_counter()
+        sessions[1].run(None, feeds)
+        repeat = max(1, min(50, int(args.min_ms * 1e-3 / max(time.perf_counter() - start, 1e-6))))
+        runs = [(lambda s=s: [s.run(None, feeds) for _ in range(repeat)]) for s in sessions]
+        times = common.side_by_side(runs, args.runs, args.turns)
+        base = times[1]
+        line = (f"{name} M={m}: without {base['median'] / repeat * 1e3:.2f} ms (x{repeat}), "
+                f"clean {base['clean']}/{base['turns']}, others {max(t['others'] for t in times):.2f} cores |")
+        for label, t, out in zip(labels, times, outputs):
+            if label == "without":
+                continue
+            diff = float(np.max(np.abs(out - outputs[1])))
+            line += f" {label} {common.paired_ratio(base, t):.3f}x (diff {diff:.2g}) |"
+        print(line, flush=True)
+
+
+def node_times(profile_file: str, runs: int) -> dict[str, float]:
+    """Milliseconds per run by op type and output widths ('Gemm->2304': ORT's per-node kernel
+    times, the warm-up run dropped)."""
+    events = [e for e in json.loads(Path(profile_file).read_text())
+              if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    per_run = len(events) // (runs + 1)
+    totals: dict[str, float] = {}
+    for e in events[per_run:]:
+        widths = "/".join(str(next(iter(o.values()))[-1]) for o in e["args"].get("output_type_shape", [])
+                          if next(iter(o.values())))
+        key = f"{e['args']['op_name']}->{widths}"
+        totals[key] = totals.get(key, 0.0) + e["dur"] / 1e3 / runs
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+
+
+def profile(args, name: str) -> None:
+    """Per op type time of each session (one at a time: a rough split, not an A/B)."""
+    with_path, without_path = prepare(args, name)
+    prefix = args.workdir / "profiles" / name
+    prefix.mkdir(parents=True, exist_ok=True)
+    for m in args.tokens:
+        if m > MAX_LENGTH.get(name, 4096):
+            continue
+        feeds = feeds_for(m)
+        for label, path, route in (("without", without_path, "custom"), ("ep", with_path, "ep"),
+                                   ("custom", with_path, "custom")):
+            s = session(path, args.threads, route, str(prefix / f"{label}_{m}"))
+            for _ in range(args.runs + 1):
+                s.run(None, feeds)
+            times = node_times(s.end_profiling(), args.runs)
+            top = ", ".join(f"{op} {ms:.3f}" for op, ms in list(times.items())[:8])
+            print(f"{name} M={m} {label}: total {sum(times.values()):.3f} ms | {top}", flush=True)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_export":
+        _export(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["bert", "gpt2", "qwen2"],
+                        choices=["bert", "gpt2", "qwen2", "phi"])
+    parser.add_argument("--tokens", nargs="+", type=int, default=[1, 16, 128, 512, 2048])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=7, help="clean turns wanted")
+    parser.add_argument("--turns", type=int, default=9, help="turns at most")
+    parser.add_argument("--min-ms", type=float, default=30.0, help="small lengths: repeat runs to about this long")
+    parser.add_argument("--phi-hidden", type=int, default=2048)
+    parser.add_argument("--workdir", type=Path, default=Path("/work/nlmodels_work"))
+    parser.add_argument("--export-python", default=DEFAULT_EXPORT_PYTHON)
+    parser.add_argument("--prepare-only", action="store_true", help="export and fuse, no timing")
+    parser.add_argument("--profile", action="store_true",
+                        help="instead of the A/B: ORT's per-op-type times of each session, --runs runs")
+    args = parser.parse_args()
+    import otfuse
+
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; CPU {common.cpu_identity()}; "
+          f"loadavg {open('/proc/loadavg').read().split()[:3]}; library {otfuse.library_path()}; "
+          f"threads {args.threads}; otfuse ISA {common.otfuse_isa_path()}", flush=True)
+    for name in args.models:
+        if args.prepare_only:
+            prepare(args, name)
+        elif args.profile:
+            profile(args, name)
+        else:
+            measure(args, name)
+
+
+if __name__ == "__main__":
+    main()
