@@ -164,6 +164,12 @@ SHAPES = {
     # one row over packed panels (plugin EP): calls of 4 tiles, then 3 / 1 left, over k blocks of 256,
     # 256 and 89, two column ranges (1100 = 560 + 540) and a partial tile
     "decode-packed": ((1, 601), (1100, 70), [0, 0]),
+    # one row, [K, N] weights: float16 / bfloat16 with the AVX2 / AVX-512 kernels take the row sweep
+    # (gemm_tiles.inc, RowSweepTask): K = 203 = 25 sweeps of 8 rows + 3 single rows, four column
+    # ranges of 1100 (the last one ending in a partial tile), 2 tiles + 5 columns, a single tile
+    "decode-sweep": ((1, 203), (1100, 37, 16), [0, 0, 0]),
+    # the same sweep over a row block of 3 rows (up to kRowBlock = 6 rows: one row block)
+    "rows-sweep": ((3, 203), (300, 37), [0, 0]),
     # a few rows over packed panels, AVX2 kernels: 32-deep calls (89 = 32 + 32 + 25 in the last k block)
     "few-rows-deep": ((7, 601), (100,), [0]),
     "stream-blocks": ((13, 70), (5, 33, 16), [0, 1, 0]),  # 13 rows = 6 + 6 + 1, odd K, partial tiles
@@ -245,11 +251,22 @@ def test_empty_rows():
     assert got[0].shape == (0, 5, 8)
 
 
-@pytest.mark.parametrize("name", ["stream-blocks", "stream-ranges", "stream-pairs", "deep-plain", "packed-deep", "packed-chunks", "packed-transposed",
+@pytest.mark.parametrize("name", ["decode-sweep", "rows-sweep", "stream-blocks", "stream-ranges", "stream-pairs", "deep-plain", "packed-deep", "packed-chunks", "packed-transposed",
                                   "dot-four", "lane-three-vectors"])
 def test_thread_count_does_not_change_results(name):
     shape, widths, transposed = SHAPES[name]
     case = Case("AddLayerNormLinear", shape=shape, widths=widths, transposed=transposed, seed=11)
+    one, two = case.run(threads=1), case.run(threads=2)
+    for a, b in zip(one, two):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("name", ["decode-sweep", "rows-sweep"])
+@pytest.mark.parametrize("dtype", [F16, BF16], ids=["f16", "bf16"])
+def test_row_sweep_thread_count_does_not_change_results(name, dtype):
+    """16-bit [K, N] weights, up to 6 rows: the row sweep's column ranges on 1 and 2 threads."""
+    shape, widths, transposed = SHAPES[name]
+    case = Case("RMSNormLinear", dtype, shape=shape, widths=widths, transposed=transposed, seed=3)
     one, two = case.run(threads=1), case.run(threads=2)
     for a, b in zip(one, two):
         np.testing.assert_array_equal(a, b)
