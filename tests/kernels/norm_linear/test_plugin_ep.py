@@ -193,8 +193,11 @@ print(json.dumps({"providers": session.get_providers(), "created": created - bef
 
 def test_fused_session_holds_no_more_than_the_unfused_one(tmp_path):
     """otfuse.InferenceSession on the fused block: the EP route, its packed panels in place of the
-    freed initializers (96 MiB of float32 weights): RSS at creation and peak within 4 MiB of the
-    unfused graph's (whose MatMuls prepack and free theirs), outputs as the custom-op route's."""
+    freed initializers (96 MiB of float32 weights): RSS at creation within 4 MiB of the unfused
+    graph's (whose MatMuls prepack and free theirs) and peak within 8 MiB (a kept copy of any one
+    weight would be 32 MiB; the per-thread scratch rows and accumulators, a few MiB, follow which
+    threads ran tasks: +5.5 MiB seen once on a loaded machine, +0.1 MiB usually), outputs as the
+    custom-op route's."""
     import onnx
     k, widths = 2048, (4096, 4096, 4096)
     onnx.save(_block(k, widths), tmp_path / "src.onnx")
@@ -213,7 +216,7 @@ def test_fused_session_holds_no_more_than_the_unfused_one(tmp_path):
     assert results["ep"]["providers"][0] == otfuse_session.EP_NAME
     assert results["custom"]["providers"] == ["CPUExecutionProvider"]
     assert results["ep"]["created"] <= results["unfused"]["created"] + 4, results
-    assert results["ep"]["peak"] <= results["unfused"]["peak"] + 4, results
+    assert results["ep"]["peak"] <= results["unfused"]["peak"] + 8, results
     assert results["unfused"]["created"] > 90  # the weights are resident (the check measures something)
     for a, b in zip(results["ep"]["outputs"], results["custom"]["outputs"]):
         np.testing.assert_array_equal(a, b)
