@@ -90,6 +90,28 @@ void AddTasks(const std::vector<GemmProduct>& products, TaskKind kind, int64_t m
   }
 }
 
+// A product packed once: a task per packed range and row chunk; at one row (the AVX2 / AVX-512
+// PackedOneRowTask, which reads a range's tiles from any first one) kOneRowRangeSplits per range.
+void AddPackedOnceTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduct>& products, int64_t chunk_rows,
+                        size_t product, std::vector<Task>* tasks, int64_t* max_cells) {
+  const int64_t n = products[product].n;
+  const int64_t range = gemm_detail::PackedRangeCols(n);
+  if (m != 1 || isa == GemmIsa::kBaseline) {
+    AddTasks(products, TaskKind::kPacked, m, chunk_rows, product, gemm_detail::kPackCols, tasks, max_cells);
+    return;
+  }
+  for (int64_t range0 = 0; range0 < n; range0 += range) {
+    const int64_t range_cols = std::min(range, n - range0);
+    const int64_t cols = RoundUp(CeilDiv(range_cols, gemm_detail::kOneRowRangeSplits), kTileWidth);
+    for (int64_t col0 = range0; col0 < range0 + range_cols; col0 += cols) {
+      const Task task{static_cast<int64_t>(product), TaskKind::kPacked, 0, 1, col0,
+                      std::min(cols, range0 + range_cols - col0)};
+      tasks->push_back(task);
+      *max_cells = std::max(*max_cells, RoundUp(task.cols, kTileWidth));
+    }
+  }
+}
+
 // Rows up to which a product reads W in place (common/gemm.h).
 int64_t StreamMaxRows(GemmIsa isa, const GemmProduct& product) {
   return isa == GemmIsa::kAvx512 && !product.transposed ? gemm_detail::kStreamMaxRowsAvx512 : kStreamMaxRows;
@@ -133,7 +155,7 @@ std::vector<Task> PlanTasksSpanning(GemmIsa isa, int64_t m, const std::vector<Ge
   for (size_t i = 0; i < products.size(); ++i) {
     const TaskKind kind = KindFor(isa, m, products[i]);
     if (products[i].packed != nullptr) {
-      AddTasks(products, kind, m, packed_once_rows, i, gemm_detail::kPackCols, &tasks, max_cells);
+      AddPackedOnceTasks(isa, m, products, packed_once_rows, i, &tasks, max_cells);
     } else if (kind == TaskKind::kDeepPlain) {  // one row chunk: m <= kDeepPlainMaxRows
       AddTasks(products, kind, m, chunk_rows, i, packed_cols, &tasks, max_cells);
     } else if (kind == TaskKind::kPacked) {

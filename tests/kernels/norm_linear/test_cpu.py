@@ -162,7 +162,8 @@ SHAPES = {
     "one-row-one-col": ((1, 64), (1,), [0]),  # float32: ORT's Gemm; else one row streamed
     "decode": ((1, 1, 4096), (40, 24), [0, 1]),  # one row, deep K, both layouts
     # one row over packed panels (plugin EP): calls of 4 tiles, then 3 / 1 left, over k blocks of 256,
-    # 256 and 89, two column ranges (1100 = 560 + 540) and a partial tile
+    # 256 and 89, two column ranges (1100 = 560 + 540), each taken by two tasks (288 + 272, 272 + 268:
+    # common/gemm.cc, AddPackedOnceTasks), and a partial tile
     "decode-packed": ((1, 601), (1100, 70), [0, 0]),
     # one row, [K, N] weights: float16 / bfloat16 with the AVX2 / AVX-512 kernels take the row sweep
     # (gemm_tiles.inc, RowSweepTask): K = 203 = 25 sweeps of 8 rows + 3 single rows, four column
