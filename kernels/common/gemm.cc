@@ -90,24 +90,25 @@ void AddTasks(const std::vector<GemmProduct>& products, TaskKind kind, int64_t m
   }
 }
 
-// A product packed once: a task per packed range and row chunk; at one row (the AVX2 / AVX-512
-// PackedOneRowTask, which reads a range's tiles from any first one) kOneRowRangeSplits per range.
-void AddPackedOnceTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduct>& products, int64_t chunk_rows,
-                        size_t product, std::vector<Task>* tasks, int64_t* max_cells) {
+// A product packed once: a task per packed range and row chunk; up to kSplitRangeMaxRows rows (one
+// chunk) `splits` tasks per range (gemm_tiles.inc, TaskPanels: a task reads a range's tiles from
+// any first one).
+void AddPackedOnceTasks(int64_t m, const std::vector<GemmProduct>& products, int64_t chunk_rows, size_t product,
+                        int64_t splits, std::vector<Task>* tasks, int64_t* max_cells) {
   const int64_t n = products[product].n;
   const int64_t range = gemm_detail::PackedRangeCols(n);
-  if (m != 1 || isa == GemmIsa::kBaseline) {
+  if (splits == 1 || m > gemm_detail::kSplitRangeMaxRows || m > chunk_rows) {
     AddTasks(products, TaskKind::kPacked, m, chunk_rows, product, gemm_detail::kPackCols, tasks, max_cells);
     return;
   }
   for (int64_t range0 = 0; range0 < n; range0 += range) {
     const int64_t range_cols = std::min(range, n - range0);
-    const int64_t cols = RoundUp(CeilDiv(range_cols, gemm_detail::kOneRowRangeSplits), kTileWidth);
+    const int64_t cols = RoundUp(CeilDiv(range_cols, splits), kTileWidth);
     for (int64_t col0 = range0; col0 < range0 + range_cols; col0 += cols) {
-      const Task task{static_cast<int64_t>(product), TaskKind::kPacked, 0, 1, col0,
+      const Task task{static_cast<int64_t>(product), TaskKind::kPacked, 0, m, col0,
                       std::min(cols, range0 + range_cols - col0)};
       tasks->push_back(task);
-      *max_cells = std::max(*max_cells, RoundUp(task.cols, kTileWidth));
+      *max_cells = std::max(*max_cells, m * RoundUp(task.cols, kTileWidth));
     }
   }
 }
@@ -142,7 +143,8 @@ bool PacksPerCall(GemmIsa isa, const GemmProduct& product) {
 // Tasks that pack W per call: span_chunks row chunks (gemm_detail::kPackedSpanChunks) x column
 // ranges of at most packed_cols columns.
 std::vector<Task> PlanTasksSpanning(GemmIsa isa, int64_t m, const std::vector<GemmProduct>& products,
-                                    int64_t span_chunks, int64_t packed_cols, int64_t* max_cells) {
+                                    int64_t span_chunks, int64_t packed_cols, int64_t* max_cells,
+                                    int64_t packed_once_splits = 1) {
   std::vector<Task> tasks;
   *max_cells = 0;
   const int64_t chunk_rows = gemm_detail::PackedChunkRows(m);
@@ -155,7 +157,7 @@ std::vector<Task> PlanTasksSpanning(GemmIsa isa, int64_t m, const std::vector<Ge
   for (size_t i = 0; i < products.size(); ++i) {
     const TaskKind kind = KindFor(isa, m, products[i]);
     if (products[i].packed != nullptr) {
-      AddPackedOnceTasks(isa, m, products, packed_once_rows, i, &tasks, max_cells);
+      AddPackedOnceTasks(m, products, packed_once_rows, i, packed_once_splits, &tasks, max_cells);
     } else if (kind == TaskKind::kDeepPlain) {  // one row chunk: m <= kDeepPlainMaxRows
       AddTasks(products, kind, m, chunk_rows, i, packed_cols, &tasks, max_cells);
     } else if (kind == TaskKind::kPacked) {
@@ -187,6 +189,18 @@ bool Balanced(const std::vector<Task>& tasks, int64_t threads) {
   return largest * (threads + 1) <= total;
 }
 
+// Whether the threads, each taking the next task (largest first) as it finishes one, end within
+// 10% of an even share: three equal tasks on 2 threads end at 4/3 of it.
+bool SharedEvenly(const std::vector<Task>& tasks, int64_t threads) {
+  std::vector<int64_t> load(static_cast<size_t>(threads), 0);
+  int64_t total = 0;
+  for (const Task& task : tasks) {  // largest first (PlanTasksSpanning)
+    *std::min_element(load.begin(), load.end()) += task.rows * task.cols;
+    total += task.rows * task.cols;
+  }
+  return *std::max_element(load.begin(), load.end()) * threads * 10 <= total * 11;
+}
+
 // Tasks that pack W per call copy each k block of their columns once for all their rows, so the
 // plan takes the fewest row spans (up to kPackedSpanChunks chunks each) and then the widest column
 // ranges (kPackCols, halved down to a quarter) that leave the tasks Balanced for the hardware
@@ -204,9 +218,13 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
   });
   const bool deep_plain = std::any_of(products.begin(), products.end(),
                                       [&](const GemmProduct& p) { return KindFor(isa, m, p) == TaskKind::kDeepPlain; });
-  if (!packs_per_call && !deep_plain) return PlanTasksSpanning(isa, m, products, 1, gemm_detail::kPackCols, max_cells);
   // Read once: glibc answers it from /sys on every call.
   static const int64_t threads = std::max(1u, std::thread::hardware_concurrency());
+  if (!packs_per_call && !deep_plain) {
+    std::vector<Task> tasks = PlanTasksSpanning(isa, m, products, 1, gemm_detail::kPackCols, max_cells);
+    if (m > gemm_detail::kSplitRangeMaxRows || SharedEvenly(tasks, threads)) return tasks;
+    return PlanTasksSpanning(isa, m, products, 1, gemm_detail::kPackCols, max_cells, gemm_detail::kFewRowsRangeSplits);
+  }
   for (int64_t span = packs_per_call ? gemm_detail::kPackedSpanChunks : 1; span >= 1; --span) {
     for (int64_t cols = gemm_detail::kPackCols; cols >= gemm_detail::kPackCols / 4; cols /= 2) {
       std::vector<Task> tasks = PlanTasksSpanning(isa, m, products, span, cols, max_cells);

@@ -215,11 +215,13 @@ inline int64_t RangeCols(int64_t n, int64_t max_cols) {
   return ((n + ranges - 1) / ranges + kTileWidth - 1) / kTileWidth * kTileWidth;
 }
 inline int64_t PackedRangeCols(int64_t n) { return RangeCols(n, kPackCols); }
-// One row over W packed once (PackedOneRowTask): each packed range split into this many tasks of
+// Few rows (up to kSplitRangeMaxRows) over W packed once, when the threads would not share a task
+// per packed range evenly (common/gemm.cc, SharedEvenly): each range split into this many tasks of
 // whole tiles. Whole ranges left hidden 768's nodes (N = 2304, 3072, 768 x 3: three ranges) with
 // three equal tasks on 2 threads, one thread doing two (bench/README.md, "Plugin-EP route at one
 // row on small models, session 14").
-constexpr int64_t kOneRowRangeSplits = 2;
+constexpr int64_t kFewRowsRangeSplits = 2;
+constexpr int64_t kSplitRangeMaxRows = 64;
 
 // `stage`: kStageFloats floats (either kind); `acc`: rows * (cols rounded up to 16) floats.
 constexpr int64_t kStageFloats = 2 * kPackDepth * kPackCols;

@@ -68,6 +68,25 @@ def test_packed_weights_on_every_shape(name, dtype, monkeypatch):
             np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("rows", [1, 5, 16, 64])
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
+def test_few_rows_split_packed_ranges(monkeypatch, rows, dtype):
+    """Three equal packed ranges (N = 700 x 3), which 2 threads would not share evenly: up to 64 rows
+    each range is taken by two tasks (352 + 348 columns, the second ending in a partial tile;
+    common/gemm.cc, AddPackedOnceTasks) that read their tiles from the middle of the range's panels,
+    over three k blocks (256 + 256 + 89). Bit for bit the custom-op route's results, on 1 to 3
+    threads."""
+    monkeypatch.setenv("OTFUSE_NORM_LINEAR_GEMM", "own")
+    case = Case("AddRMSNormLinear", dtype, shape=(rows, 601), widths=(700, 700, 700), transposed=[0, 0, 0],
+                bias=[1, 0, 1], keep=True, seed=21)
+    expected = case.run()
+    for threads in (1, 2, 3):
+        got = _ep_run(case, threads)
+        _check(case, got)
+        for a, b in zip(got, expected):
+            np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("name", ["packed-one-chunk", "stream-pairs", "packed-deep", "packed-chunks"])
 @pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
 def test_avx2_kernels_agree_with_the_default_ones(monkeypatch, name, dtype):
