@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <thread>
 
@@ -144,12 +145,15 @@ bool PacksPerCall(GemmIsa isa, const GemmProduct& product) {
 // ranges of at most packed_cols columns.
 std::vector<Task> PlanTasksSpanning(GemmIsa isa, int64_t m, const std::vector<GemmProduct>& products,
                                     int64_t span_chunks, int64_t packed_cols, int64_t* max_cells,
-                                    int64_t packed_once_splits = 1) {
+                                    int64_t packed_once_splits = 1, int64_t packed_once_more_chunks = 0) {
   std::vector<Task> tasks;
   *max_cells = 0;
   const int64_t chunk_rows = gemm_detail::PackedChunkRows(m);
   const int64_t span_rows = span_chunks * chunk_rows;
-  const int64_t packed_once_rows = PackedOnceChunkRows(m, products, chunk_rows);
+  int64_t packed_once_rows = PackedOnceChunkRows(m, products, chunk_rows);
+  if (packed_once_more_chunks > 0) {
+    packed_once_rows = RoundUp(CeilDiv(m, CeilDiv(m, packed_once_rows) + packed_once_more_chunks), kRowBlock);
+  }
   int64_t total_cols = 0;
   for (const GemmProduct& p : products) total_cols += p.n;
   const int64_t max_range = std::max(kTileWidth, StreamAccumulatorFloats() / m / kTileWidth * kTileWidth);
@@ -189,49 +193,99 @@ bool Balanced(const std::vector<Task>& tasks, int64_t threads) {
   return largest * (threads + 1) <= total;
 }
 
-// Whether the threads, each taking the next task (largest first) as it finishes one, end within
-// 10% of an even share: three equal tasks on 2 threads end at 4/3 of it.
-bool SharedEvenly(const std::vector<Task>& tasks, int64_t threads) {
+// The busiest thread's cells when the threads take the tasks (largest first) as they finish one.
+int64_t BusiestLoad(const std::vector<Task>& tasks, int64_t threads) {
   std::vector<int64_t> load(static_cast<size_t>(threads), 0);
-  int64_t total = 0;
-  for (const Task& task : tasks) {  // largest first (PlanTasksSpanning)
-    *std::min_element(load.begin(), load.end()) += task.rows * task.cols;
-    total += task.rows * task.cols;
-  }
-  return *std::max_element(load.begin(), load.end()) * threads * 10 <= total * 11;
+  for (const Task& task : tasks) *std::min_element(load.begin(), load.end()) += task.rows * task.cols;
+  return *std::max_element(load.begin(), load.end());
 }
+
+int64_t Cells(const std::vector<Task>& tasks) {
+  int64_t total = 0;
+  for (const Task& task : tasks) total += task.rows * task.cols;
+  return total;
+}
+
+// Candidate plans, most wanted first: the first one the threads share evenly (the busiest within
+// 10% of an even share: three equal tasks on 2 threads end at 4/3 of it) is the plan; if none is,
+// the one whose busiest thread ends first (the first of equals).
+class PlanChoice {
+ public:
+  explicit PlanChoice(int64_t threads) : threads_(threads) {}
+  // Whether `tasks` is taken (then stop offering); `may_take` false: only as the fallback.
+  bool Offer(std::vector<Task> tasks, int64_t cells, bool may_take) {
+    const int64_t load = BusiestLoad(tasks, threads_);
+    const bool even = may_take && load * threads_ * 10 <= Cells(tasks) * 11;
+    if (even || load < best_load_) {
+      best_ = std::move(tasks);
+      best_cells_ = cells;
+      best_load_ = load;
+    }
+    return even;
+  }
+  std::vector<Task> Take(int64_t* max_cells) {
+    *max_cells = best_cells_;
+    return std::move(best_);
+  }
+
+ private:
+  int64_t threads_;
+  std::vector<Task> best_;
+  int64_t best_cells_ = 0;
+  int64_t best_load_ = std::numeric_limits<int64_t>::max();
+};
 
 // Tasks that pack W per call copy each k block of their columns once for all their rows, so the
 // plan takes the fewest row spans (up to kPackedSpanChunks chunks each) and then the widest column
-// ranges (kPackCols, halved down to a quarter) that leave the tasks Balanced for the hardware
-// threads (ORT's pool has at most that many); none: a task per chunk and kPackCols, as before. A
-// q/k/v node (N = 2048 + 512 + 512) at M = 2048 on 2 threads is one task per 1024-column range;
+// ranges (kPackedCandidateCols) that leave the tasks Balanced and shared evenly (PlanChoice) by
+// the hardware threads (ORT's pool has at most that many); none: the candidate whose busiest
+// thread ends first.
+// A q/k/v node (N = 2048 + 512 + 512) at M = 2048 on 2 threads is one task per 1024-column range;
 // a node that is mostly one 1024-column product (an LM head of vocabulary 1024) has 256-column
 // tasks over all rows, where one 1024-column task per chunk kept one thread idle at M = 512
-// (0.63x the unfused time) and unevenly loaded at 2048 (3 chunks on 2 threads).
+// (0.63x the unfused time) and unevenly loaded at 2048 (3 chunks on 2 threads). Balanced alone
+// let three equal tasks onto 2 threads (largest = total / 3): hidden 768's nodes (N = 2304 = 3 x
+// 768, 3072 = 3 x 1024, q/k/v 768 x 3) ran at 4/3 of an even split; 768 and 384 columns split
+// them in 4 and 6 (bench/README.md, "norm_linear, even task splits, session 15").
 // Deep plain tasks (kDeepPlain: one row chunk, nothing copied) take the column ranges the same way.
-// Products of no other kind take the same tasks in every candidate plan: then the first is the
-// plan (a decode step's node plans once, not nine times).
+// Weights packed once: row chunks of PackedOnceChunkRows, or up to 3 more chunks where those
+// leave the threads uneven (9 tasks on 2 threads: hidden 768 at M = 512). Products of no other
+// kind take the same tasks in every candidate plan: then the first is the plan (a decode step's
+// node plans once).
 std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduct>& products, int64_t* max_cells) {
   const bool packs_per_call = std::any_of(products.begin(), products.end(), [&](const GemmProduct& p) {
     return KindFor(isa, m, p) == TaskKind::kPacked && PacksPerCall(isa, p);
   });
   const bool deep_plain = std::any_of(products.begin(), products.end(),
                                       [&](const GemmProduct& p) { return KindFor(isa, m, p) == TaskKind::kDeepPlain; });
+  const bool packed_once =
+      std::any_of(products.begin(), products.end(), [](const GemmProduct& p) { return p.packed != nullptr; });
   // Read once: glibc answers it from /sys on every call.
   static const int64_t threads = std::max(1u, std::thread::hardware_concurrency());
+  PlanChoice choice(threads);
+  // Each candidate's tasks and their largest task's cells (PlanTasksSpanning sets them).
+  auto offer = [&](int64_t span, int64_t cols, int64_t splits, int64_t more_chunks, bool must_balance) {
+    int64_t cells = 0;
+    std::vector<Task> tasks = PlanTasksSpanning(isa, m, products, span, cols, &cells, splits, more_chunks);
+    const bool may_take = !must_balance || Balanced(tasks, threads);
+    return choice.Offer(std::move(tasks), cells, may_take);
+  };
   if (!packs_per_call && !deep_plain) {
-    std::vector<Task> tasks = PlanTasksSpanning(isa, m, products, 1, gemm_detail::kPackCols, max_cells);
-    if (m > gemm_detail::kSplitRangeMaxRows || SharedEvenly(tasks, threads)) return tasks;
-    return PlanTasksSpanning(isa, m, products, 1, gemm_detail::kPackCols, max_cells, gemm_detail::kFewRowsRangeSplits);
+    if (offer(1, gemm_detail::kPackCols, 1, 0, false)) return choice.Take(max_cells);
+    if (m <= gemm_detail::kSplitRangeMaxRows) {
+      offer(1, gemm_detail::kPackCols, gemm_detail::kFewRowsRangeSplits, 0, false);
+    } else {
+      int64_t more = 1;
+      while (packed_once && more <= 3 && !offer(1, gemm_detail::kPackCols, 1, more, false)) ++more;
+    }
+    return choice.Take(max_cells);
   }
   for (int64_t span = packs_per_call ? gemm_detail::kPackedSpanChunks : 1; span >= 1; --span) {
-    for (int64_t cols = gemm_detail::kPackCols; cols >= gemm_detail::kPackCols / 4; cols /= 2) {
-      std::vector<Task> tasks = PlanTasksSpanning(isa, m, products, span, cols, max_cells);
-      if (Balanced(tasks, threads)) return tasks;
+    for (const int64_t cols : gemm_detail::kPackedCandidateCols) {
+      if (offer(span, cols, 1, 0, true)) return choice.Take(max_cells);
     }
   }
-  return PlanTasksSpanning(isa, m, products, 1, gemm_detail::kPackCols, max_cells);
+  return choice.Take(max_cells);
 }
 
 // A full row block ([kRowBlock][k] at src) as [k][kRowBlock] at dst: the writes in order, a

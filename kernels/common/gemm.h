@@ -193,6 +193,10 @@ constexpr int64_t kStagedCols = 256;
 constexpr int64_t kPackDepth = 256;
 constexpr int64_t kPackCols = 1024;
 constexpr int64_t kPackColsTransposed = 128;
+// Column ranges a plan of tasks that pack W per call (or read it deep in place) tries, widest
+// first (common/gemm.cc, PlanTasks): 768 and 384 split 3 x 768 and 3 x 1024 columns evenly on 2
+// threads, where halving 1024 did not.
+constexpr int64_t kPackedCandidateCols[] = {1024, 768, 512, 384, 256};
 // Row chunks: a packed task multiplies its W block by up to kPackedChunkRows rows at a time,
 // whose A slice (rows x kPackDepth floats, 768 KiB) stays in L2 (L3 where L2 is 512 KiB) and
 // whose accumulators take at most 3 MiB per 1024 columns.
@@ -216,7 +220,7 @@ inline int64_t RangeCols(int64_t n, int64_t max_cols) {
 }
 inline int64_t PackedRangeCols(int64_t n) { return RangeCols(n, kPackCols); }
 // Few rows (up to kSplitRangeMaxRows) over W packed once, when the threads would not share a task
-// per packed range evenly (common/gemm.cc, SharedEvenly): each range split into this many tasks of
+// per packed range evenly (common/gemm.cc, PlanChoice): each range split into this many tasks of
 // whole tiles. Whole ranges left hidden 768's nodes (N = 2304, 3072, 768 x 3: three ranges) with
 // three equal tasks on 2 threads, one thread doing two (bench/README.md, "Plugin-EP route at one
 // row on small models, session 14").

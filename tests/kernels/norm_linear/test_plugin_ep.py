@@ -87,6 +87,34 @@ def test_few_rows_split_packed_ranges(monkeypatch, rows, dtype):
             np.testing.assert_array_equal(a, b)
 
 
+# Nodes whose whole column ranges would leave 2 threads uneven (three equal ranges, or 3 row chunks x
+# 3 ranges): rows, K, widths. The plans pick narrower ranges (custom-op route: 768 or 384 columns,
+# read deep in place at 512 rows, packed per call at 900) or more row chunks (weights packed once).
+UNEVEN = {
+    "deep-thirds": (512, 301, (768, 768, 768)),
+    "deep-one-range-of-three": (512, 301, (3072,)),
+    "packed-span-thirds": (900, 301, (2304,)),
+}
+
+
+@pytest.mark.parametrize("name", list(UNEVEN))
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
+def test_uneven_ranges_split_evenly(monkeypatch, name, dtype):
+    """Where a task per whole range would load 2 threads 2 : 1 (common/gemm.cc, PlanChoice): both
+    routes' results bit for bit the same on 1 to 3 threads (the plan moves column and row splits,
+    never the order of a sum)."""
+    monkeypatch.setenv("OTFUSE_NORM_LINEAR_GEMM", "own")
+    rows, k, widths = UNEVEN[name]
+    case = Case("AddRMSNormLinear", dtype, shape=(rows, k), widths=widths, transposed=[0] * len(widths),
+                bias=[i % 2 for i in range(len(widths))], keep=True, seed=23)
+    expected = case.run(threads=1)
+    _check(case, expected)
+    for threads in (1, 2, 3):
+        for got in (case.run(threads=threads), _ep_run(case, threads)):
+            for a, b in zip(got, expected):
+                np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("name", ["packed-one-chunk", "stream-pairs", "packed-deep", "packed-chunks"])
 @pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
 def test_avx2_kernels_agree_with_the_default_ones(monkeypatch, name, dtype):
