@@ -7,6 +7,7 @@ is a projection with a constant weight:
 
     MatMul(Y, W) [+ Add(·, b)]                    W constant [K, N], or Transpose(W') of a constant
     Reshape(Y, [..., K]) -> MatMul / Gemm [+ b]   (GPT-2: Reshape -> Gemm -> Reshape; lm_head)
+                                                  (reshaped back, unless it keeps Y's shape)
     Gemm(·, W, b, transB=0|1)                     alpha = beta = 1, transA = 0
 
 Consumers that are not such projections (``W @ Y``, a non-constant or mismatched weight, any
@@ -266,7 +267,7 @@ def _analyse(op: ops.Op, ctx: RewriteContext, match: Match) -> Fusion:
         weights.append(projection.weight)
         if projection.bias is not None:
             biases.append(_as_vector(ctx.graph, helpers, projection.bias, projection.n))
-        if projection.reshape is None:
+        if projection.reshape is None or _keeps_shape(ctx.graph, projection.reshape):
             outputs.append(projection.output)
             continue
         rows = helpers.fresh(f"{projection.output}_rows")
@@ -289,6 +290,14 @@ def _analyse(op: ops.Op, ctx: RewriteContext, match: Match) -> Fusion:
             nodes.append(projection.reshape)
         nodes.extend(projection.nodes)
     return Fusion(call, (*match.covered, *nodes), helpers)
+
+
+def _keeps_shape(graph: GraphIndex, reshape: onnx.NodeProto) -> bool:
+    """Reshape(Y) to Y's own shape (GPT-2's lm_head reads ln_f through a view to [1, seq, hidden]):
+    the fused node's output already has the projection's shape, so no Reshape back, which on an
+    LM head's graph output was a copy of the logits (17 of 303 ms at 512 rows, bench/README.md
+    "norm_linear default, session 15")."""
+    return checks.shapes_equal(graph.proven_shape(reshape.output[0]), graph.proven_shape(reshape.input[0]))
 
 
 def _as_vector(graph: GraphIndex, helpers: Helpers, name: str, n: int) -> Value:

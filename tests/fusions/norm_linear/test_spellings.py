@@ -95,6 +95,32 @@ def test_gemm_trans_b_behind_a_flattening_reshape(tmp_path):
     assert [n.op_type for n in model.graph.node if n.domain != "otfuse"].count("Reshape") == 1  # the way back
 
 
+def test_lm_head_behind_a_reshape_to_the_same_shape(tmp_path):
+    """GPT-2's lm_head: ln_f -> Reshape to [batch, seq, hidden] (a no-op view) -> MatMul. The fused
+    node writes the logits itself: a Reshape back would copy them (a graph output)."""
+    b, x = builder()
+    n = layer_norm_decomposed(b, x, HIDDEN)
+    view = b.node("Reshape", [n, b.const(np.array([0, 0, HIDDEN], np.int64))])
+    table = b.const(weight(40, HIDDEN), "embedding")
+    out(b, b.node("MatMul", [view, b.node("Transpose", [table], perm=[1, 0])]), "logits", ["batch", "seq", 40])
+    model, _ = fuse(tmp_path, b, dims={"batch": 2, "seq": 5})
+    (node,) = linear_nodes(model)
+    assert attrs(node)["transposed"] == [1]
+    assert not any(n.op_type == "Reshape" for n in model.graph.node)
+
+
+def test_reshape_that_may_change_the_shape_keeps_the_way_back(tmp_path):
+    """Mutation of the above: [1, -1, hidden] equals [batch, seq, hidden] only when batch is 1, so
+    the projection still reads the reshaped rows and its output is reshaped back."""
+    b, x = builder()
+    n = layer_norm_decomposed(b, x, HIDDEN)
+    view = b.node("Reshape", [n, b.const(np.array([1, -1, HIDDEN], np.int64))])
+    out(b, b.node("MatMul", [view, b.const(weight(HIDDEN, 40))]), "logits", [1, "rows", 40])
+    model, _ = fuse(tmp_path, b, dims={"batch": 2, "seq": 5})
+    (node,) = linear_nodes(model)
+    assert [n.op_type for n in model.graph.node if n.domain != "otfuse"].count("Reshape") == 1  # the way back
+
+
 def test_bias_add_is_absorbed(tmp_path):
     b, x = builder()
     n = layer_norm_decomposed(b, x, HIDDEN)
