@@ -14,7 +14,10 @@
 // ROUTE ep | custom | both | deep | all (custom, ep and "deep" in alternating turns, each's time
 // ratio to custom's and deep's to ep's, and deep's Y compared with custom's bit for bit). "deep":
 // the library's kDeepPlain task (W read in place, each tile pair staged in L1 by the first row
-// block). The session-14 variants measured against it and dropped (W read in place by every row
+// block). ROUTE mid (65-256 rows, bench/README.md "norm_linear, 65-256 rows, session 15"): custom,
+// ep, deep and "plain" (the library's kPlain task, 32 deep in place) in alternating turns, each's
+// time ratio to plain's, deep's Y compared with plain's bit for bit; MID_DEPTH=64|128: "deep" is
+// the plain task at that depth instead. The session-14 variants measured against it and dropped (W read in place by every row
 // block; other staging calls: knobs DEPTH, FETCH, STAGE=1..4) are in this file as of commit ef52584
 // (bench/README.md, "norm_linear custom-op route, session 14: W read in place"). COLD_W=1: W
 // flushed from the caches before each run. PLAIN=1: the custom-op route's task is the few-rows one
@@ -85,12 +88,36 @@ static void RunDeep(const Job& job, const Task& task, float* stage, float* acc) 
   ISA::RunTask(job, deep, stage, acc);
 }
 
+// Route "plain": the library's kPlain task (W read in place, kStreamDepthPaired deep past
+// kStreamMaxRows rows: the AVX-512 custom-op route up to kStreamMaxRowsAvx512 rows).
+static void RunPlain(const Job& job, const Task& task, float* stage, float* acc) {
+  Task plain = task;
+  plain.kind = TaskKind::kPlain;
+  ISA::RunTask(job, plain, stage, acc);
+}
+
+// MID_DEPTH=64|128 with route mid: "deep" is the plain task at that depth instead (Y written as RunTask does).
+template <int64_t kDepth>
+static void RunDepth(const Job& job, const Task& task, float* stage, float* acc) {
+  Task plain = task;
+  plain.kind = TaskKind::kPlain;
+  if (job.products[0].type == WeightType::kFloat32) {
+    ISA::PlainTaskOfDepth<float, kDepth>(job, plain, stage, acc);
+    ISA::WriteRows<float>(job.products[0], plain, acc, 0, plain.rows, 0, (plain.cols + kTileWidth - 1) / kTileWidth);
+  } else {
+    ISA::PlainTaskOfDepth<Float16, kDepth>(job, plain, stage, acc);
+    ISA::WriteRows<Float16>(job.products[0], plain, acc, 0, plain.rows, 0, (plain.cols + kTileWidth - 1) / kTileWidth);
+  }
+}
+
 int main(int argc, char** argv) {
   const int64_t m = argc > 1 ? atoll(argv[1]) : 512;
   const int64_t k = argc > 2 ? atoll(argv[2]) : 4096;
   const int64_t cols = argc > 3 ? atoll(argv[3]) : 1008;
   const int64_t n = argc > 4 ? atoll(argv[4]) : cols;
-  const bool all = argc > 5 && std::strcmp(argv[5], "all") == 0;  // custom, ep, deep: one tree
+  // mid: plain, deep, ep, custom in alternating turns, each's time ratio to plain's (65-256 rows)
+  const bool mid = argc > 5 && std::strcmp(argv[5], "mid") == 0;
+  const bool all = mid || (argc > 5 && std::strcmp(argv[5], "all") == 0);  // custom, ep, deep: one tree
   const bool both = all || (argc > 5 && std::strcmp(argv[5], "both") == 0);  // custom, then ep: one tree
   const bool deep_only = argc > 5 && std::strcmp(argv[5], "deep") == 0;
   const bool packed_once = !both && !deep_only && (argc <= 5 || std::strcmp(argv[5], "custom") != 0);
@@ -151,13 +178,15 @@ int main(int argc, char** argv) {
 #if defined(OTHER)
   const TaskFn runs[] = {&ISA::RunTask, &other::RunTask};
 #else
-  const TaskFn runs_one[] = {deep_only ? &RunDeep : &ISA::RunTask, &ISA::RunTask, &RunDeep};
+  const char* mid_depth = std::getenv("MID_DEPTH");
+  const TaskFn third = mid_depth == nullptr ? &RunDeep : atoi(mid_depth) == 64 ? &RunDepth<64> : atoi(mid_depth) == 128 ? &RunDepth<128> : &RunDepth<16>;
+  const TaskFn runs_one[] = {deep_only ? &RunDeep : &ISA::RunTask, &ISA::RunTask, third, &RunPlain};
   const TaskFn* runs = runs_one;
 #endif
 #if defined(OTHER)
   const int variants = 2;
 #else
-  const int variants = all ? 3 : both ? 2 : 1;
+  const int variants = mid ? 4 : all ? 3 : both ? 2 : 1;
 #endif
   const bool cold_w = std::getenv("COLD_W") != nullptr;  // W flushed from every cache before each run
   const int64_t w_bytes_used = k * n * (half ? 2 : 4);
@@ -180,6 +209,32 @@ int main(int argc, char** argv) {
               buffer.data() + kStageFloats);
       times[v].push_back(Now() - t0);
     }
+  }
+  if (mid) {  // deep's Y against plain's, bit for bit, and the times against plain's
+    const size_t y_bytes = half ? y16.size() * 2 : y.size() * 4;
+    void* const y_data = half ? static_cast<void*>(y16.data()) : static_cast<void*>(y.data());
+    std::vector<char> y_plain(y_bytes);
+    runs[3](job, task, buffer.data(), buffer.data() + kStageFloats);
+    std::memcpy(y_plain.data(), y_data, y_bytes);
+    std::memset(y_data, 0, y_bytes);
+    runs[2](job, task, buffer.data(), buffer.data() + kStageFloats);
+    printf("deep vs plain: %s\n", std::memcmp(y_plain.data(), y_data, y_bytes) == 0 ? "same bits" : "DIFFER");
+    const char* names[] = {"custom", "ep", "deep", "plain"};
+    for (int v = 0; v < 3; ++v) {
+      std::vector<double> ratios;
+      for (int turn = 0; turn < turns; ++turn) ratios.push_back(times[v][turn] / times[3][turn]);
+      std::sort(ratios.begin(), ratios.end());
+      std::vector<double> sorted = times[v];
+      std::sort(sorted.begin(), sorted.end());
+      printf("%s time / plain's: %.3fx (median %.1f GFLOP/s)\n", names[v], ratios[ratios.size() / 2],
+             2.0 * m * k * cols / sorted[sorted.size() / 2] * 1e-9);
+    }
+    std::vector<double> sorted = times[3];
+    std::sort(sorted.begin(), sorted.end());
+    printf("plain: median %.1f GFLOP/s; M %lld K %lld COLS %lld of %lld%s\n", 2.0 * m * k * cols / sorted[sorted.size() / 2] * 1e-9,
+           static_cast<long long>(m), static_cast<long long>(k), static_cast<long long>(cols), static_cast<long long>(n),
+           half ? " float16" : "");
+    return 0;
   }
   if (all) {  // deep's Y against custom's, bit for bit
     const size_t y_bytes = half ? y16.size() * 2 : y.size() * 4;

@@ -41,7 +41,10 @@ import otfuse.run.session  # noqa: E402
 
 
 # Block shapes (hidden, q, kv, ffn): the bench block's, and bench/e2e_llama.py's model (issue 12's).
-SHAPES = {"block": (nl.HIDDEN, nl.Q, nl.KV, nl.FFN), "llama": (2048, 2048, 512, 5632), "h768": (768, 768, 768, 3072)}
+# h768 / qwen2 / phi: the widths of bench/norm_linear_models.py's BERT / GPT-2 (hidden 768), Qwen2-0.5B-like
+# and Phi-like (hidden 2048) models (as this block's q/k/v and gate/up nodes).
+SHAPES = {"block": (nl.HIDDEN, nl.Q, nl.KV, nl.FFN), "llama": (2048, 2048, 512, 5632), "h768": (768, 768, 768, 3072),
+          "qwen2": (896, 896, 128, 4864), "phi": (2048, 2048, 2048, 8192)}
 
 
 def add_plugin_ep(options: ort.SessionOptions, library: str) -> None:
@@ -107,8 +110,7 @@ def main() -> None:
                         help="runs of each session per turn (small M: CPU times long enough to compare)")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="block",
                         help="block: bench/norm_linear.py's (hidden 4096); llama: issue 12's e2e model (hidden 2048, "
-                             "q/k/v 2048 + 512 + 512, gate/up 5632); h768: hidden 768 (GPT-2 / BERT widths: q/k/v "
-                             "768 x 3, gate/up 3072)")
+                             "q/k/v 2048 + 512 + 512, gate/up 5632)")
     args = parser.parse_args()
     nl.HIDDEN, nl.Q, nl.KV, nl.FFN = SHAPES[args.shape]
     nl.WIDTHS = (nl.Q, nl.KV, nl.KV, nl.FFN, nl.FFN)

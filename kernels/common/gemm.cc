@@ -116,18 +116,38 @@ void AddPackedOnceTasks(int64_t m, const std::vector<GemmProduct>& products, int
 
 // Rows up to which a product reads W in place (common/gemm.h).
 int64_t StreamMaxRows(GemmIsa isa, const GemmProduct& product) {
-  return isa == GemmIsa::kAvx512 && !product.transposed ? gemm_detail::kStreamMaxRowsAvx512 : kStreamMaxRows;
+  if (product.transposed) return kStreamMaxRows;
+  switch (isa) {
+    case GemmIsa::kAvx512: return gemm_detail::kStreamMaxRowsAvx512;
+    case GemmIsa::kAvx2: return gemm_detail::kStreamMaxRowsAvx2;
+    default: return kStreamMaxRows;
+  }
+}
+
+// Whether a [k, n] weight's rows are a multiple of kDeepAliasBytes apart (common/gemm.h).
+bool RowsAlias(const GemmProduct& product) {
+  const int64_t element_bytes = product.type == WeightType::kFloat32 ? 4 : 2;
+  return product.n * element_bytes % gemm_detail::kDeepAliasBytes == 0;
+}
+
+// Rows from which a [k, n] weight not packed once is read deep in place (kDeepPlain, common/gemm.h).
+int64_t DeepPlainMinRows(GemmIsa isa, const GemmProduct& product) {
+  if (isa == GemmIsa::kAvx2) return gemm_detail::kDeepPlainMinRowsAvx2;
+  if (product.type == WeightType::kFloat32 && !RowsAlias(product)) return gemm_detail::kDeepPlainMinRowsAvx512;
+  return gemm_detail::kStreamMaxRowsAvx512 + 1;
 }
 
 // How the tasks of a product read W at m rows: packed once, its panels at every row count; a
-// [k, n] weight deep in place past kStreamMaxRowsAvx512 up to kDeepPlainMaxRows (AVX2, AVX-512);
+// [k, n] weight deep in place from DeepPlainMinRows up to kDeepPlainMaxRows (AVX2, AVX-512);
 // W packed per task past StreamMaxRows otherwise; else in place, an [n, k] weight as dot products up to
 // kDotMaxRows rows and with A's rows in the vector lanes above (gemm_few_rows.inc).
 TaskKind KindFor(GemmIsa isa, int64_t m, const GemmProduct& product) {
-  const bool deep_plain = isa != GemmIsa::kBaseline && !product.transposed && m > gemm_detail::kStreamMaxRowsAvx512 &&
-                          m <= gemm_detail::kDeepPlainMaxRows;
-  if (product.packed == nullptr && deep_plain) return TaskKind::kDeepPlain;
-  if (product.packed != nullptr || m > StreamMaxRows(isa, product)) return TaskKind::kPacked;
+  if (product.packed != nullptr) return TaskKind::kPacked;
+  if (isa != GemmIsa::kBaseline && !product.transposed && m >= DeepPlainMinRows(isa, product) &&
+      m <= gemm_detail::kDeepPlainMaxRows) {
+    return TaskKind::kDeepPlain;
+  }
+  if (m > StreamMaxRows(isa, product)) return TaskKind::kPacked;
   if (!product.transposed) return TaskKind::kPlain;
   return m <= gemm_detail::kDotMaxRows ? TaskKind::kDot : TaskKind::kLane;
 }

@@ -149,17 +149,33 @@ enum class TaskKind {
 constexpr int64_t kStreamMaxRows = 64;
 // ... and up to this many for a [k, n] weight with the AVX-512 kernels, two tiles per call above
 // kStreamMaxRows rows (PlainTask). On the Emerald Rapids Xeon (bench/README.md, "norm_linear,
-// middle rows, session 9") this beat packing by 2-20% at 96-256 rows and lost at 384; with the
-// AVX2 kernels (one tile per call) packing wins from 96-128 rows on.
+// middle rows, session 9") this beat packing by 2-20% at 96-256 rows and lost at 384 (float32 W
+// from 97 rows whose rows do not alias: deep, kDeepPlainMinRowsAvx512).
 constexpr int64_t kStreamMaxRowsAvx512 = 256;
-// ... and past kStreamMaxRowsAvx512 up to this many (a [k, n] weight, W not packed once, the AVX2 or
-// AVX-512 kernels): still in place, but kPackDepth rows deep (PlainTask: each tile, AVX-512 tile
-// pair, staged in L1 by its first row block for the others): no copy of W per call. On the Emerald
-// Rapids Xeon a 512-row task ran 0.92-0.93x PackedTask's time in float32, 0.96-0.97x in float16
-// (AVX2 kernels: 0.97-0.99x either way); an earlier form 1.00x / 0.97x at 684 rows, and a 2052-row
-// task (its A slice and accumulators out of L2) 1.04x (bench/README.md, "norm_linear custom-op
-// route, session 14"). Up to 256 rows the 32-deep steps stay (AVX-512; AVX2: packing from 65).
+// ... and up to this many with the AVX2 kernels (one tile per call): on the Emerald Rapids Xeon
+// (AVX2 kernels, W flushed from the caches) packing per call took 1.05-1.22x the in-place task's
+// time at 96 and 128 rows (bench/README.md, "norm_linear, 65-256 rows, session 15").
+constexpr int64_t kStreamMaxRowsAvx2 = 128;
+// ... and up to this many (a [k, n] weight, W not packed once, the AVX2 or AVX-512 kernels), from
+// DeepPlainMinRows (gemm.cc) on: still in place, but kPackDepth rows deep (PlainTask: each tile,
+// AVX-512 tile pair, staged in L1 by its first row block for the others): no copy of W per call, and
+// an eighth of the 32-deep steps' accumulator reloads. On the Emerald Rapids Xeon a 512-row task ran
+// 0.92-0.93x PackedTask's time in float32, 0.96-0.97x in float16 (AVX2 kernels: 0.97-0.99x either
+// way); an earlier form 1.00x / 0.97x at 684 rows, and a 2052-row task (its A slice and
+// accumulators out of L2) 1.04x (bench/README.md, "norm_linear custom-op route, session 14").
 constexpr int64_t kDeepPlainMaxRows = 576;
+// From these rows on (bench/README.md, "norm_linear, 65-256 rows, session 15"; Emerald Rapids Xeon,
+// W flushed from the caches): AVX2 kernels 129 (at 192-256 rows deep 0.91-1.0x the 32-deep time,
+// packing 0.93-1.11x; at 96-128 deep 1.02-1.09x); AVX-512 kernels 97 for a float32 W whose rows do
+// not alias (below: 0.91-1.00x the 32-deep time at 96-256 rows; 16-bit W 1.0-1.3x, so it keeps the
+// 32-deep steps up to kStreamMaxRowsAvx512, as float32 W whose rows alias does).
+constexpr int64_t kDeepPlainMinRowsAvx2 = 129;
+constexpr int64_t kDeepPlainMinRowsAvx512 = 97;
+// W's rows alias when they are a multiple of this many bytes apart: the 256 rows of a deep step
+// then fall in at most 16 of the Xeon's L2 sets (2 MiB, 16-way: 128 KiB apart share a set), and the
+// next tile pair's rows fetched into L2 evict each other: float32 [2048, 8192] and [2048, 2048] at
+// 128 rows ran 1.04x the 32-deep time, [2048, 8256] and [2048, 2112] 0.96x.
+constexpr int64_t kDeepAliasBytes = 8192;
 // [n, k] weights, few rows: the dot form up to this many rows, the lane form above (its register
 // tile holds at most 4 rows of A; on the AVX-512 Xeon, float32 block, one thread, the dot form ran
 // 30.0 vs 53.1 ms at 2 rows and 39.9 vs 43.5 at 4: bench/README.md, "Issue 12, session 9").

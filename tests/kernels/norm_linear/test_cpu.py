@@ -186,10 +186,22 @@ SHAPES = {
     # (a last lone row block), 25 = 18 + 7 (a last group of 6 + 1)
     "stream-tall-groups": ((2, 20, 70), (300, 33), [0, 0]),
     "stream-tall-groups-odd": ((25, 203), (600,), [0]),
-    # 100 rows, [K, N]: streamed two tiles per call with AVX-512 (pairs, a lone tile, a partial one),
-    # packed with the other kernels
-    "stream-pairs": ((100, 70), (80, 33), [0, 0]),
-    "packed-one-chunk": ((65, 40), (48, 17), [0, 1]),  # the first packed size (AVX-512: [N, K] only), one k block
+    # 94 rows, [K, N]: streamed two tiles per call with AVX-512 (pairs, a lone tile, a partial one,
+    # a last row block of 4 rows), 32-deep in place one tile per call with the AVX2 kernels
+    "stream-pairs": ((94, 70), (80, 33), [0, 0]),
+    "packed-one-chunk": ((65, 40), (48, 17), [0, 1]),  # the first packed size of [N, K] weights, one k block
+    # 65-256 rows, [K, N] (common/gemm.h, kDeepPlainMinRowsAvx512 / Avx2): 97 rows, the first read deep
+    # in place by AVX-512 (float32 W whose rows do not alias: the next pair's rows fetched over 4
+    # two-block calls, not 8), three k blocks (256 + 256 + 88); 2048 float32 columns (rows 8 KiB
+    # apart) and 16-bit W keep the 32-deep pairs; AVX2: 32-deep in place
+    "mid-first-deep": ((97, 600), (100, 2048), [0, 0]),
+    # the most rows AVX2 reads 32 deep in place (128) and the first it reads deep (129; AVX-512: deep
+    # for float32 except the aliasing 2048 columns)
+    "mid-last-stream-avx2": ((128, 70), (48, 17), [0, 0]),
+    "mid-first-deep-avx2": ((129, 300), (70, 2048), [0, 0]),
+    # the most rows AVX-512 reads 32 deep in place (16-bit W, aliasing float32 rows: 4096 columns of
+    # float16 are 8 KiB apart too), a last row block of 4 rows
+    "mid-last": ((256, 300), (100, 4096), [0, 0]),
     # the first deep in-place size of [K, N] weights (AVX-512: a tile pair and a lone tile; [N, K]: staged)
     "packed-first-avx512": ((257, 40), (48, 17), [0, 1]),
     # [K, N], deep in place (common/gemm.h, kDeepPlain): three k blocks (256 + 256 + 88),
@@ -262,7 +274,8 @@ def test_empty_rows():
     assert got[0].shape == (0, 5, 8)
 
 
-@pytest.mark.parametrize("name", ["decode-sweep", "rows-sweep", "stream-blocks", "stream-tall", "stream-tall-groups", "stream-ranges", "stream-pairs", "deep-plain", "packed-deep", "packed-chunks", "packed-transposed",
+@pytest.mark.parametrize("name", ["decode-sweep", "rows-sweep", "stream-blocks", "stream-tall", "stream-tall-groups", "stream-ranges", "stream-pairs", "mid-first-deep",
+                                  "mid-first-deep-avx2", "deep-plain", "packed-deep", "packed-chunks", "packed-transposed",
                                   "dot-four", "lane-three-vectors"])
 def test_thread_count_does_not_change_results(name):
     shape, widths, transposed = SHAPES[name]
@@ -351,7 +364,7 @@ def test_baseline_avx2_and_avx512_variants_agree(tmp_path):
     each against the reference; AVX2 and the default agree bit for bit (the same FMAs in the same
     order), baseline within float32 rounding; on every path of otfuse's GEMM (forced for float32,
     whose one-row products would otherwise take ORT's Gemm), including AVX-512's paired row blocks
-    (13, 64, 65, 100, 140, 257 and 812 rows)."""
+    (13, 64, 65, 94, 97 to 256, 257 and 812 rows)."""
     import os
     import subprocess
     import sys
