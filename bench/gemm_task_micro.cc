@@ -20,7 +20,9 @@
 // the plain task at that depth instead. The session-14 variants measured against it and dropped (W read in place by every row
 // block; other staging calls: knobs DEPTH, FETCH, STAGE=1..4) are in this file as of commit ef52584
 // (bench/README.md, "norm_linear custom-op route, session 14: W read in place"). COLD_W=1: W
-// flushed from the caches before each run.
+// flushed from the caches before each run. PLAIN=1: the custom-op route's task is the few-rows one
+// (kPlain, W read in place: M <= 64) instead of PackedTask; with OTHER, both trees' kPlain tasks
+// (bench/README.md, "norm_linear, few rows on hidden 768, session 15").
 // COLD_PANELS=1 in the environment: the packed panels flushed from the caches before each run (in a
 // node a task's 8 MiB of panels come from memory, not from the L3 the previous turn left them in);
 // HUGE_PANELS=1: the panels in 2 MiB pages. OTHER's own #include "common/..." lines resolve to this
@@ -162,6 +164,10 @@ int main(int argc, char** argv) {
   product_ep.packed = panels_used;
   const Job job_ep{m, k, a_packed.data(), &product_ep, a.data(), nullptr};
   const Task task{0, TaskKind::kPacked, 0, m, 0, cols};
+  // PLAIN=1: the custom-op route's task is the few-rows one (kPlain: W read in place, up to
+  // kStreamMaxRows rows; common/gemm.h) instead of PackedTask.
+  const bool plain = getenv("PLAIN") != nullptr && atoi(getenv("PLAIN")) == 1;
+  const Task task_custom{0, plain ? TaskKind::kPlain : TaskKind::kPacked, 0, m, 0, cols};
   // HUGE=1: the task's buffer (its pack blocks and accumulators) on transparent huge pages.
   const size_t buffer_floats = kStageFloats + m * ((cols + kTileWidth - 1) / kTileWidth) * kTileWidth;
   const size_t huge_bytes = (buffer_floats * sizeof(float) + (2 << 20) - 1) / (2 << 20) * (2 << 20);
@@ -199,7 +205,8 @@ int main(int argc, char** argv) {
         _mm_mfence();
       }
       const double t0 = Now();
-      runs[v](v == 1 && both ? job_ep : job, task, buffer.data(), buffer.data() + kStageFloats);
+      runs[v](v == 1 && both ? job_ep : job, v == 1 && both ? task : task_custom, buffer.data(),
+              buffer.data() + kStageFloats);
       times[v].push_back(Now() - t0);
     }
   }
@@ -233,7 +240,7 @@ int main(int argc, char** argv) {
     const size_t y_bytes = half ? y16.size() * 2 : y.size() * 4;
     void* const y_data = half ? static_cast<void*>(y16.data()) : static_cast<void*>(y.data());
     std::vector<char> y_custom(y_bytes);
-    runs[0](job, task, buffer.data(), buffer.data() + kStageFloats);
+    runs[0](job, task_custom, buffer.data(), buffer.data() + kStageFloats);
     std::memcpy(y_custom.data(), y_data, y_bytes);
     std::memset(y_data, 0, y_bytes);
     runs[2](job, task, buffer.data(), buffer.data() + kStageFloats);

@@ -176,6 +176,16 @@ SHAPES = {
     "stream-blocks": ((13, 70), (5, 33, 16), [0, 1, 0]),  # 13 rows = 6 + 6 + 1, odd K, partial tiles
     "stream-deep": ((2, 3, 300), (100, 7), [1, 0]),  # K past one 256-deep transposed stage, K % 16 != 0
     "stream-ranges": ((64, 100), (1100,), [0]),  # 64 rows: the most streamed, four column ranges
+    # 7-18 rows, [K, N], AVX-512: every row of a tile in one call (gemm_tiles.inc, MicroTall), over
+    # 13 steps of 16 k (the last 11 deep), four column ranges whose last tiles prefetch the next
+    # step's first ones, a partial tile (37 = 2 x 16 + 5) and a lone tile
+    "stream-tall": ((2, 8, 203), (1100, 37, 16), [0, 0, 0]),
+    "stream-tall-widest": ((18, 45), (300, 33), [0, 0]),  # three full row blocks in one call
+    "stream-tall-two-blocks": ((9, 70), (40,), [0]),  # 6 + 3 rows
+    # 19-64 rows: 18 read in place and staged, then from the stage 18 at a time: 40 = 18 + 18 + 4
+    # (a last lone row block), 25 = 18 + 7 (a last group of 6 + 1)
+    "stream-tall-groups": ((2, 20, 70), (300, 33), [0, 0]),
+    "stream-tall-groups-odd": ((25, 203), (600,), [0]),
     # 94 rows, [K, N]: streamed two tiles per call with AVX-512 (pairs, a lone tile, a partial one,
     # a last row block of 4 rows), 32-deep in place one tile per call with the AVX2 kernels
     "stream-pairs": ((94, 70), (80, 33), [0, 0]),
@@ -264,7 +274,7 @@ def test_empty_rows():
     assert got[0].shape == (0, 5, 8)
 
 
-@pytest.mark.parametrize("name", ["decode-sweep", "rows-sweep", "stream-blocks", "stream-ranges", "stream-pairs", "mid-first-deep",
+@pytest.mark.parametrize("name", ["decode-sweep", "rows-sweep", "stream-blocks", "stream-tall", "stream-tall-groups", "stream-ranges", "stream-pairs", "mid-first-deep",
                                   "mid-first-deep-avx2", "deep-plain", "packed-deep", "packed-chunks", "packed-transposed",
                                   "dot-four", "lane-three-vectors"])
 def test_thread_count_does_not_change_results(name):
