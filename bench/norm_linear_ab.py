@@ -97,6 +97,22 @@ def layout_copy(fused: Path, out: Path, transposed: bool) -> None:
     onnx.save(model, out)
 
 
+def use_shape(name: str) -> None:
+    """Point bench/norm_linear.py's block at one of SHAPES."""
+    nl.HIDDEN, nl.Q, nl.KV, nl.FFN = SHAPES[name]
+    nl.WIDTHS = (nl.Q, nl.KV, nl.KV, nl.FFN, nl.FFN)
+
+
+def write_block_models(folder: Path, dtype) -> tuple[Path, Path, Path]:
+    """The block in `folder`: as exported, with its norms fused (the unfused baseline: MatMuls on
+    ORT's CPU EP) and with norm_linear too."""
+    src, base, fused = (folder / f"{n}.onnx" for n in ("block", "base", "fused"))
+    onnx.save(nl.block_model(dtype), src)
+    otfuse.fuse(src, base, only=["norm"])
+    otfuse.fuse(src, fused, only=["norm", "norm_linear"])
+    return src, base, fused
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "fp16"])
@@ -112,8 +128,7 @@ def main() -> None:
                         help="block: bench/norm_linear.py's (hidden 4096); llama: issue 12's e2e model (hidden 2048, "
                              "q/k/v 2048 + 512 + 512, gate/up 5632)")
     args = parser.parse_args()
-    nl.HIDDEN, nl.Q, nl.KV, nl.FFN = SHAPES[args.shape]
-    nl.WIDTHS = (nl.Q, nl.KV, nl.KV, nl.FFN, nl.FFN)
+    use_shape(args.shape)
     dtype = np.float32 if args.dtype == "fp32" else np.float16
     default_library = otfuse.library_path()
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; CPU {common.cpu_identity()}; "
@@ -121,10 +136,7 @@ def main() -> None:
           flush=True)
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
-        src, base, fused = (folder / f"{n}.onnx" for n in ("block", "base", "fused"))
-        onnx.save(nl.block_model(dtype), src)
-        otfuse.fuse(src, base, only=["norm"])
-        otfuse.fuse(src, fused, only=["norm", "norm_linear"])
+        src, base, fused = write_block_models(folder, dtype)
         sessions = [("unfused", session(base, args.threads, default_library, {}), {})]
         for spec in args.variant:
             label, rest = spec.split("=", 1)

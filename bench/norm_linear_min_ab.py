@@ -15,27 +15,21 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import numpy as np, onnx
+import numpy as np
 import norm_linear_ab as ab
 import norm_linear as nl
 import common  # noqa: E402
 
 common.use_checkout()
-import otfuse  # noqa: E402
 
 shape, dtype_name, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
 tokens = [int(t) for t in sys.argv[4:]]
-nl.HIDDEN, nl.Q, nl.KV, nl.FFN = ab.SHAPES[shape]
-nl.WIDTHS = (nl.Q, nl.KV, nl.KV, nl.FFN, nl.FFN)
+ab.use_shape(shape)
 dtype = np.float32 if dtype_name == "fp32" else np.float16
 new_lib = os.environ["OTFUSE_LIBRARY"]
 print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; CPU {common.cpu_identity()}; shape {shape} {nl.WIDTHS} {dtype_name}", flush=True)
 with tempfile.TemporaryDirectory() as folder:
-    folder = Path(folder)
-    src, base, fused = (folder / f"{n}.onnx" for n in ("block", "base", "fused"))
-    onnx.save(nl.block_model(dtype), src)
-    otfuse.fuse(src, base, only=["norm"])
-    otfuse.fuse(src, fused, only=["norm", "norm_linear"])
+    src, base, fused = ab.write_block_models(Path(folder), dtype)
     names = ["unfused", "main", "new", "ep"]
     sess = [ab.session(base, 2, new_lib, {}), ab.session(fused, 2, os.environ["MAIN_LIBRARY"], {}),
             ab.session(fused, 2, new_lib, {}), ab.session(fused, 2, new_lib, {}, ep=True)]
