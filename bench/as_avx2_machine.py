@@ -7,7 +7,7 @@ against ORT on the same machine"). The cores stay this machine's: its caches, cl
     python bench/as_avx2_machine.py python bench/attention_paths.py --sizes 2048
     python bench/as_avx2_machine.py python bench/norm_linear.py --dtypes fp32
 
-Exits 2 when the CPU or kernel has no CPUID faulting (`cpuid_fault` in /proc/cpuinfo).
+Exits 127 when the command cannot be run, 2 when the CPU or kernel has no CPUID faulting (`cpuid_fault` in /proc/cpuinfo).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import common
 
 
 def main() -> int:
-    if len(sys.argv) < 2:
+    if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
         print(__doc__.strip())
-        return 2
+        return 0 if len(sys.argv) >= 2 else 2
     if "cpuid_fault" not in common.cpu_flags():
         print("as_avx2_machine: this CPU (or its hypervisor) offers no CPUID faulting", file=sys.stderr)
         return 2
@@ -31,7 +31,11 @@ def main() -> int:
         return 2
     env = dict(os.environ, OTFUSE_CPUID_MASK="avx2")
     env["LD_PRELOAD"] = " ".join(filter(None, [str(shim), env.get("LD_PRELOAD", "")]))
-    os.execvpe(sys.argv[1], sys.argv[1:], env)
+    try:
+        os.execvpe(sys.argv[1], sys.argv[1:], env)
+    except OSError as error:  # a command that is not there: one line, not a traceback
+        print(f"as_avx2_machine: cannot run {sys.argv[1]!r}: {error.strerror}", file=sys.stderr)
+        return 127
 
 
 if __name__ == "__main__":
