@@ -425,6 +425,91 @@ def _timed_runs(run, c: dict, result: dict):
     return logits
 
 
+def _turn_runs(run, c: dict, result: dict):
+    """--interleave: the warm-up, then one timed run per "run" line on stdin (the parent's turns,
+    which alternate this child with the other variants' and the MatMul reference's), each answered
+    by a TURN line on stdout, until "end". Fills `result` as _timed_runs does."""
+    times, ours, others = [], [], []
+    logits = None
+
+    def one():
+        nonlocal logits
+        logits = None
+        c0, b0, t0 = os.times(), _cpu_busy_seconds(), time.perf_counter()
+        logits = run()
+        wall = time.perf_counter() - t0
+        c1, b1 = os.times(), _cpu_busy_seconds()
+        mine = (c1.user - c0.user) + (c1.system - c0.system)
+        times.append(wall)
+        ours.append(round(mine / wall, 2))
+        others.append(round(max(0.0, (b1 - b0) - mine) / wall, 2))
+        return wall
+
+    one()
+    result["rss_after_first_run_mib"] = common.proc_memory_mib()["rss_mib"]
+    result["peak_after_first_run_mib"] = common.proc_memory_mib()["peak_rss_mib"]
+    _turn_reply({"ready": True, "warm_up_seconds": round(times[0], 3)})
+    for line in sys.stdin:
+        if line.strip() != "run":
+            break
+        wall = one()
+        result.setdefault("peak_after_run_mib", []).append(common.proc_memory_mib()["peak_rss_mib"])
+        _turn_reply({"seconds": round(wall, 4), "cores_others": others[-1]})
+    result["run_seconds"] = [round(t, 3) for t in times]
+    result["run_cores_ours"] = ours
+    result["run_cores_others"] = others
+    timed = list(range(1, len(times))) or [0]
+    result["cpu_seconds_per_thread"] = round(min(times[j] * ours[j] for j in timed) / c["threads"], 3)
+    clean = [j for j in timed if others[j] < c["contended"]]
+    best = min(clean or timed, key=lambda j: times[j])
+    result["seconds"] = round(times[best], 3)
+    result["best_run"] = best
+    result["measured_runs"] = len(times) - 1
+    result["clean_runs"] = len(clean)
+    result["contended_threshold_cores"] = c["contended"]
+    result["turn_seconds"] = [round(t, 4) for t in times[1:]]
+    return logits
+
+
+TURN_PREFIX = "@@turn "
+
+
+def _turn_reply(obj: dict) -> None:
+    sys.stdout.write(TURN_PREFIX + json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def _reference_turns(c: dict) -> None:
+    """--interleave's MatMul reference child: the two sessions of matmul_rate built once, then per
+    "run" line one run of each, answered with that turn's combined GFLOP/s (wall)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    m, intermediate, vocab = c["rows"], c["intermediate"], c["vocab"]
+    wide = [HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, HIDDEN, intermediate, intermediate, vocab]
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = c["threads"]
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    parts = []
+    for k, widths in ((HIDDEN, wide), (intermediate, [HIDDEN])):
+        session = ort.InferenceSession(common.matmul_model(m, k, widths).SerializeToString(), options,
+                                       providers=["CPUExecutionProvider"])
+        feeds = {"a": np.random.default_rng(1).standard_normal((m, k), dtype=np.float32)}
+        session.run(None, feeds)
+        parts.append((session, feeds, 2.0 * m * k * sum(widths) / 1e9))
+    _turn_reply({"ready": True})
+    for line in sys.stdin:
+        if line.strip() != "run":
+            break
+        gflop = seconds = 0.0
+        for session, feeds, g in parts:
+            t0 = time.perf_counter()
+            session.run(None, feeds)
+            seconds += time.perf_counter() - t0
+            gflop += g
+        _turn_reply({"gflops_per_s": round(gflop / seconds, 1)})
+
+
 def _run(c: dict) -> None:
     """One child: build the variant's session, time the prefills, write the result JSON."""
     try:
@@ -442,7 +527,11 @@ def _run(c: dict) -> None:
         session, run = _ort_runner(c, feeds, result)
     result["session_seconds"] = round(time.perf_counter() - start, 2)
     result["rss_after_session_mib"] = common.proc_memory_mib()["rss_mib"]
-    logits = _timed_runs(run, c, result)
+    if c["variant"] in OTFUSE_VARIANTS:
+        # Each process measures the 512/256-bit FMA rate behind the dispatch itself: record what
+        # this one took (once, 2026-12-06, a process took the AVX2 kernels on an AVX-512 Xeon).
+        result["otfuse_isa_path"] = common.otfuse_isa_path()
+    logits = _turn_runs(run, c, result) if c.get("interleave") else _timed_runs(run, c, result)
     mem = common.proc_memory_mib()
     result["peak_rss_mib"] = mem["peak_rss_mib"]
     result["rss_end_mib"] = mem["rss_mib"]
@@ -533,6 +622,149 @@ def run_child(args, variant: str, model: Path, seq: int, logits_path: str = "", 
     else:
         row.update(json.loads(result_path.read_text()), status="ok")
     return row
+
+
+class TurnChild:
+    """--interleave: one variant's child (or the MatMul reference's) kept alive across turns: started
+    with its session built and warmed up, run once per turn() call, finished by finish() (its row, as
+    run_child returns it). Each child stays its own process, so its peak RSS is its own."""
+
+    def __init__(self, args, config: dict, log: Path, subcommand: str = "_run"):
+        self.config, self.log = config, log
+        self.started = time.perf_counter()
+        self.load_before = os.getloadavg()
+        self.log_file = open(log, "w")
+        self.proc = subprocess.Popen([sys.executable, __file__, subcommand, json.dumps(config)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log_file, text=True, env=common.child_env())
+        self.dog = _Watchdog(self.proc.pid, args.max_rss_gib * GIB, args.min_available_gib * GIB)
+        self.dog.start()
+        self.failed = ""
+
+    def _reply(self) -> dict | None:
+        for line in self.proc.stdout:
+            if line.startswith(TURN_PREFIX):
+                return json.loads(line[len(TURN_PREFIX):])
+        self.failed = self.failed or "the child ended"
+        return None
+
+    def ready(self) -> dict | None:
+        return self._reply()
+
+    def turn(self) -> dict | None:
+        if self.failed:
+            return None
+        try:
+            self.proc.stdin.write("run\n")
+            self.proc.stdin.flush()
+        except OSError:
+            self.failed = "the child ended"
+            return None
+        return self._reply()
+
+    def finish(self) -> dict:
+        try:
+            self.proc.stdin.write("end\n")
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        self.proc.stdout.read()
+        _, status, usage = os.wait4(self.proc.pid, 0)
+        self.proc.returncode = os.waitstatus_to_exitcode(status)
+        self.dog.stop.set()
+        self.log_file.close()
+        c = self.config
+        row = {"variant": c.get("variant", "reference"), "seq": c["seq"], "interleaved": True,
+               "loadavg_before": [round(x, 2) for x in self.load_before],
+               "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+               "child_wall_seconds": round(time.perf_counter() - self.started, 1),
+               "ru_maxrss_mib": round(usage.ru_maxrss / 1024, 1)}
+        result_path = Path(c.get("result_path", "/nonexistent"))
+        if self.dog.killed:
+            row.update(status="killed", error=f"killed by the watchdog: {self.dog.killed}",
+                       watchdog_max_rss_mib=round(self.dog.max_seen / 2**20, 1))
+        elif self.proc.returncode != 0 or ("result_path" in c and not result_path.exists()):
+            tail = self.log.read_text()[-1500:].strip().splitlines()
+            row.update(status="failed", error=f"exit {self.proc.returncode}: " + " | ".join(tail[-6:]))
+        elif "result_path" in c:
+            row.update(json.loads(result_path.read_text()), status="ok")
+        else:
+            row["status"] = "ok"
+        return row
+
+
+def measure_length_interleaved(args, prepared: dict, seq: int, rows: list) -> dict:
+    """--interleave: every variant's child (and the MatMul reference's) alive at once, then --runs
+    turns, each running every one of them once in a rotated order. Rows as measure_length's, plus
+    each one's time per turn; returns the reference's GFLOP/s per turn (for the paired floor)."""
+    children: dict[str, TurnChild] = {}
+    if args.references:
+        config = {"seq": seq, "rows": min(seq, REFERENCE_MAX_ROWS), "threads": args.threads,
+                  "intermediate": args.intermediate, "vocab": args.vocab}
+        children["reference"] = TurnChild(args, config, args.workdir / f"child_reference_{seq}.log", "_reference_turns")
+    for variant in args.variants:
+        info = prepared.get(variant, {})
+        if not info.get("path"):
+            rows.append({"variant": variant, "seq": seq, "status": "failed", "error": info.get("error", "not prepared")})
+            continue
+        why = skip_reason(args, variant, seq)
+        if why:
+            rows.append({"variant": variant, "seq": seq, "status": "skipped", "error": f"skipped: {why}"})
+            continue
+        logits = args.workdir / f"logits_{variant}_{seq}.npy"
+        logits.unlink(missing_ok=True)
+        result_path = args.workdir / f"result_{variant}_{seq}.json"
+        result_path.unlink(missing_ok=True)
+        config = {"variant": variant, "model": str(info["path"]), "seq": seq, "runs": args.runs, "slow": args.slow,
+                  "threads": args.threads, "logits_path": str(logits), "profile_prefix": "",
+                  "result_path": str(result_path), "arena": args.arena, "bind": args.bind_output,
+                  "contended": args.contended, "extra_runs": 0, "budget": args.retry_budget,
+                  "mem_pattern": args.mem_pattern, "vocab": args.vocab, "spin": args.spin, "interleave": True}
+        print(f"[{time.strftime('%H:%M:%S')}] {variant} S={seq}: session and warm-up ...", flush=True)
+        children[variant] = TurnChild(args, config, args.workdir / f"child_{variant}_{seq}.log")
+        # One at a time: a session being built never overlaps another child's warm-up.
+        if children[variant].ready() is None:
+            print(f"    {variant} failed before its first turn", flush=True)
+    if "reference" in children and children["reference"].ready() is None:
+        print("    the MatMul reference failed", flush=True)
+    names = [n for n, ch in children.items() if not ch.failed]
+    reference_rates: list[float | None] = []
+    for t in range(args.runs):
+        order = names[t % len(names):] + names[: t % len(names)]
+        got = {}
+        for name in order:
+            reply = children[name].turn()
+            got[name] = None if reply is None else reply.get("gflops_per_s", reply.get("seconds"))
+        if "reference" in children:
+            reference_rates.append(got.get("reference"))
+        print(f"[{time.strftime('%H:%M:%S')}] turn {t}: " + ", ".join(
+            f"{n} {v}" + (" GFLOP/s" if n == "reference" else " s") for n, v in got.items()), flush=True)
+    for name, child in children.items():
+        row = child.finish()
+        if name != "reference":
+            rows.append(row)
+            print("   ", {k: row.get(k) for k in ("variant", "status", "seconds", "turn_seconds", "peak_rss_mib", "error")},
+                  flush=True)
+    return {"gflops_per_s": reference_rates, "rows": min(seq, REFERENCE_MAX_ROWS)}
+
+
+def paired_ratios(report: dict, r: dict) -> dict[str, float | None]:
+    """--interleave: a row's median over turns of its time / OpenVINO's (the faster route's) in the same
+    turn, and / the floor at the MatMul rate of that turn."""
+    import statistics
+
+    mine = r.get("turn_seconds") or []
+    out: dict[str, float | None] = {"ov": None, "floor": None}
+    ov_rows = [x for x in report["rows"] if x["variant"] in OPENVINO_VARIANTS and x["seq"] == r["seq"]
+               and x["status"] == "ok" and x.get("turn_seconds")]
+    if ov_rows and mine:
+        best_ov = [min(ts) for ts in zip(*(x["turn_seconds"] for x in ov_rows))]
+        out["ov"] = round(statistics.median(a / b for a, b in zip(mine, best_ov)), 3)
+    rates = report.get("turn_references", {}).get(str(r["seq"]), {}).get("gflops_per_s") or []
+    if rates and mine:
+        useful = sum(useful_gflop(r["seq"], report["options"]["vocab"], report["model"]["config"]["intermediate"]).values())
+        ratios_ = [t / (useful / g) for t, g in zip(mine, rates) if g]
+        out["floor"] = round(statistics.median(ratios_), 3) if ratios_ else None
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -877,6 +1109,10 @@ def parse_args(argv):
     p.add_argument("--wait-quiet", type=float, default=0.0,
                    help="before each child, wait until the 1-min loadavg is under this (shared machines)")
     p.add_argument("--wait-max", type=float, default=600.0, help="longest wait for --wait-quiet, seconds")
+    p.add_argument("--interleave", action="store_true",
+                   help="keep every variant's child (and a MatMul reference) alive and run them in turns, one run "
+                        "each per turn (--runs turns): ratios to OpenVINO and to the floor are then also taken per "
+                        "turn (their median), robust to a host whose speed drifts between runs")
     p.add_argument("--export-python", default=DEFAULT_EXPORT_PYTHON)
     p.add_argument("--refresh", action="store_true", help="redo the export and the onnxscript model")
     p.add_argument("--keep-logits", action="store_true")
@@ -934,10 +1170,12 @@ def skip_reason(args, variant: str, seq: int) -> str:
     return ""
 
 
-def measure_length(args, prepared: dict, seq: int, rows: list, numerics: dict, torch_runs: dict) -> None:
-    """Every variant at one length, then the torch reference and the logits comparisons."""
+def measure_length(args, prepared: dict, seq: int, rows: list, numerics: dict, torch_runs: dict) -> dict | None:
+    """Every variant at one length, then the torch reference and the logits comparisons; with
+    --interleave, returns the MatMul reference's rate per turn."""
     export = prepared["unfused"]["path"]
-    for variant in args.variants:
+    turn_refs = measure_length_interleaved(args, prepared, seq, rows) if args.interleave else None
+    for variant in [] if args.interleave else args.variants:
         info = prepared.get(variant, {})
         if not info.get("path"):
             rows.append({"variant": variant, "seq": seq, "status": "failed", "error": info.get("error", "not prepared")})
@@ -981,6 +1219,7 @@ def measure_length(args, prepared: dict, seq: int, rows: list, numerics: dict, t
     if not args.keep_logits:
         for name in args.variants:
             (args.workdir / f"logits_{name}_{seq}.npy").unlink(missing_ok=True)
+    return turn_refs
 
 
 def profile_variants(args, prepared: dict) -> dict:
@@ -1020,8 +1259,11 @@ def main(argv=None) -> int:
     rows: list[dict] = []
     numerics: dict = {}
     torch_runs: dict = {}
+    turn_refs: dict = {}
     for seq in [] if args.profile_only else args.seqs:
-        measure_length(args, prepared, seq, rows, numerics, torch_runs)
+        refs_of_turns = measure_length(args, prepared, seq, rows, numerics, torch_runs)
+        if refs_of_turns:
+            turn_refs[str(seq)] = refs_of_turns
     profiles = profile_variants(args, prepared)
     machine["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     report = {"machine": machine, "versions": versions, "references": refs,
@@ -1029,11 +1271,11 @@ def main(argv=None) -> int:
               "variants": {v: {k: (str(x) if isinstance(x, Path) else x) for k, x in info.items()}
                            for v, info in prepared.items()},
               "rows": rows, "numerics": numerics, "torch_reference": torch_runs, "profiles": profiles,
-              "goals": GOALS}
+              "goals": GOALS, "turn_references": turn_refs}
     report["options"] = {"threads": args.threads, "runs": args.runs, "slow": args.slow, "contended": args.contended,
                          "extra_runs": args.extra_runs, "retry_budget": args.retry_budget, "cpu_mem_arena": args.arena,
                          "bind_output": args.bind_output, "mem_pattern": args.mem_pattern, "vocab": args.vocab,
-                         "wait_quiet": args.wait_quiet, "spin": args.spin}
+                         "wait_quiet": args.wait_quiet, "spin": args.spin, "interleave": args.interleave}
     print_report(report)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2, default=str))
@@ -1041,14 +1283,19 @@ def main(argv=None) -> int:
     return 0 if meets_goals(report) else 1
 
 
-def goal_misses(row: dict, floor: float | None, openvino: float | None) -> list[str]:
-    """Issue 12's goals for one otfuse row (empty: all met, or none applies)."""
+def goal_misses(row: dict, floor: float | None, openvino: float | None, paired: dict | None = None) -> list[str]:
+    """Issue 12's goals for one otfuse row (empty: all met, or none applies). With `paired`
+    (--interleave: medians over turns of the per-turn ratios) those ratios decide instead of the
+    best times' (which may come from different moments of a host whose speed drifts)."""
     misses = []
+    paired = paired or {}
     limit = GOALS["vs_openvino"].get(str(row["seq"]))
-    if limit and openvino and row["seconds"] > limit * openvino:
-        misses.append(f"{row['seconds'] / openvino:.2f}x OpenVINO > {limit}")
-    if floor and row["seconds"] > GOALS["vs_floor"] * floor:
-        misses.append(f"{row['seconds'] / floor:.2f}x floor > {GOALS['vs_floor']}")
+    x_ov = paired.get("ov") or (row["seconds"] / openvino if openvino else None)
+    x_floor = paired.get("floor") or (row["seconds"] / floor if floor else None)
+    if limit and x_ov and x_ov > limit:
+        misses.append(f"{x_ov:.2f}x OpenVINO > {limit}")
+    if x_floor and x_floor > GOALS["vs_floor"]:
+        misses.append(f"{x_floor:.2f}x floor > {GOALS['vs_floor']}")
     if row["peak_rss_mib"] * 2**20 > GOALS["peak_rss_bytes"]:
         misses.append(f"peak {row['peak_rss_mib'] * 2**20 / 1e9:.2f} GB > {GOALS['peak_rss_bytes'] / 1e9:g}")
     return misses
@@ -1058,7 +1305,8 @@ def meets_goals(report: dict) -> bool:
     ok = all(r["status"] in ("ok", "skipped") for r in report["rows"] if r["variant"] == "otfuse")
     for r in report["rows"]:
         if r["variant"] == "otfuse" and r["status"] == "ok":
-            ok &= not goal_misses(r, row_floor(report, r["seq"]), openvino_seconds([report], r["seq"]))
+            ok &= not goal_misses(r, row_floor(report, r["seq"]), openvino_seconds([report], r["seq"]),
+                                  paired_ratios(report, r) if r.get("turn_seconds") else None)
     for key, n in report["numerics"].items():
         if key.startswith("otfuse@"):
             for ref in ("unfused", "torch"):
@@ -1141,8 +1389,15 @@ def print_report(report: dict) -> None:
             if r.get("clean_runs") == 0:
                 note += (", " if note else "") + "CONTENDED: no clean run"
             floor, ov = row_floor(report, r["seq"]), openvino_seconds([report], r["seq"])
+            parent_isa = report.get("references", {}).get("otfuse_isa_path")
+            if r.get("otfuse_isa_path") and parent_isa and r["otfuse_isa_path"].split(";")[0] != parent_isa.split(";")[0]:
+                note += f"{'; ' if note else ''}ISA PATH OF THIS CHILD: {r['otfuse_isa_path']}"
+            paired = paired_ratios(report, r) if r.get("turn_seconds") else None
+            if paired:
+                note += (f"{'; ' if note else ''}per turn: x floor {paired['floor'] or '-'}, x OV {paired['ov'] or '-'} "
+                         f"(medians of {len(r['turn_seconds'])} turns)")
             if r["variant"] == "otfuse":
-                note += "".join(f"; MISSES {m}" for m in goal_misses(r, floor, ov))
+                note += "".join(f"; MISSES {m}" for m in goal_misses(r, floor, ov, paired))
             best = r.get("best_run", r["run_seconds"].index(r["seconds"]))
             cores = f"{r['run_cores_ours'][best]:.2f}/{r['run_cores_others'][best]:.2f}" if "run_cores_ours" in r else "-"
             x = ratios([report], report, r)
@@ -1158,6 +1413,10 @@ def print_report(report: dict) -> None:
           "useful FLOPs at ORT MatMul's rate measured in this run), wall/CPU; x OV: time / OpenVINO's, wall/CPU; max abs diff of the logits; '!' = some element outside the float32 tolerance "
           f"of otfuse diff, rtol {TOL[0]:g} atol {TOL[1]:g}. cores us/others: CPU the child used / everyone else "
           "used during the reported run; loadavg: 1/5/15-min before the child)")
+    for seq, t in report.get("turn_references", {}).items():
+        print(f"--interleave, S={seq}: ORT MatMul per turn ({t['rows']} rows) "
+              + ", ".join(f"{g}" for g in t["gflops_per_s"]) + " GFLOP/s; each row's 'per turn' ratios are medians "
+              "over the turns of its time / that turn's floor and / OpenVINO's time in that turn")
     for seq, t in report.get("torch_reference", {}).items():
         print(f"torch reference S={seq}: " + (t.get("error") or f"{t['seconds']:.2f} s, peak {fmt_gib(t['peak_rss_mib'])}"))
     for key, prof in report["profiles"].items():
@@ -1227,6 +1486,8 @@ if __name__ == "__main__":
         elif cmd == "_run":
             common.use_checkout()
             _run(json.loads(rest[0]))
+        elif cmd == "_reference_turns":
+            _reference_turns(json.loads(rest[0]))
         else:
             raise SystemExit(f"unknown subcommand {cmd}")
         sys.exit(0)

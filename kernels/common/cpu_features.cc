@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "ort_glue.h"
 
@@ -35,6 +36,24 @@ bool CpuHasAvx512() {
 #endif
 }
 
+FmaVerdict PoolFmaBatches(FmaBatch (*next)(void*), void* context, void (*pause)()) {
+  // Same instruction count per round at both widths, twice the lanes at 512 bits: the rate ratio
+  // is 2 * t256 / t512 over the fastest rounds seen so far (2 at full rate, 1 when 512-bit FMAs
+  // are split in two). Minima pooled over batches only come closer to the true times, from above.
+  double t256 = 1e30, t512 = 1e30;
+  FmaVerdict verdict{0.0, 0};
+  while (verdict.batches < kMaxFmaBatches) {
+    if (verdict.batches > 0 && pause != nullptr) pause();
+    const FmaBatch batch = next(context);
+    ++verdict.batches;
+    t256 = std::min(t256, batch.t256);
+    t512 = std::min(t512, batch.t512);
+    verdict.ratio = t512 > 0 && t512 < 1e30 ? 2.0 * t256 / t512 : 0.0;
+    if (verdict.ratio >= kFmaClearlyFull || verdict.ratio <= kFmaClearlyHalf) break;
+  }
+  return verdict;
+}
+
 #if defined(OTFUSE_HAVE_AVX2_KERNELS)
 namespace {
 
@@ -43,6 +62,12 @@ constexpr int kSteps = 256;  // x 10 chains x 2 per step: ~2-3 us per round, ins
 
 double Seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void PauseBetweenFmaBatches() {
+  // Long enough for a passing disturbance (a neighbour on the host core's FMA pipes, an
+  // interrupt burst) to end, short enough that even kMaxFmaBatches of them cost ~20 ms once.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
 // Ten independent chains: enough to cover 4-cycle latency x 2 pipes on every core so far.
@@ -93,33 +118,40 @@ __attribute__((target("avx512f"))) double Round512() {
 
 #undef OTFUSE_CHAINS
 
-double MeasureFma512Over256() {
-  if (!CpuHasAvx512() || !__builtin_cpu_supports("fma")) return 0.0;
+// The best round of each width over one batch of kRounds alternating rounds, in seconds.
+FmaBatch OneFmaBatch(void*) {
   // Some cores run 512-bit ops at a fraction of their rate for tens of microseconds after the
-  // first one (the upper vector halves waking up): 200 us of them first.
+  // first one (the upper vector halves waking up, also after a pause between batches): 200 us
+  // of them first.
   for (const double start = Seconds(); Seconds() - start < 2e-4;) Round512();
   // Rounds alternate, so a frequency step or an interruption hits both widths alike; the
-  // fastest of each counts. Same instruction count, twice the lanes: the rate ratio is
-  // 2 * t256 / t512 (2 at full rate, 1 when 512-bit FMAs are split in two).
-  double t256 = 1e30, t512 = 1e30;
+  // fastest of each counts.
+  FmaBatch batch{1e30, 1e30};
   for (int round = 0; round < kRounds; ++round) {
-    t256 = std::min(t256, Round256());
-    t512 = std::min(t512, Round512());
+    batch.t256 = std::min(batch.t256, Round256());
+    batch.t512 = std::min(batch.t512, Round512());
   }
-  return t512 > 0 ? 2.0 * t256 / t512 : 0.0;
+  return batch;
+}
+
+FmaVerdict MeasureFma512Over256() {
+  if (!CpuHasAvx512() || !__builtin_cpu_supports("fma")) return FmaVerdict{0.0, 0};
+  return PoolFmaBatches(OneFmaBatch, nullptr, PauseBetweenFmaBatches);
 }
 
 }  // namespace
 #endif
 
-double Fma512Over256() {
+FmaVerdict MeasuredFma512Over256() {
 #if defined(OTFUSE_HAVE_AVX2_KERNELS)
-  static const double ratio = MeasureFma512Over256();  // thread-safe, once per process
-  return ratio;
+  static const FmaVerdict verdict = MeasureFma512Over256();  // thread-safe, once per process
+  return verdict;
 #else
-  return 0.0;
+  return FmaVerdict{0.0, 0};
 #endif
 }
+
+double Fma512Over256() { return MeasuredFma512Over256().ratio; }
 
 bool Avx512AtFullRate() {
   // The knob is checked on every CPU, so a typo fails alike on AVX2-only machines.

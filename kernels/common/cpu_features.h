@@ -24,8 +24,32 @@ const char* CpuIsaName(CpuIsa isa);
 bool CpuHasAvx512();
 
 // 512-bit FMA throughput over 256-bit FMA throughput on this core, measured once (best of short
-// rounds of independent FMA chains, ~0.5 ms at the first call); 0 without AVX-512.
+// rounds of independent FMA chains, ~0.5 ms at the first call; more batches when the first one is
+// ambiguous: PoolFmaBatches); 0 without AVX-512.
 double Fma512Over256();
+
+// The measurement's decision rule, apart from the clock (tests feed it batches). Each batch is the
+// fastest of kRounds alternating 256-bit and 512-bit rounds (seconds); the ratio is taken over the
+// minima of all batches so far, and batches go on, `pause` between them, while it lies between
+// kFmaClearlyHalf and kFmaClearlyFull, at most kMaxFmaBatches. Why: one batch is ~0.3 ms, and on
+// a shared host (bench/README.md, "End to end, session 16") about one process in 300 measured
+// 1.42-1.5 on an Emerald Rapids Xeon whose ratio is 1.85-2.0, so that process ran its attention
+// and GEMM on the AVX2 kernels at half speed: a disturbance that lasts a whole batch. A half-rate
+// CPU (~1.0) stops after one batch, a full-rate one normally too.
+struct FmaBatch {
+  double t256;
+  double t512;
+};
+struct FmaVerdict {
+  double ratio;  // 2 * min t256 / min t512
+  int batches;   // batches taken
+};
+constexpr double kFmaClearlyFull = 1.7;
+constexpr double kFmaClearlyHalf = 1.3;
+constexpr int kMaxFmaBatches = 16;
+FmaVerdict PoolFmaBatches(FmaBatch (*next)(void*), void* context, void (*pause)());
+// This process's measurement (Fma512Over256's ratio, and the batches it took).
+FmaVerdict MeasuredFma512Over256();
 
 // True when 512-bit FMAs run at >= 1.5x the 256-bit rate (two full-width pipes). The measurement
 // can be overridden with OTFUSE_AVX512_RATE=full or half (tests, and CPUs where it misjudges).

@@ -73,4 +73,6 @@ def describe_isa(report: dict) -> str:
     if not report["avx512"]:
         return families
     rate = "full" if report["avx512_full_rate"] else "half"
-    return f"{families}; AVX-512 {rate} rate (512/256-bit FMA {report['fma512_over_256']}x measured)"
+    batches = report.get("fma_batches", 1)
+    again = f" in {batches} batches" if batches > 1 else ""
+    return f"{families}; AVX-512 {rate} rate (512/256-bit FMA {report['fma512_over_256']}x measured{again})"
