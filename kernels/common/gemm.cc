@@ -161,17 +161,6 @@ bool PacksPerCall(GemmIsa isa, const GemmProduct& product) {
   return product.packed == nullptr && (!product.transposed || isa != GemmIsa::kAvx512);
 }
 
-// Column ranges of at most `max_cols` for the few-rows tasks of an [n, k] weight (dot and lane
-// forms), as many as a multiple of the hardware threads: those tasks take the same time per
-// column, and an LM head (n = 50257 at 16 rows: 7 ranges of 7180 columns) left one thread 4 of 7
-// tasks, the other 3 (bench/README.md, "norm_linear, session 16: LM heads").
-int64_t EvenRangeCols(int64_t n, int64_t max_cols) {
-  static const int64_t threads = std::max(1u, std::thread::hardware_concurrency());
-  const int64_t ranges = CeilDiv(n, gemm_detail::RangeCols(n, max_cols));
-  if (ranges <= 1) return gemm_detail::RangeCols(n, max_cols);
-  return RoundUp(CeilDiv(n, RoundUp(ranges, threads)), kTileWidth);
-}
-
 // Tasks that pack W per call: span_chunks row chunks (gemm_detail::kPackedSpanChunks) x column
 // ranges of at most packed_cols columns.
 std::vector<Task> PlanTasksSpanning(GemmIsa isa, int64_t m, const std::vector<GemmProduct>& products,
@@ -202,8 +191,6 @@ std::vector<Task> PlanTasksSpanning(GemmIsa isa, int64_t m, const std::vector<Ge
                                                       : gemm_detail::kPackColsTransposed;
       const int64_t rows = PacksPerCall(isa, products[i]) ? span_rows : chunk_rows;
       AddTasks(products, kind, m, rows, i, range, &tasks, max_cells);
-    } else if (products[i].transposed) {
-      AddTasks(products, kind, m, m, i, EvenRangeCols(products[i].n, std::min(max_range, wanted)), &tasks, max_cells);
     } else {
       AddTasks(products, kind, m, m, i, std::min(max_range, wanted), &tasks, max_cells);
     }
