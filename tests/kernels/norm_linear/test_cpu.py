@@ -349,6 +349,21 @@ def test_transposed_weights_agree_with_k_n_ones(rows, dtype):
                                        atol=TOLERANCE[dtype])
 
 
+@pytest.mark.parametrize("rows", [16, 64])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_lane_form_over_an_odd_count_of_column_ranges(rows, threads):
+    """An [N, K] weight wide enough for an odd count of the lane form's column ranges (64 rows:
+    10000 columns in 5 ranges of at most 2048; an LM head's shape at few rows): every range's
+    columns right, the same bits as the [K, N] weight's path, on either thread count."""
+    plain = Case("RMSNormLinear", F32, shape=(rows, 40), widths=(10000,), transposed=[0], seed=23)
+    flipped = Case("RMSNormLinear", F32, shape=(rows, 40), widths=(10000,), transposed=[1], seed=23)
+    flipped.weights = [np.ascontiguousarray(w.T) for w in plain.weights]
+    a, b = plain.run(threads=threads), flipped.run(threads=threads)
+    _check(flipped, b)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+
+
 _RUN_IN_CHILD = (
     "import numpy as np, onnxruntime as ort, otfuse, sys\n"
     "o = ort.SessionOptions(); o.register_custom_ops_library(otfuse.library_path())\n"
