@@ -8,6 +8,8 @@
 //
 //   g++ -O3 -march=native -std=c++17 -pthread bench/gemv_rows_probe.cc -o /tmp/gemv_rows_probe
 //   /work/coord/quiet_run.sh /tmp/gemv_rows_probe fp32 3072 1024 2 240 40 lock16 sweep4:8:2 ...
+//   ... panel4: W packed [tile][K][16] (each copy; fp32), 4 panels in lockstep, the next 4 into L2:
+//   the plugin EP's form, the reference of what W packed reads at (session 16)
 //   ROWS=4 ...: M rows of A (1, 2, 3, 4, 6: one row block), A packed [K][M], y tile-major [tile][M][16]
 // Variants: lock16 (today: 16 k rows in lockstep along the task's columns, next 8 tiles of each
 // row prefetched into L1), lock16n (no prefetch), lock16:D:L (D tiles ahead into L<L>), sweepR:D:L (R rows at a time, each row's whole
@@ -25,6 +27,7 @@
 #include <vector>
 
 static constexpr int64_t K = 2048;
+extern const float* g_panels;
 
 static inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
 static inline __m512 Load16(const uint16_t* p) {
@@ -38,6 +41,7 @@ struct Variant {
   int level = 0;    // 1: L1, 2: L2, 0: none
   bool lock = false;
   bool stream = false;
+  bool panel = false;  // W packed [tile][K][16] (the plugin EP's panels): the packed reference
 };
 
 // Today's PlainTaskOfDepth<S, 16> with one row (MicroRows<1>): per 16-deep k step, tile by tile.
@@ -94,6 +98,32 @@ static void Sweep(const float* a, const S* w, int64_t n, int64_t col0, int64_t c
   }
 }
 
+// The packed reference (session 16): W as [tile][K][16] panels (p: the whole packed W), 4 panels in
+// lockstep along K, the next 4 panels' rows prefetched into L2 (as the plugin EP's one-row calls).
+template <int M>
+static void Panel4(const float* a, const float* p, int64_t col0, int64_t cols, float* y) {
+  const int64_t tiles = cols / 16;
+  for (int64_t t = 0; t < tiles; t += 4) {
+    const int64_t nt = std::min<int64_t>(4, tiles - t);
+    const float* pt[4];
+    for (int i = 0; i < 4; ++i) pt[i] = p + ((col0 / 16) + t + std::min<int64_t>(i, nt - 1)) * K * 16;
+    const float* next = t + 4 < tiles ? p + ((col0 / 16) + t + 4) * K * 16 : nullptr;
+    __m512 acc[4][M];
+    for (int i = 0; i < 4; ++i)
+      for (int m = 0; m < M; ++m) acc[i][m] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; ++k) {
+      if (next != nullptr)
+        for (int i = 0; i < 4; ++i) _mm_prefetch(reinterpret_cast<const char*>(next + i * K * 16 + k * 16), _MM_HINT_T1);
+      for (int i = 0; i < 4; ++i) {
+        const __m512 b = _mm512_loadu_ps(pt[i] + k * 16);
+        for (int m = 0; m < M; ++m) acc[i][m] = _mm512_fmadd_ps(_mm512_set1_ps(a[k * M + m]), b, acc[i][m]);
+      }
+    }
+    for (int i = 0; i < nt; ++i)
+      for (int m = 0; m < M; ++m) _mm512_storeu_ps(y + (t + i) * 16 * M + m * 16, acc[i][m]);
+  }
+}
+
 template <typename S>
 static float StreamSum(const S* w, int64_t n, int64_t col0, int64_t cols) {  // same bytes, rows in order
   __m512 s0 = _mm512_setzero_ps(), s1 = s0;
@@ -112,6 +142,9 @@ static float StreamSum(const S* w, int64_t n, int64_t col0, int64_t cols) {  // 
 template <typename S, int M>
 static void RunTaskM(const Variant& v, const float* a, const S* w, int64_t n, int64_t col0, int64_t cols, float* y) {
   if (v.lock) return Lock16<S, M>(a, w, n, col0, cols, y, v.level, v.ahead);
+  if constexpr (sizeof(S) == 4) {
+    if (v.panel) return Panel4<M>(a, g_panels, col0, cols, y);
+  }
   switch (v.rows) {
     case 1: return Sweep<S, M, 1>(a, w, n, col0, cols, y, v.ahead, v.level);
     case 2: return Sweep<S, M, 2>(a, w, n, col0, cols, y, v.ahead, v.level);
@@ -122,6 +155,7 @@ static void RunTaskM(const Variant& v, const float* a, const S* w, int64_t n, in
 }
 
 static int g_rows = 1;  // M: rows of A
+const float* g_panels = nullptr;  // this pass's copy of W packed (panel4)
 
 template <typename S>
 static void RunTask(const Variant& v, const float* a, const S* w, int64_t n, int64_t col0, int64_t cols, float* y,
@@ -143,6 +177,7 @@ static Variant Parse(const std::string& s) {
   if (s == "lock16") { v.lock = true; v.level = 1; v.ahead = 8; return v; }
   if (sscanf(s.c_str(), "lock16:%d:%d", &v.ahead, &v.level) == 2) { v.lock = true; return v; }
   if (s == "lock16n") { v.lock = true; return v; }
+  if (s == "panel4") { v.panel = true; return v; }
   if (sscanf(s.c_str(), "sweep%d:%d:%d", &v.rows, &v.ahead, &v.level) != 3) { fprintf(stderr, "bad %s\n", s.c_str()); exit(2); }
   return v;
 }
@@ -157,6 +192,18 @@ static int Main(int64_t n, int64_t cols, int threads, int64_t mb, int turns, con
     if constexpr (sizeof(S) == 4) w[i] = f; else w[i] = _cvtss_sh(f, 0);
   }
   for (int64_t c = 1; c < copies; ++c) std::copy(w.begin(), w.begin() + K * n, w.begin() + c * K * n);
+  // Each copy of W packed too (panel4 reads its copy's panels; n a multiple of 16).
+  std::vector<float> packed;
+  const bool any_panel = std::any_of(vs.begin(), vs.end(), [](const Variant& v) { return v.panel; });
+  if constexpr (sizeof(S) == 4) {
+    if (any_panel) {
+      packed.resize(copies * K * n);
+      for (int64_t c = 0; c < copies; ++c)
+        for (int64_t t = 0; t < n / 16; ++t)
+          for (int64_t k = 0; k < K; ++k)
+            for (int j = 0; j < 16; ++j) packed[c * K * n + t * K * 16 + k * 16 + j] = w[c * K * n + k * n + t * 16 + j];
+    }
+  }
   std::vector<float> a(K * g_rows);
   for (int64_t i = 0; i < K * g_rows; ++i) a[i] = ((i * 40503u) % 1001) / 500.0f - 1.0f;
   const int64_t ranges = (n + cols - 1) / cols;
@@ -167,7 +214,9 @@ static int Main(int64_t n, int64_t cols, int threads, int64_t mb, int turns, con
   for (int turn = 0; turn < turns; ++turn) {
     for (size_t j = 0; j < vs.size(); ++j) {
       const size_t vi = (j + turn) % vs.size();
-      const S* wc = w.data() + (copy++ % copies) * K * n;
+      const int64_t this_copy = copy++ % copies;
+      const S* wc = w.data() + this_copy * K * n;
+      if (!packed.empty()) g_panels = packed.data() + this_copy * K * n;
       std::atomic<int64_t> next{0};
       std::vector<float> sinks(threads, 0.0f);
       auto work = [&](int t) {

@@ -163,9 +163,11 @@ bool PacksPerCall(GemmIsa isa, const GemmProduct& product) {
 
 // Tasks that pack W per call: span_chunks row chunks (gemm_detail::kPackedSpanChunks) x column
 // ranges of at most packed_cols columns.
+// `one_row_cols` (one row, OneRowCandidateCols): the column ranges of [k, n] weights read in place.
 std::vector<Task> PlanTasksSpanning(GemmIsa isa, int64_t m, const std::vector<GemmProduct>& products,
                                     int64_t span_chunks, int64_t packed_cols, int64_t* max_cells,
-                                    int64_t packed_once_splits = 1, int64_t packed_once_more_chunks = 0) {
+                                    int64_t packed_once_splits = 1, int64_t packed_once_more_chunks = 0,
+                                    int64_t one_row_cols = 0) {
   std::vector<Task> tasks;
   *max_cells = 0;
   const int64_t chunk_rows = gemm_detail::PackedChunkRows(m);
@@ -191,6 +193,8 @@ std::vector<Task> PlanTasksSpanning(GemmIsa isa, int64_t m, const std::vector<Ge
                                                       : gemm_detail::kPackColsTransposed;
       const int64_t rows = PacksPerCall(isa, products[i]) ? span_rows : chunk_rows;
       AddTasks(products, kind, m, rows, i, range, &tasks, max_cells);
+    } else if (kind == TaskKind::kPlain && one_row_cols > 0) {
+      AddTasks(products, kind, m, m, i, one_row_cols, &tasks, max_cells);
     } else {
       AddTasks(products, kind, m, m, i, std::min(max_range, wanted), &tasks, max_cells);
     }
@@ -255,6 +259,30 @@ class PlanChoice {
   int64_t best_load_ = std::numeric_limits<int64_t>::max();
 };
 
+// ---- One row (decode) over [k, n] weights read in place (kPlain). Reading W is all the work, and
+// its rate from L3 rises with the length of the runs a task reads along W's rows (its columns):
+// bench/gemv_rows_probe.cc, 2 threads, N = 3072, tasks of 256 / 384 / 768 / 1536 columns read
+// 26 / 30 / 38 / 42 GB/s (from DRAM 18 / 23 / 25 / 25). The plan takes the widest ranges (the
+// node's columns over threads x splits, splits = 1, 2, ...) that the threads share evenly
+// (PlanChoice): one task per thread on GPT-2's nodes (2304, 3072 columns) and LLaMA's gate / up,
+// where kStreamTasks' quarters of the node's columns went before. CPU time of the tasks (perf,
+// W in L3, one session a process) -25% on the LLaMA block, -6% on GPT-2 (bench/README.md,
+// "norm_linear, session 16: one row"). The same FMAs per output, so the same bits.
+constexpr int64_t kOneRowMaxSplits = 4;
+
+bool OneRowPlain(GemmIsa isa, int64_t m, const std::vector<GemmProduct>& products) {
+  if (m != 1) return false;
+  return std::any_of(products.begin(), products.end(),
+                     [&](const GemmProduct& p) { return KindFor(isa, m, p) == TaskKind::kPlain; });
+}
+
+// Column ranges of the one-row candidate with `splits` tasks per thread, at least kMinRangeCols.
+int64_t OneRowCandidateCols(const std::vector<GemmProduct>& products, int64_t threads, int64_t splits) {
+  int64_t total_cols = 0;
+  for (const GemmProduct& p : products) total_cols += p.n;
+  return std::max(kMinRangeCols, RoundUp(CeilDiv(total_cols, threads * splits), kTileWidth));
+}
+
 // Tasks that pack W per call copy each k block of their columns once for all their rows, so the
 // plan takes the fewest row spans (up to kPackedSpanChunks chunks each) and then the widest column
 // ranges (kPackedCandidateCols) that leave the tasks Balanced and shared evenly (PlanChoice) by
@@ -290,6 +318,15 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
     const bool may_take = !must_balance || Balanced(tasks, threads);
     return choice.Offer(std::move(tasks), cells, may_take);
   };
+  if (OneRowPlain(isa, m, products)) {
+    for (int64_t splits = 1; splits <= kOneRowMaxSplits; ++splits) {
+      int64_t cells = 0;
+      std::vector<Task> tasks = PlanTasksSpanning(isa, m, products, 1, gemm_detail::kPackCols, &cells, 1, 0,
+                                                  OneRowCandidateCols(products, threads, splits));
+      if (choice.Offer(std::move(tasks), cells, true)) break;
+    }
+    return choice.Take(max_cells);
+  }
   if (!packs_per_call && !deep_plain) {
     if (offer(1, gemm_detail::kPackCols, 1, 0, false)) return choice.Take(max_cells);
     if (m <= gemm_detail::kSplitRangeMaxRows) {

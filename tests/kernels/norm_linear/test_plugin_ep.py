@@ -115,6 +115,35 @@ def test_uneven_ranges_split_evenly(monkeypatch, name, dtype):
                 np.testing.assert_array_equal(a, b)
 
 
+# One row over [k, n] weights read in place (common/gemm.cc, OneRowCandidateCols): the widest
+# column ranges the threads share evenly, one task per thread where that is even (GPT-2's 3072 and
+# 2304, LLaMA's q/k/v 2048 + 512 + 512), more where it is not (768 x 3, and a product narrower
+# than kMinRangeCols beside a wide one); partial last tiles, an odd K.
+ONE_ROW = {
+    "one-wide": (301, (3072,)),
+    "one-qkv": (301, (2048, 512, 512)),
+    "one-thirds": (203, (768, 768, 768)),
+    "one-narrow-beside-wide": (203, (4000, 9, 130)),
+}
+
+
+@pytest.mark.parametrize("name", list(ONE_ROW))
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
+def test_one_row_wide_ranges(monkeypatch, name, dtype):
+    """Decode (one row) with otfuse's GEMM on the custom-op route: right, and bit for bit the same
+    on 1 to 3 threads and as the plugin EP's packed panels (the ranges move, the sums do not)."""
+    monkeypatch.setenv("OTFUSE_NORM_LINEAR_GEMM", "own")
+    k, widths = ONE_ROW[name]
+    case = Case("AddRMSNormLinear", dtype, shape=(1, k), widths=widths, transposed=[0] * len(widths),
+                bias=[i % 2 for i in range(len(widths))], keep=True, seed=29)
+    expected = case.run(threads=1)
+    _check(case, expected)
+    for threads in (1, 2, 3):
+        for got in (case.run(threads=threads), _ep_run(case, threads)):
+            for a, b in zip(got, expected):
+                np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("name", ["packed-one-chunk", "stream-pairs", "packed-deep", "packed-chunks"])
 @pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
 def test_avx2_kernels_agree_with_the_default_ones(monkeypatch, name, dtype):
