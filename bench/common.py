@@ -251,9 +251,12 @@ def timed_run(run) -> tuple[float, float, float]:
     return wall, max(0.0, (b1 - b0) - mine) / wall, mine
 
 
-def side_by_side(runs: list, wanted: int, max_turns: int, contended: float = 0.25) -> list[dict]:
+def side_by_side(runs: list, wanted: int, max_turns: int, contended: float = 0.25, rotate: bool = False) -> list[dict]:
     """Each callable once as a warm-up, then turns of one call each until `wanted` turns were clean
     (everyone else under `contended` cores during every call of the turn) or `max_turns` ran.
+    `rotate`: turn t starts with callable t mod n (then t + 1, ...), so that no callable always runs
+    in the same slot after the same other one (a slot's own bias: bench/README.md, "norm_linear,
+    session 16: fp16").
     Per callable: the median of the clean turns (of all turns when none was clean), the counts,
     the median load of the others, and per kept turn the seconds and this process's CPU seconds
     (`walls`, `cpus`: the same turns for every callable, so that ratios can be taken per turn)."""
@@ -262,7 +265,10 @@ def side_by_side(runs: list, wanted: int, max_turns: int, contended: float = 0.2
         run()
     turns = []
     while len(turns) < max_turns:
-        turns.append([timed_run(run) for run in runs])
+        first = len(turns) % len(runs) if rotate else 0
+        order = list(range(first, len(runs))) + list(range(first))
+        timed = {i: timed_run(runs[i]) for i in order}
+        turns.append([timed[i] for i in range(len(runs))])
         if sum(all(o < contended for _, o, _ in turn) for turn in turns) >= wanted:
             break
     clean = [turn for turn in turns if all(o < contended for _, o, _ in turn)]

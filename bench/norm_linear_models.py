@@ -28,7 +28,9 @@ $OTFUSE_EXPORT_PYTHON) into --workdir and fused twice with otfuse.fuse: "with" (
 "without" (every family but norm_linear). Sessions, in this order each turn: "dup" (the without
 model again: its ratio is the first slot's bias plus the spread), "without", "ep" (the with model
 on otfuse.InferenceSession: the plugin EP packs the projection weights once), "custom" (the with
-model on plain onnxruntime with the custom-op library: weights read in place). All sessions:
+model on plain onnxruntime with the custom-op library: weights read in place), and with
+--custom-library "customB" (the same on another build of the library: an A/B in the same turns);
+--rotate starts each turn with the next session, so that none always runs in the same slot. All sessions:
 --threads intra-op threads, no spinning, no memory pattern (as otfuse.InferenceSession). Prints per
 length the medians of per-turn without / variant ratios (above 1: the variant is faster) and the
 max abs diff of each variant's output against "without", relative to the largest |output| ("rel";
@@ -192,7 +194,7 @@ def norm_linear_shapes(path: Path) -> list[str]:
     return shapes
 
 
-def session(path: Path, threads: int, route: str, profile: str = ""):
+def session(path: Path, threads: int, route: str, profile: str = "", library: str = ""):
     import onnxruntime as ort
 
     import otfuse
@@ -205,7 +207,7 @@ def session(path: Path, threads: int, route: str, profile: str = ""):
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.enable_mem_pattern = False
     if route == "custom":
-        options.register_custom_ops_library(otfuse.library_path())
+        options.register_custom_ops_library(library or otfuse.library_path())
         return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     return otfuse.InferenceSession(str(path), options)
 
@@ -223,6 +225,9 @@ def measure(args, name: str) -> None:
     labels = ["dup", "without", "ep", "custom"]
     sessions = [session(without_path, args.threads, "custom"), session(without_path, args.threads, "custom"),
                 session(with_path, args.threads, "ep"), session(with_path, args.threads, "custom")]
+    if args.custom_library:  # the custom-op route on another build of the library, in the same turns
+        labels.append("customB")
+        sessions.append(session(with_path, args.threads, "custom", library=args.custom_library))
     print(f"  {name} providers: ep {sessions[2].get_providers()}, custom {sessions[3].get_providers()}", flush=True)
     for m in args.tokens:
         if m > MAX_LENGTH.get(model, 4096):
@@ -233,7 +238,7 @@ def measure(args, name: str) -> None:
         sessions[1].run(None, feeds)
         repeat = max(1, min(50, int(args.min_ms * 1e-3 / max(time.perf_counter() - start, 1e-6))))
         runs = [(lambda s=s: [s.run(None, feeds) for _ in range(repeat)]) for s in sessions]
-        times = common.side_by_side(runs, args.runs, args.turns)
+        times = common.side_by_side(runs, args.runs, args.turns, rotate=args.rotate)
         base = times[1]
         line = (f"{name} M={m}: without {base['median'] / repeat * 1e3:.2f} ms (x{repeat}), "
                 f"clean {base['clean']}/{base['turns']}, others {max(t['others'] for t in times):.2f} cores |")
@@ -349,6 +354,10 @@ def main() -> None:
     parser.add_argument("--memory-tokens", type=int, default=16)
     parser.add_argument("--workdir", type=Path, default=Path("/work/nlmodels_work"))
     parser.add_argument("--export-python", default=DEFAULT_EXPORT_PYTHON)
+    parser.add_argument("--rotate", action="store_true",
+                        help="each turn starts with the next session (no session always in the same slot)")
+    parser.add_argument("--custom-library", default="",
+                        help="also time the custom-op route on this library build (customB; e.g. main's, for an A/B)")
     parser.add_argument("--prepare-only", action="store_true", help="export and fuse, no timing")
     parser.add_argument("--profile", action="store_true",
                         help="instead of the A/B: ORT's per-op-type times of each session, --runs runs")

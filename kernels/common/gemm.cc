@@ -66,6 +66,28 @@ int64_t StreamAccumulatorFloats() {
 constexpr int64_t kPackedOnceTasks = 8;
 constexpr int64_t kPackedOnceMinRows = 96;
 
+// 16-bit panels packed once are widened into a float32 stage once per task, k block and tile step
+// (gemm_tiles.inc, PrepackedTask), a pass its row blocks amortise: on the AVX-512 Xeon one task
+// took 1.15x the float32 panels' time at 66 rows and 1.09x at 128, 0.94-0.98x from 512. So up to
+// kWidenedMinRows rows they are one row chunk, a packed range split into column tasks where whole
+// ranges would leave the threads uneven (kFewRowsRangeSplits, PlanTasks), not two or more chunks of
+// 66-86 rows: GPT-2 fp16 on the plugin EP 0.91 / 0.96 -> 0.94 / 0.97x the unfused time at M = 128,
+// 0.89 / 0.90 -> 0.95 / 0.99x at 256 (two runs, in the same turns; one task 1.09-1.15x -> ~1.0x the
+// float32 panels' time). 256-row chunks above that (512 rows: 2 chunks x 3 ranges instead of 4 x 3)
+// ran 0.93x the 128-row chunks' speed: their accumulators and A slice outgrow L2 (bench/README.md,
+// "norm_linear, session 16: fp16").
+constexpr int64_t kWidenedMinRows = 256;
+
+bool WidensPanels(const std::vector<GemmProduct>& products) {
+  return std::any_of(products.begin(), products.end(),
+                     [](const GemmProduct& p) { return p.packed != nullptr && p.type != WeightType::kFloat32; });
+}
+
+// Rows up to which a packed range may be split into column tasks (one row chunk).
+int64_t SplitRangeMaxRows(const std::vector<GemmProduct>& products) {
+  return WidensPanels(products) ? kWidenedMinRows : gemm_detail::kSplitRangeMaxRows;
+}
+
 int64_t PackedOnceChunkRows(int64_t m, const std::vector<GemmProduct>& products, int64_t chunk_rows) {
   int64_t total_cols = 0, widest_range = 0;
   for (const GemmProduct& p : products) {
@@ -73,6 +95,7 @@ int64_t PackedOnceChunkRows(int64_t m, const std::vector<GemmProduct>& products,
     if (p.packed != nullptr) widest_range = std::max(widest_range, gemm_detail::PackedRangeCols(p.n));
   }
   if (widest_range == 0) return chunk_rows;
+  if (WidensPanels(products) && m <= kWidenedMinRows) return RoundUp(m, kRowBlock);  // one chunk
   const int64_t rows = std::max(kPackedOnceMinRows, m * total_cols / (kPackedOnceTasks * widest_range));
   return std::min(chunk_rows, RoundUp(CeilDiv(m, CeilDiv(m, rows)), kRowBlock));
 }
@@ -98,7 +121,7 @@ void AddPackedOnceTasks(int64_t m, const std::vector<GemmProduct>& products, int
                         int64_t splits, std::vector<Task>* tasks, int64_t* max_cells) {
   const int64_t n = products[product].n;
   const int64_t range = gemm_detail::PackedRangeCols(n);
-  if (splits == 1 || m > gemm_detail::kSplitRangeMaxRows || m > chunk_rows) {
+  if (splits == 1 || m > SplitRangeMaxRows(products) || m > chunk_rows) {
     AddTasks(products, TaskKind::kPacked, m, chunk_rows, product, gemm_detail::kPackCols, tasks, max_cells);
     return;
   }
@@ -329,9 +352,12 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
   }
   if (!packs_per_call && !deep_plain) {
     if (offer(1, gemm_detail::kPackCols, 1, 0, false)) return choice.Take(max_cells);
-    if (m <= gemm_detail::kSplitRangeMaxRows) {
-      offer(1, gemm_detail::kPackCols, gemm_detail::kFewRowsRangeSplits, 0, false);
-    } else {
+    const bool split = m <= SplitRangeMaxRows(products);
+    if (split && (offer(1, gemm_detail::kPackCols, gemm_detail::kFewRowsRangeSplits, 0, false) ||
+                  m <= gemm_detail::kSplitRangeMaxRows)) {
+      return choice.Take(max_cells);
+    }
+    {  // more row chunks (also where 16-bit panels' column split left the threads uneven): the best one kept
       int64_t more = 1;
       while (packed_once && more <= 3 && !offer(1, gemm_detail::kPackCols, 1, more, false)) ++more;
     }

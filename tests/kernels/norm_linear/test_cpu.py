@@ -410,6 +410,39 @@ def test_baseline_avx2_and_avx512_variants_agree(tmp_path):
             np.testing.assert_array_equal(a2, a)
 
 
+@pytest.mark.parametrize("isa", ["baseline", "avx2", "auto"])
+def test_float16_results_round_to_nearest_even_on_every_path(monkeypatch, isa):
+    """float16 Y is the float32 sum plus the bias rounded once to nearest even, as numpy rounds: with
+    K = 1 every path's sum is one exact product (float16 x float16 fits float32), so only the rounding
+    differs between paths (the AVX2 / AVX-512 kernels store through F16C, the portable ones through
+    FromFloat<Float16>). Weights over the whole float16 range (subnormals, the largest finite value)
+    and biases that make ties at every scale, overflow to inf and subnormal results; 1 to 600 rows:
+    the row sweep, the in-place tasks, the deep in-place tasks and the packed task whose last k block
+    writes Y as it goes (bench/README.md, "norm_linear, session 16: fp16")."""
+    if isa == "baseline":
+        monkeypatch.setenv("OTFUSE_CPU_ISA", "baseline")
+    elif isa == "avx2":  # (the AVX2 kernels forced: as test_avx2_kernels_agree_with_the_default_ones)
+        monkeypatch.setenv("OTFUSE_GEMM_ISA", "avx2")
+    rng = np.random.default_rng(31)
+    n = 1600  # 100 full tiles
+    bits = rng.integers(0, 0x7c00, n, dtype=np.uint16) | (rng.integers(0, 2, n, dtype=np.uint16) << 15)
+    w = bits.view(np.float16).copy()
+    w[:4] = [np.float16(65504), np.float16(-65504), np.float16(2.0**-24), np.float16(1.0)]
+    ulp = np.spacing(np.minimum(np.abs(w), np.float16(32768))).astype(np.float32)  # float16 ulps (finite)
+    bias = (ulp * rng.choice([0.5, 1.5, -0.5, 3.0], n).astype(np.float32)).astype(np.float16)
+    bias[0] = np.float16(16.0)  # 65504 * 1.5 + 16: inf either way; 65504 + 16 = 65520 ties to inf
+    for rows in (1, 16, 300, 600):
+        case = Case("RMSNormLinear", F16, shape=(rows, 1), widths=(n,), bias=[1], keep=True, seed=rows)
+        case.x = np.where(np.arange(rows) % 2 == 0, 100, -100).astype(np.float16).reshape(rows, 1)
+        case.scale = np.array([1.5], dtype=np.float16)
+        case.weights, case.biases = [w.reshape(1, n)], [bias]
+        y, yn = case.run()
+        assert set(np.abs(yn.astype(np.float32)).ravel()) == {1.5}
+        with np.errstate(over="ignore"):  # (65504 * 1.5: inf, as the kernels round it)
+            expected = (yn.astype(np.float32) * w.astype(np.float32)[None, :] + bias.astype(np.float32)).astype(np.float16)
+        np.testing.assert_array_equal(y.view(np.uint16), expected.view(np.uint16), err_msg=f"{isa}, {rows} rows")
+
+
 def test_bad_gemm_isa_knob_is_refused(monkeypatch):
     monkeypatch.setenv("OTFUSE_GEMM_ISA", "amx")
     with pytest.raises(Exception) as info:

@@ -68,11 +68,12 @@ def test_packed_weights_on_every_shape(name, dtype, monkeypatch):
             np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("rows", [1, 5, 16, 64])
+@pytest.mark.parametrize("rows", [1, 5, 16, 64, 128, 250])
 @pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
 def test_few_rows_split_packed_ranges(monkeypatch, rows, dtype):
     """Three equal packed ranges (N = 700 x 3), which 2 threads would not share evenly: up to 64 rows
-    each range is taken by two tasks (352 + 348 columns, the second ending in a partial tile;
+    (16-bit panels: up to 256, one row chunk, so that their widening is not repeated per chunk) each
+    range is taken by two tasks (352 + 348 columns, the second ending in a partial tile;
     common/gemm.cc, AddPackedOnceTasks) that read their tiles from the middle of the range's panels,
     over three k blocks (256 + 256 + 89). Bit for bit the custom-op route's results, on 1 to 3
     threads."""
