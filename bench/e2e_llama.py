@@ -376,6 +376,24 @@ def _openvino_runner(c: dict, feeds: dict, result: dict):
         return request.get_output_tensor(0).data  # a view of the request's buffer, reused by every run
     return compiled, run
 
+def _summarize_runs(times: list, ours: list, others: list, c: dict, result: dict) -> None:
+    """Fills `result` from the runs' wall times and cores' worth of CPU (ours, everyone else's);
+    run 0 is the warm-up. The best clean run (others under `contended` cores) is the figure."""
+    result["run_seconds"] = [round(t, 3) for t in times]
+    result["run_cores_ours"] = ours
+    result["run_cores_others"] = others
+    timed = list(range(1, len(times))) or [0]
+    # CPU seconds per thread of the cheapest timed run: the work done, less sensitive than wall
+    # time to CPU taken by others (but counting spin-waits and not counting idle threads).
+    result["cpu_seconds_per_thread"] = round(min(times[j] * ours[j] for j in timed) / c["threads"], 3)
+    clean = [j for j in timed if others[j] < c["contended"]]
+    best = min(clean or timed, key=lambda j: times[j])
+    result["seconds"] = round(times[best], 3)
+    result["best_run"] = best
+    result["measured_runs"] = len(times) - 1
+    result["clean_runs"] = len(clean)
+    result["contended_threshold_cores"] = c["contended"]
+
 
 def _timed_runs(run, c: dict, result: dict):
     """Warm-up, then timed runs until `runs` of them were *clean* (everyone else used under
@@ -408,20 +426,7 @@ def _timed_runs(run, c: dict, result: dict):
             break
         if done >= wanted and time.perf_counter() - started + times[-1] > c["budget"]:
             break
-    result["run_seconds"] = [round(t, 3) for t in times]
-    result["run_cores_ours"] = ours
-    result["run_cores_others"] = others
-    timed = list(range(1, len(times))) or [0]
-    # CPU seconds per thread of the cheapest timed run: the work done, less sensitive than wall
-    # time to CPU taken by others (but counting spin-waits and not counting idle threads).
-    result["cpu_seconds_per_thread"] = round(min(times[j] * ours[j] for j in timed) / c["threads"], 3)
-    clean = [j for j in timed if others[j] < c["contended"]]
-    best = min(clean or timed, key=lambda j: times[j])
-    result["seconds"] = round(times[best], 3)
-    result["best_run"] = best
-    result["measured_runs"] = len(times) - 1
-    result["clean_runs"] = len(clean)
-    result["contended_threshold_cores"] = c["contended"]
+    _summarize_runs(times, ours, others, c, result)
     return logits
 
 
@@ -455,18 +460,7 @@ def _turn_runs(run, c: dict, result: dict):
         wall = one()
         result.setdefault("peak_after_run_mib", []).append(common.proc_memory_mib()["peak_rss_mib"])
         _turn_reply({"seconds": round(wall, 4), "cores_others": others[-1]})
-    result["run_seconds"] = [round(t, 3) for t in times]
-    result["run_cores_ours"] = ours
-    result["run_cores_others"] = others
-    timed = list(range(1, len(times))) or [0]
-    result["cpu_seconds_per_thread"] = round(min(times[j] * ours[j] for j in timed) / c["threads"], 3)
-    clean = [j for j in timed if others[j] < c["contended"]]
-    best = min(clean or timed, key=lambda j: times[j])
-    result["seconds"] = round(times[best], 3)
-    result["best_run"] = best
-    result["measured_runs"] = len(times) - 1
-    result["clean_runs"] = len(clean)
-    result["contended_threshold_cores"] = c["contended"]
+    _summarize_runs(times, ours, others, c, result)
     result["turn_seconds"] = [round(t, 4) for t in times[1:]]
     return logits
 

@@ -100,16 +100,7 @@ def main() -> None:
             ep = env.pop("EP", "0") == "1"
             sessions.append((label, ab.session(fused, args.threads, library or default_library, env, ep), env))
         keys = sorted({key for _, _, env in sessions for key in env})
-
-        def runner(s, env, feeds):
-            def run():
-                for key in keys:
-                    os.environ.pop(key, None)
-                os.environ.update(env)
-                for _ in range(args.repeat - 1):
-                    s.run(None, feeds)
-                return s.run(None, feeds)
-            return run
+        runner = ab.env_runner(keys, args.repeat)
 
         for m in args.tokens:
             mlas = common.ort_matmul_gflops(m, args.hidden, [args.vocab], args.threads, runs=3)

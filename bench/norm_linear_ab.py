@@ -55,10 +55,18 @@ def add_plugin_ep(options: ort.SessionOptions, library: str) -> None:
     options.add_provider_for_devices(devices, {})
 
 
-def session(path: Path, threads: int, library: str, env: dict[str, str], ep: bool = False) -> ort.InferenceSession:
+def session(path: Path, threads: int, library: str, env: dict[str, str], ep: bool = False, profile: str = "",
+            mem_pattern: bool = True) -> ort.InferenceSession:
+    """A session of `path` with `library` (and its plugin EP when `ep`), created under the knobs in
+    `env` (restored afterwards: a kernel reads them when it is created); `profile` turns on ORT's
+    profiler with that file prefix."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.enable_mem_pattern = mem_pattern
+    if profile:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile
     options.register_custom_ops_library(library)
     if ep:
         add_plugin_ep(options, library)
@@ -74,6 +82,21 @@ def session(path: Path, threads: int, library: str, env: dict[str, str], ep: boo
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def env_runner(keys: list[str], repeat: int):
+    """runner(session, env, feeds) -> a callable running the session `repeat` times under `env`
+    (every other variant's knob in `keys` cleared first), returning the last outputs."""
+    def runner(s, env, feeds):
+        def run():
+            for key in keys:
+                os.environ.pop(key, None)
+            os.environ.update(env)
+            for _ in range(repeat - 1):
+                s.run(None, feeds)
+            return s.run(None, feeds)
+        return run
+    return runner
 
 
 def layout_copy(fused: Path, out: Path, transposed: bool) -> None:
@@ -149,16 +172,7 @@ def main() -> None:
                 layout_copy(fused, path, layout == "1")
             sessions.append((label, session(path, args.threads, library or default_library, env, ep), env))
         keys = sorted({key for _, _, env in sessions for key in env})
-
-        def runner(s, env, feeds):
-            def run():
-                for key in keys:
-                    os.environ.pop(key, None)
-                os.environ.update(env)
-                for _ in range(args.repeat - 1):
-                    s.run(None, feeds)
-                return s.run(None, feeds)
-            return run
+        runner = env_runner(keys, args.repeat)
 
         for m in args.tokens:
             feeds = nl.feeds_for(m, dtype)

@@ -52,27 +52,8 @@ def weight_bytes(path: Path) -> int:
 
 
 def make_session(path: Path, threads: int, library: str, env: dict[str, str], ep: bool, profile: str = ""):
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.enable_mem_pattern = False
-    if profile:
-        options.enable_profiling = True
-        options.profile_file_prefix = profile
-    options.register_custom_ops_library(library)
-    if ep:
-        ab.add_plugin_ep(options, library)
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    try:
-        providers = None if ep else ["CPUExecutionProvider"]
-        return ort.InferenceSession(str(path), options, providers=providers)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    # Without ORT's memory pattern: one-row runs of a fresh session plan no arena ahead.
+    return ab.session(path, threads, library, env, ep, profile=profile, mem_pattern=False)
 
 
 def node_times(profile_file: str, skip: int) -> dict[str, list[float]]:

@@ -88,6 +88,17 @@ def test_few_rows_split_packed_ranges(monkeypatch, rows, dtype):
             np.testing.assert_array_equal(a, b)
 
 
+def _check_same_on_threads_and_routes(case):
+    """Right, and bit for bit one thread's result on 1 to 3 threads, on both routes (custom op and
+    plugin EP): a plan may move column and row splits, never the order of a sum."""
+    expected = case.run(threads=1)
+    _check(case, expected)
+    for threads in (1, 2, 3):
+        for got in (case.run(threads=threads), _ep_run(case, threads)):
+            for a, b in zip(got, expected):
+                np.testing.assert_array_equal(a, b)
+
+
 # Nodes whose whole column ranges would leave 2 threads uneven (three equal ranges, or 3 row chunks x
 # 3 ranges): rows, K, widths. The plans pick narrower ranges (custom-op route: 768 or 384 columns,
 # read deep in place at 512 rows, packed per call at 900) or more row chunks (weights packed once).
@@ -108,12 +119,7 @@ def test_uneven_ranges_split_evenly(monkeypatch, name, dtype):
     rows, k, widths = UNEVEN[name]
     case = Case("AddRMSNormLinear", dtype, shape=(rows, k), widths=widths, transposed=[0] * len(widths),
                 bias=[i % 2 for i in range(len(widths))], keep=True, seed=23)
-    expected = case.run(threads=1)
-    _check(case, expected)
-    for threads in (1, 2, 3):
-        for got in (case.run(threads=threads), _ep_run(case, threads)):
-            for a, b in zip(got, expected):
-                np.testing.assert_array_equal(a, b)
+    _check_same_on_threads_and_routes(case)
 
 
 # One row over [k, n] weights read in place (common/gemm.cc, OneRowCandidateCols): the widest
@@ -137,12 +143,7 @@ def test_one_row_wide_ranges(monkeypatch, name, dtype):
     k, widths = ONE_ROW[name]
     case = Case("AddRMSNormLinear", dtype, shape=(1, k), widths=widths, transposed=[0] * len(widths),
                 bias=[i % 2 for i in range(len(widths))], keep=True, seed=29)
-    expected = case.run(threads=1)
-    _check(case, expected)
-    for threads in (1, 2, 3):
-        for got in (case.run(threads=threads), _ep_run(case, threads)):
-            for a, b in zip(got, expected):
-                np.testing.assert_array_equal(a, b)
+    _check_same_on_threads_and_routes(case)
 
 
 @pytest.mark.parametrize("name", ["packed-one-chunk", "stream-pairs", "packed-deep", "packed-chunks"])
