@@ -29,28 +29,7 @@
 using namespace otfuse;
 using namespace otfuse::gemm_detail;
 
-static double Now() {
-  timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return t.tv_sec + 1e-9 * t.tv_nsec;
-}
-
-template <typename E>
-static std::vector<E> PackRange(const E* w, int64_t k, int64_t n, int64_t cols) {
-  const int64_t tiles = (cols + kTileWidth - 1) / kTileWidth;
-  std::vector<E> panels(tiles * kTileWidth * k, E{});
-  for (int64_t k0 = 0; k0 < k; k0 += kPackDepth) {
-    const int64_t kc = std::min(kPackDepth, k - k0);
-    for (int64_t t = 0; t < tiles; ++t) {
-      for (int64_t kk = 0; kk < kc; ++kk) {
-        for (int64_t j = 0; j < kTileWidth && t * kTileWidth + j < cols; ++j) {
-          panels[k0 * tiles * kTileWidth + (t * kc + kk) * kTileWidth + j] = w[(k0 + kk) * n + t * kTileWidth + j];
-        }
-      }
-    }
-  }
-  return panels;
-}
+#include "gemm_micro_common.h"
 
 static void Flush(const void* p, size_t bytes) {
   for (size_t i = 0; i < bytes; i += 64) _mm_clflush(static_cast<const char*>(p) + i);
