@@ -686,6 +686,19 @@ class TurnChild:
         return row
 
 
+def _runnable(args, prepared: dict, variant: str, seq: int, rows: list) -> dict | None:
+    """The variant's prepared model at this length, or None with its row (failed / skipped) added."""
+    info = prepared.get(variant, {})
+    if not info.get("path"):
+        rows.append({"variant": variant, "seq": seq, "status": "failed", "error": info.get("error", "not prepared")})
+        return None
+    why = skip_reason(args, variant, seq)
+    if why:
+        rows.append({"variant": variant, "seq": seq, "status": "skipped", "error": f"skipped: {why}"})
+        return None
+    return info
+
+
 def measure_length_interleaved(args, prepared: dict, seq: int, rows: list) -> dict:
     """--interleave: every variant's child (and the MatMul reference's) alive at once, then --runs
     turns, each running every one of them once in a rotated order. Rows as measure_length's, plus
@@ -696,13 +709,8 @@ def measure_length_interleaved(args, prepared: dict, seq: int, rows: list) -> di
                   "intermediate": args.intermediate, "vocab": args.vocab}
         children["reference"] = TurnChild(args, config, args.workdir / f"child_reference_{seq}.log", "_reference_turns")
     for variant in args.variants:
-        info = prepared.get(variant, {})
-        if not info.get("path"):
-            rows.append({"variant": variant, "seq": seq, "status": "failed", "error": info.get("error", "not prepared")})
-            continue
-        why = skip_reason(args, variant, seq)
-        if why:
-            rows.append({"variant": variant, "seq": seq, "status": "skipped", "error": f"skipped: {why}"})
+        info = _runnable(args, prepared, variant, seq, rows)
+        if info is None:
             continue
         logits = args.workdir / f"logits_{variant}_{seq}.npy"
         logits.unlink(missing_ok=True)
@@ -1170,13 +1178,8 @@ def measure_length(args, prepared: dict, seq: int, rows: list, numerics: dict, t
     export = prepared["unfused"]["path"]
     turn_refs = measure_length_interleaved(args, prepared, seq, rows) if args.interleave else None
     for variant in [] if args.interleave else args.variants:
-        info = prepared.get(variant, {})
-        if not info.get("path"):
-            rows.append({"variant": variant, "seq": seq, "status": "failed", "error": info.get("error", "not prepared")})
-            continue
-        why = skip_reason(args, variant, seq)
-        if why:
-            rows.append({"variant": variant, "seq": seq, "status": "skipped", "error": f"skipped: {why}"})
+        info = _runnable(args, prepared, variant, seq, rows)
+        if info is None:
             continue
         logits = args.workdir / f"logits_{variant}_{seq}.npy"
         logits.unlink(missing_ok=True)
