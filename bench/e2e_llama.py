@@ -395,6 +395,20 @@ def _summarize_runs(times: list, ours: list, others: list, c: dict, result: dict
     result["contended_threshold_cores"] = c["contended"]
 
 
+def _one_timed_run(run, times: list, ours: list, others: list):
+    """One run: its wall time, and the cores' worth of CPU it and everyone else used meanwhile,
+    appended to the lists; returns (its outputs, its wall time)."""
+    c0, b0, t0 = os.times(), _cpu_busy_seconds(), time.perf_counter()
+    outputs = run()
+    wall = time.perf_counter() - t0
+    c1, b1 = os.times(), _cpu_busy_seconds()
+    mine = (c1.user - c0.user) + (c1.system - c0.system)
+    times.append(wall)
+    ours.append(round(mine / wall, 2))
+    others.append(round(max(0.0, (b1 - b0) - mine) / wall, 2))
+    return outputs, wall
+
+
 def _timed_runs(run, c: dict, result: dict):
     """Warm-up, then timed runs until `runs` of them were *clean* (everyone else used under
     `contended` cores meanwhile), at most `extra_runs` more, while under `budget` seconds."""
@@ -405,14 +419,7 @@ def _timed_runs(run, c: dict, result: dict):
     i = 0
     while True:
         logits = None  # never two logits alive at once
-        c0, b0, t0 = os.times(), _cpu_busy_seconds(), time.perf_counter()
-        logits = run()
-        wall = time.perf_counter() - t0
-        c1, b1 = os.times(), _cpu_busy_seconds()
-        mine = (c1.user - c0.user) + (c1.system - c0.system)
-        times.append(wall)
-        ours.append(round(mine / wall, 2))
-        others.append(round(max(0.0, (b1 - b0) - mine) / wall, 2))
+        logits, _ = _one_timed_run(run, times, ours, others)
         if i == 0:
             result["rss_after_first_run_mib"] = common.proc_memory_mib()["rss_mib"]
             result["peak_after_first_run_mib"] = common.proc_memory_mib()["peak_rss_mib"]
@@ -439,15 +446,8 @@ def _turn_runs(run, c: dict, result: dict):
 
     def one():
         nonlocal logits
-        logits = None
-        c0, b0, t0 = os.times(), _cpu_busy_seconds(), time.perf_counter()
-        logits = run()
-        wall = time.perf_counter() - t0
-        c1, b1 = os.times(), _cpu_busy_seconds()
-        mine = (c1.user - c0.user) + (c1.system - c0.system)
-        times.append(wall)
-        ours.append(round(mine / wall, 2))
-        others.append(round(max(0.0, (b1 - b0) - mine) / wall, 2))
+        logits = None  # never two logits alive at once
+        logits, wall = _one_timed_run(run, times, ours, others)
         return wall
 
     one()
