@@ -31,11 +31,12 @@ double Fma512Over256();
 // The measurement's decision rule, apart from the clock (tests feed it batches). Each batch is the
 // fastest of kRounds alternating 256-bit and 512-bit rounds (seconds); the ratio is taken over the
 // minima of all batches so far, and batches go on, `pause` between them, while it lies between
-// kFmaClearlyHalf and kFmaClearlyFull, at most kMaxFmaBatches. Why: one batch is ~0.3 ms, and on
-// a shared host (bench/README.md, "End to end, session 16") about one process in 300 measured
-// 1.42-1.5 on an Emerald Rapids Xeon whose ratio is 1.85-2.0, so that process ran its attention
-// and GEMM on the AVX2 kernels at half speed: a disturbance that lasts a whole batch. A half-rate
-// CPU (~1.0) stops after one batch, a full-rate one normally too.
+// kFmaClearlyHalf and kFmaClearlyFull, or at or below kFmaClearlyHalf after one batch only, at
+// most kMaxFmaBatches. Why: one batch is ~0.3 ms, and on
+// a shared host (bench/README.md, "End to end, session 16") 7 of 4000 processes measured 0.71-1.5
+// on an Emerald Rapids Xeon whose ratio is 1.85-2.0, so they ran their attention and GEMM on the
+// AVX2 kernels at half speed: a disturbance that lasts a whole batch. A full-rate CPU normally
+// stops after one batch; half rate (<= kFmaClearlyHalf) takes two that agree (~1 ms more, once).
 struct FmaBatch {
   double t256;
   double t512;
