@@ -354,6 +354,26 @@ def test_decode_next_key_tile_fetch_edges(library, monkeypatch, dtype, order):
         check(library, inputs, attrs)
 
 
+@pytest.mark.parametrize("head_size", [128, 72])
+@pytest.mark.parametrize("dtype", [F16, BF16], ids=lambda d: d.name)
+def test_decode_value_pass_key_pairs(library, monkeypatch, dtype, head_size):
+    # The direct path's P·V passes over a tile's keys in pairs with the L1 lead and the next
+    # tile's L2 fetch in a loop of their own, then the keys the lead would pass (AVX-512 since
+    # session 17, AVX2 since session 11): tiles of 16 and 32 keys cut by the past's end so that
+    # a tile's past segment holds fewer keys than the pair loop needs (< 10), exactly 10, 11, an
+    # odd and an even count; D = 128 (whole 64-lane passes) and 72 (one masked pass).
+    rng = seeded("pv-pairs", dtype.name, head_size)
+    n, nkv = 8, 2
+    for tiles in ("4x16", "4x32"):
+        monkeypatch.setenv("OTFUSE_ATTENTION_TILES", tiles)
+        for past in (7, 9, 10, 11, 42, 75):
+            monkeypatch.delenv("OTFUSE_CPU_ISA", raising=False)  # _under_each_isa leaves the baseline set
+            inputs = qkv(rng, 1, n, nkv, 1, 1, head_size, dtype)
+            inputs["past_key"] = rand(rng, (1, nkv, past, head_size), dtype)
+            inputs["past_value"] = rand(rng, (1, nkv, past, head_size), dtype)
+            _under_each_isa(library, monkeypatch, inputs, {"num_heads": n, "kv_num_heads": nkv, "causal": 1})
+
+
 @pytest.mark.parametrize("window", [1, 16, 100, 500])
 @pytest.mark.parametrize("dtype", [F32, F16], ids=lambda d: d.name)
 def test_sliding_window(library, dtype, window):
