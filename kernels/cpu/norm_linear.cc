@@ -271,10 +271,20 @@ class NormLinearKernel {
   // stream W, and which reads it faster depends on the CPU (bench/README.md): MLAS's single-row kernel on the
   // Zen 3 measured (ours 0.83x in CPU time), ours on the AVX-512 Xeon (ours 1.10-1.56x, MLAS
   // 0.89-1.10x). The CPU class decides (CpuHasAvx512), not the forced micro-kernels nor the
-  // AVX-512 FMA rate: one row is bound by reading W.
+  // AVX-512 FMA rate: one row is bound by reading W. A node with packed panels takes ours at one
+  // row too (as the plugin EP does): on the Xeon as an AVX2 machine ours over the panels ran
+  // 1.25x the unfused time where MLAS on the initializer ran 1.05-1.07x (GPT-2's tied head,
+  // bench/README.md "LM heads, session 17").
   GemmPath ChooseGemm(int64_t rows) const {
     if (forced_) return *forced_;
-    return rows == 1 && !one_row_own_ ? GemmPath::kOrt : GemmPath::kOwn;
+    return rows == 1 && !one_row_own_ && !AnyPanels() ? GemmPath::kOrt : GemmPath::kOwn;
+  }
+
+  bool AnyPanels() const {
+    for (const PackedWeight& w : packed_) {
+      if (w.panels) return true;
+    }
+    return false;
   }
 
   // Rows of the norm (T, as the standalone norm rounds them; and S) as the products' A: rounded

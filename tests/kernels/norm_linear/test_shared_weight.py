@@ -74,12 +74,28 @@ def test_knob_reads_shared_weights_in_place(name, monkeypatch):
         np.testing.assert_array_equal(a, b)
 
 
-def test_one_row_keeps_the_same_gemm_choice():
-    """Float32, one row, no forced path: ORT's Gemm on a CPU without AVX-512 reads the initializer
-    (the panels are for our GEMM), ours reads the panels otherwise; either way the reference's
-    results."""
+@pytest.mark.skipif(not otfuse_session._ort_has_kernel_ep_api(), reason="no plugin-EP kernel API (ORT < 1.24)")
+@pytest.mark.parametrize("name", ["one-row-one-col", "decode", "decode-packed"])
+def test_one_row_reads_the_panels_on_every_cpu(name):
+    """Float32, one row, no forced path: ours over the panels (not ORT's Gemm on the initializer, as
+    an unmarked node takes on a CPU without AVX-512), so the plugin EP's results bit for bit."""
+    from kernels.norm_linear.test_plugin_ep import _ep_run
+
+    case = _case(name, F32)
+    got = case.run(shared_weight=_shared(case))
+    _check(case, got)
+    for a, b in zip(got, _ep_run(case)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_forced_ort_gemm_reads_the_shared_initializer(monkeypatch):
+    """OTFUSE_NORM_LINEAR_GEMM=ort still runs ORT's Gemm: the initializer is there (ORT keeps it)."""
+    monkeypatch.setenv("OTFUSE_NORM_LINEAR_GEMM", "ort")
     case = _case("decode", F32)
-    _check(case, case.run(shared_weight=_shared(case)))
+    got = case.run(shared_weight=_shared(case))
+    _check(case, got)
+    for a, b in zip(got, case.run()):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
