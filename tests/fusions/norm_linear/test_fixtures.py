@@ -78,3 +78,33 @@ def test_gpt2_gemm_and_tied_lm_head(tmp_path):
     biased = [list(a.ints) for n in nodes for a in n.attribute if a.name == "has_bias"]
     assert transposed.count([1]) == 1  # lm_head reads the tied embedding [vocab, hidden] transposed
     assert biased.count([1]) == 4  # the four Conv1D Gemms carry their bias
+
+
+# Exports whose lm_head is the embedding table (a Gather reads it too): GPT-2 and BLOOM tie it;
+# the Qwen2 / LLaMA-family fixtures (and Phi, GPT-NeoX, GPT-J) have their own lm_head weight.
+TIED = {"gpt2", "bloom"}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_shared_weight_only_on_a_tied_lm_head(tmp_path, name):
+    """shared_weight = 1 exactly on the projection whose weight a Gather reads (the tied lm_head,
+    read transposed), nowhere else: an untied lm_head (Qwen2's, LLaMA's) and every other projection
+    carry no attribute, so the custom-op kernel never copies their weights."""
+    out = tmp_path / "fused.onnx"
+    otfuse.fuse(fixture_path(name), out, only=["norm", "norm_linear"])
+    model = onnx.load(out)
+    gathered = {n.input[0] for n in model.graph.node if n.op_type == "Gather"}
+    marked = []
+    for node in model.graph.node:
+        if not (node.domain == "otfuse" and node.op_type.endswith("Linear")):
+            continue
+        attributes = {a.name: list(a.ints) for a in node.attribute if a.type == onnx.AttributeProto.INTS}
+        widths = attributes["out_features"]
+        first = len(node.input) - len(widths) - sum(attributes.get("has_bias", []))
+        weights = node.input[first:first + len(widths)]
+        for weight, shared in zip(weights, attributes.get("shared_weight", [0] * len(widths))):
+            assert shared == int(weight in gathered), (node.name, weight)
+            if shared:
+                marked.append((weight, attributes["transposed"][weights.index(weight)]))
+    assert len(marked) == (1 if name in TIED else 0), marked
+    assert all(transposed == 1 for _, transposed in marked)
