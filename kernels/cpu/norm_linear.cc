@@ -193,7 +193,7 @@ class NormLinearKernel {
     std::vector<GemmProduct> products;
     for (size_t i = 0; i < params_.count(); ++i) {
       products.push_back({weights[i].data, WeightTypeOf(input.x.type), params_.transposed[i] != 0, params_.widths[i],
-                          bias_f[i], outputs.ys[i].data, PanelsFor(i, rows)});
+                          bias_f[i], outputs.ys[i].data, packed_[i].panels.get()});
     }
     // ORT's Gemm reads A row-major; ours the layouts its plan names (the packed row blocks
     // written by the norm's tasks directly).
@@ -239,7 +239,10 @@ class NormLinearKernel {
     }
   }
 
-  // W_i as the run reads it: its packed panels (and the shape it had) where PrePack took it.
+  // W_i as the run reads it: its packed panels (and the shape it had) where PrePack took it (the
+  // panels of a shared W_i packed here are read at every row count too: on the AVX-512 Xeon they
+  // ran 1.03-1.30x the unfused time at 1-16 rows, 0.99-1.27x at 64-128 and no slower than the table
+  // in place at 512-2048, bench/README.md "LM heads, session 17"; the check reads the input).
   std::vector<InputTensor> Weights(const KernelContext& ctx) const {
     std::vector<InputTensor> weights;
     for (size_t i = 0; i < params_.count(); ++i) {
@@ -250,12 +253,6 @@ class NormLinearKernel {
       }
     }
     return weights;
-  }
-
-  // The panels a run of `rows` rows reads for W_i, or null: W_i in place.
-  const void* PanelsFor(size_t i, int64_t rows) const {
-    (void)rows;
-    return packed_[i].panels.get();
   }
 
   // ORT's Gemm reads W_i itself, which is gone once packed by PrePack.
@@ -273,8 +270,8 @@ class NormLinearKernel {
   // 0.89-1.10x). The CPU class decides (CpuHasAvx512), not the forced micro-kernels nor the
   // AVX-512 FMA rate: one row is bound by reading W. A node with packed panels takes ours at one
   // row too (as the plugin EP does): on the Xeon as an AVX2 machine ours over the panels ran
-  // 1.25x the unfused time where MLAS on the initializer ran 1.05-1.07x (GPT-2's tied head,
-  // bench/README.md "LM heads, session 17").
+  // 1.41-1.44x the unfused time where MLAS on the initializer ran 1.05-1.14x (GPT-2's and Qwen2's
+  // tied heads, bench/README.md "LM heads, session 17").
   GemmPath ChooseGemm(int64_t rows) const {
     if (forced_) return *forced_;
     return rows == 1 && !one_row_own_ && !AnyPanels() ? GemmPath::kOrt : GemmPath::kOwn;
