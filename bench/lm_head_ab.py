@@ -1,14 +1,16 @@
 """LM-head A/B: final LayerNorm + a tied lm_head (the `[V, K]` embedding table E, read by a Gather
 too, multiplied as `MatMul(ln, Transpose(E))` the way GPT-2 / Qwen2 exports have it) unfused
-against fused sessions (LayerNormLinear, `transposed` = 1, reading E in place) that differ in the
-library they load or the environment their runs see, side by side in one process (bench/
+against fused sessions (LayerNormLinear, `transposed` = 1; tied: `shared_weight` = 1, so the
+custom-op kernel packs E once, `OTFUSE_NORM_LINEAR_SHARED_PACK=0` reads it in place as an untied E
+always is) that differ in the library they load or the environment their runs see, side by side in one process (bench/
 norm_linear_ab.py's variants). Prints, measured in the same run: the CPU model, the memory read
 bandwidth (bench/stream_read.c), ORT's MatMul GFLOP/s on [M, K] x [K, V] (MLAS, prepacked), and
 per variant its time, the unfused / variant ratio (median of per-turn ratios), the GFLOP/s and the
 rate at which it passes over E's bytes (GB/s: E's bytes / time).
 
     python bench/lm_head_ab.py --vocab 50257 --hidden 768 --tokens 16 128 \
-        --variant new= base=/work/coord/lib_74f7c80.so knob=,OTFUSE_GEMM_ISA=avx2
+        --variant new= base=/work/coord/lib_74f7c80.so knob=,OTFUSE_GEMM_ISA=avx2 \
+        inplace=,OTFUSE_NORM_LINEAR_SHARED_PACK=0
 
 A variant is LABEL=LIBRARY[,KEY=VALUE...] (LIBRARY empty: OTFUSE_LIBRARY); EP=1 runs the node on
 the library's plugin EP (E packed once by PrePack). Not a test.
@@ -91,7 +93,8 @@ def main() -> None:
         onnx.save(lm_head_model(args.vocab, args.hidden, tied), src)
         otfuse.fuse(src, base, only=["norm"])
         report = otfuse.fuse(src, fused, only=["norm", "norm_linear"])
-        print(f"fused: {report.fusions}", flush=True)
+        shared = [list(a.ints) for n in onnx.load(fused).graph.node for a in n.attribute if a.name == "shared_weight"]
+        print(f"fused: {report.fusions}, shared_weight {shared or 'absent'}", flush=True)
         sessions = [("unfused", ab.session(base, args.threads, default_library, {}), {})]
         for spec in args.variant:
             label, rest = spec.split("=", 1)

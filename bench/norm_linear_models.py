@@ -28,7 +28,8 @@ $OTFUSE_EXPORT_PYTHON) into --workdir and fused twice with otfuse.fuse: "with" (
 "without" (every family but norm_linear). Sessions, in this order each turn: "dup" (the without
 model again: its ratio is the first slot's bias plus the spread), "without", "ep" (the with model
 on otfuse.InferenceSession: the plugin EP packs the projection weights once), "custom" (the with
-model on plain onnxruntime with the custom-op library: weights read in place), and with
+model on plain onnxruntime with the custom-op library: weights read in place, except a
+`shared_weight` one, packed once), and with
 --custom-library "customB" (the same on another build of the library: an A/B in the same turns);
 --rotate starts each turn with the next session, so that none always runs in the same slot. All sessions:
 --threads intra-op threads, no spinning, no memory pattern (as otfuse.InferenceSession). Prints per
@@ -36,7 +37,8 @@ length the medians of per-turn without / variant ratios (above 1: the variant is
 max abs diff of each variant's output against "without", relative to the largest |output| ("rel";
 "OVER" when above the dtype's tolerance, TOLERANCE). Not a test.
 
---memory instead: each of without (custom-op route), ep and custom in a fresh Python: the RSS
+--memory instead: each of without (custom-op route), ep, custom and custom_in_place (custom
+with OTFUSE_NORM_LINEAR_SHARED_PACK=0: a tied table read in place) in a fresh Python: the RSS
 growth of creating the session and the peak RSS after one run of --memory-tokens tokens, beside
 the bytes of the model's initializers, so that a weight held twice shows (the plugin EP packs W
 and ORT frees the initializer only when no other node reads it).
@@ -188,9 +190,10 @@ def norm_linear_shapes(path: Path) -> list[str]:
             continue
         widths = next(list(a.ints) for a in node.attribute if a.name == "out_features")
         flags = next((list(a.ints) for a in node.attribute if a.name == "transposed"), [0] * len(widths))
+        shared = next((list(a.ints) for a in node.attribute if a.name == "shared_weight"), [0] * len(widths))
         weights = [dims[n] for n in node.input if len(dims.get(n, [])) == 2][-len(widths):]
         k = {w[1] if t else w[0] for w, t in zip(weights, flags)}
-        shapes.append(f"{node.op_type} K={'/'.join(map(str, sorted(k)))} N={widths} T={flags}")
+        shapes.append(f"{node.op_type} K={'/'.join(map(str, sorted(k)))} N={widths} T={flags} shared={shared}")
     return shapes
 
 
@@ -321,10 +324,15 @@ def memory(args, name: str) -> None:
     with_path, without_path = prepare(args, name)
     label = with_path.parent.name
     print(f"{label} initializers: {weight_bytes(with_path)} (with), {weight_bytes(without_path)} (without)", flush=True)
-    for variant, path, route in (("without", without_path, "custom"), ("ep", with_path, "ep"),
-                                 ("custom", with_path, "custom")):
+    for shape in norm_linear_shapes(with_path):
+        print(f"  {label} node: {shape}")
+    # custom_in_place: a shared_weight W_i read in place (not packed once at session creation)
+    for variant, path, route, knob in (("without", without_path, "custom", "1"), ("ep", with_path, "ep", "1"),
+                                       ("custom", with_path, "custom", "1"),
+                                       ("custom_in_place", with_path, "custom", "0")):
+        env = {**common.child_env(), "OTFUSE_NORM_LINEAR_SHARED_PACK": knob}
         result = subprocess.run([sys.executable, __file__, "_memory", str(path), route, str(args.threads),
-                                 str(args.memory_tokens)], capture_output=True, text=True, env=common.child_env())
+                                 str(args.memory_tokens)], capture_output=True, text=True, env=env)
         line = result.stdout.strip().splitlines()[-1] if result.returncode == 0 else result.stderr.strip()[-400:]
         print(f"{label} M={args.memory_tokens} {variant}: {line}", flush=True)
 

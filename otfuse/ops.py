@@ -200,7 +200,8 @@ def _norm_linear(name: str, norm: Op) -> Op:
     epsilon = norm.default("epsilon")
     attributes = (Attribute("epsilon", "float", epsilon), Attribute("axis", "int", -1),
                   Attribute("out_features", "ints"), Attribute("transposed", "ints", ZerosLike("out_features")),
-                  Attribute("has_bias", "ints", ZerosLike("out_features")))
+                  Attribute("has_bias", "ints", ZerosLike("out_features")),
+                  Attribute("shared_weight", "ints", ZerosLike("out_features")))
     return _op(name, "norm_linear", [*leading, Input("W", variadic=True), Input("bias", _WEIGHT, variadic=True)],
                outputs, attributes, f"{norm.name}, then Y_i = Yn @ W_i (+ bias_i) for every projection")
 

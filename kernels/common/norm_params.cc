@@ -85,6 +85,7 @@ NormLinearParams ReadNormLinearParams(const KernelInfo& info, NormKind kind, boo
   const size_t count = params.count();
   params.transposed = ReadFlags(info, "transposed", count);
   params.has_bias = ReadFlags(info, "has_bias", count);
+  params.shared_weight = ReadFlags(info, "shared_weight", count);
   params.first_weight = (add ? 3 : 2) + (kind == NormKind::kLayer ? 1 : 0);
   params.bias_count = static_cast<size_t>(std::count(params.has_bias.begin(), params.has_bias.end(), 1));
   const size_t expected_inputs = params.first_weight + count + params.bias_count;

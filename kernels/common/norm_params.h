@@ -48,6 +48,9 @@ struct NormLinearParams {
   std::vector<int64_t> widths;      // out_features
   std::vector<int64_t> transposed;  // per projection, 0 or 1
   std::vector<int64_t> has_bias;    // per projection, 0 or 1
+  // per projection, 0 or 1: W_i is a constant another node of the model reads too (a tied embedding
+  // table's Gather), so the session keeps it whatever this node does (docs/ops.md)
+  std::vector<int64_t> shared_weight;
   size_t first_weight = 0;          // input index of W_1
   size_t bias_count = 0;
   size_t count() const { return widths.size(); }

@@ -85,15 +85,33 @@ WeightType WeightTypeOf(ONNXTensorElementDataType type) {
   return WeightType::kFloat32;
 }
 
-// W_i packed once (PrePack): the panels of common/gemm.h's PackWeight (W_i's element type: 4 or
-// 2 bytes each), and W_i's type and shape for the run's checks (ORT freed the initializer).
+// W_i packed once: the panels of common/gemm.h's PackWeight (W_i's element type: 4 or 2 bytes
+// each), and W_i's type and shape for the run's checks. By PrePack (plugin EP: ORT then frees the
+// initializer), or on the custom-op route from a shared constant W_i (ORT keeps it: `in_place`).
 struct PackedWeight {
   ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
   Shape shape;
   // As 32-bit words (aligned for either element); shared with the session's other kernels of
   // this weight (PackedWeightCache).
   std::shared_ptr<uint32_t[]> panels;
+  // W_i is still there to be read in place (the run's input): a run may take either.
+  bool in_place = false;
 };
+
+// The custom-op route's packed shared weights, for every session of the process (an OrtCustomOp
+// has no session-wide state): kernels of one constant share its panels (a merged decoder's two
+// branches); the cache checks the panels bit for bit, so a freed and reused address cannot match.
+PackedWeightCache& SharedWeightCache() {
+  static PackedWeightCache cache;
+  return cache;
+}
+
+// OTFUSE_NORM_LINEAR_SHARED_PACK=0: a shared W_i is read in place like any other (benchmarks,
+// tests: both paths stay testable); anything else or unset: packed once.
+bool PacksSharedWeights() {
+  const char* value = std::getenv("OTFUSE_NORM_LINEAR_SHARED_PACK");
+  return value == nullptr || std::strcmp(value, "0") != 0;
+}
 
 size_t ElementBytes(ONNXTensorElementDataType type) { return type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT ? 4 : 2; }
 
@@ -118,6 +136,7 @@ class NormLinearKernel {
       if (forced_ == GemmPath::kOrt) throw Error("OTFUSE_NORM_LINEAR_GEMM=ort: no ORT Gemm in the plugin EP's kernels");
       return;
     }
+    if (PacksSharedWeights()) PackSharedWeights(info);
     // ORT's Gemm, one per (layout, bias) the projections use (created for every T: the kernel
     // does not know its T yet; only float32 runs them).
     for (size_t i = 0; i < params_.count(); ++i) {
@@ -132,20 +151,7 @@ class NormLinearKernel {
   // and checks as usual (a W_i whose type is not x's fails the run's checks either way).
   bool PrePack(size_t input, const InputTensor& tensor, PackedWeightCache& cache) {
     if (input < params_.first_weight || input >= params_.first_weight + params_.count()) return false;
-    const size_t i = input - params_.first_weight;
-    const bool t = params_.transposed[i] != 0;
-    if (!IsWeightType(tensor.type) || tensor.shape.size() != 2) return false;
-    const int64_t k = tensor.shape[t ? 1 : 0], n = tensor.shape[t ? 0 : 1];
-    if (n != params_.widths[i] || k <= 0) return false;
-    std::shared_ptr<uint32_t[]> panels = cache.Find(tensor, t, k, n);
-    if (!panels) {
-      const size_t bytes = static_cast<size_t>(PackedWeightElements(k, n)) * ElementBytes(tensor.type);
-      panels = Allocate<uint32_t>((bytes + 3) / 4, "a packed weight");
-      PackWeight(tensor.data, WeightTypeOf(tensor.type), t, k, n, panels.get());
-      cache.Add(tensor, t, panels);
-    }
-    packed_[i] = PackedWeight{tensor.type, tensor.shape, std::move(panels)};
-    return true;
+    return Pack(input - params_.first_weight, tensor, cache, /*in_place=*/false);
   }
 
   void Compute(const KernelContext& ctx) const {
@@ -202,11 +208,45 @@ class NormLinearKernel {
     }
   }
 
-  // W_i as the run reads it: its packed panels (and the shape it had) where PrePack took it.
+  // W_i packed into panels (PackedWeight, in `cache`'s set when it has them already) when it is
+  // of a weight type and its contract shape; false (nothing kept) otherwise.
+  bool Pack(size_t i, const InputTensor& tensor, PackedWeightCache& cache, bool in_place) {
+    const bool t = params_.transposed[i] != 0;
+    if (!IsWeightType(tensor.type) || tensor.shape.size() != 2) return false;
+    const int64_t k = tensor.shape[t ? 1 : 0], n = tensor.shape[t ? 0 : 1];
+    if (n != params_.widths[i] || k <= 0) return false;
+    std::shared_ptr<uint32_t[]> panels = cache.Find(tensor, t, k, n);
+    if (!panels) {
+      const size_t bytes = static_cast<size_t>(PackedWeightElements(k, n)) * ElementBytes(tensor.type);
+      panels = Allocate<uint32_t>((bytes + 3) / 4, "a packed weight");
+      PackWeight(tensor.data, WeightTypeOf(tensor.type), t, k, n, panels.get());
+      cache.Add(tensor, t, panels);
+    }
+    packed_[i] = PackedWeight{tensor.type, tensor.shape, std::move(panels), in_place};
+    return true;
+  }
+
+  // The custom-op route (no pre-pack hook): a W_i the rule marks shared_weight (another node reads
+  // it, so ORT keeps it for the session whatever this node does) packed once here, from the kernel
+  // info's constant, as PrePack packs it on the plugin-EP route. The unfused session holds that
+  // constant and MLAS's packed copy of it, so the panels cost no memory the unfused model did not
+  // take (bench/README.md, "LM heads, session 17"). An unmarked W_i is never copied.
+  void PackSharedWeights(const KernelInfo& info) {
+    for (size_t i = 0; i < params_.count(); ++i) {
+      if (params_.shared_weight[i] == 0) continue;
+      const std::optional<InputTensor> w = info.ConstantInput(params_.first_weight + i);
+      if (w) Pack(i, *w, SharedWeightCache(), /*in_place=*/true);
+    }
+  }
+
+  // W_i as the run reads it: its packed panels (and the shape it had) where PrePack took it (the
+  // panels of a shared W_i packed here are read at every row count too: on the AVX-512 Xeon they
+  // ran 1.03-1.30x the unfused time at 1-16 rows, 0.99-1.27x at 64-128 and no slower than the table
+  // in place at 512-2048, bench/README.md "LM heads, session 17"; the check reads the input).
   std::vector<InputTensor> Weights(const KernelContext& ctx) const {
     std::vector<InputTensor> weights;
     for (size_t i = 0; i < params_.count(); ++i) {
-      if (packed_[i].panels) {
+      if (packed_[i].panels && !packed_[i].in_place) {
         weights.push_back({packed_[i].type, packed_[i].shape, packed_[i].panels.get()});
       } else {
         weights.push_back(RequiredInput(ctx, params_.first_weight + i, "W" + std::to_string(i + 1)));
@@ -215,10 +255,10 @@ class NormLinearKernel {
     return weights;
   }
 
-  // ORT's Gemm reads W_i itself, which is gone once packed.
+  // ORT's Gemm reads W_i itself, which is gone once packed by PrePack.
   bool AnyPacked() const {
     for (const PackedWeight& w : packed_) {
-      if (w.panels) return true;
+      if (w.panels && !w.in_place) return true;
     }
     return false;
   }
@@ -228,10 +268,20 @@ class NormLinearKernel {
   // stream W, and which reads it faster depends on the CPU (bench/README.md): MLAS's single-row kernel on the
   // Zen 3 measured (ours 0.83x in CPU time), ours on the AVX-512 Xeon (ours 1.10-1.56x, MLAS
   // 0.89-1.10x). The CPU class decides (CpuHasAvx512), not the forced micro-kernels nor the
-  // AVX-512 FMA rate: one row is bound by reading W.
+  // AVX-512 FMA rate: one row is bound by reading W. A node with packed panels takes ours at one
+  // row too (as the plugin EP does): on the Xeon as an AVX2 machine ours over the panels ran
+  // 1.41-1.44x the unfused time where MLAS on the initializer ran 1.05-1.14x (GPT-2's and Qwen2's
+  // tied heads, bench/README.md "LM heads, session 17").
   GemmPath ChooseGemm(int64_t rows) const {
     if (forced_) return *forced_;
-    return rows == 1 && !one_row_own_ ? GemmPath::kOrt : GemmPath::kOwn;
+    return rows == 1 && !one_row_own_ && !AnyPanels() ? GemmPath::kOrt : GemmPath::kOwn;
+  }
+
+  bool AnyPanels() const {
+    for (const PackedWeight& w : packed_) {
+      if (w.panels) return true;
+    }
+    return false;
   }
 
   // Rows of the norm (T, as the standalone norm rounds them; and S) as the products' A: rounded

@@ -279,10 +279,12 @@ def _analyse(op: ops.Op, ctx: RewriteContext, match: Match) -> Fusion:
         named["S"] = norm.output[1] if len(norm.output) > 1 and norm.output[1] else \
             helpers.fresh(f"{norm.output[0]}_sum")
     epsilon = attr(norm, "epsilon")
+    shared = [int(_gathered(ctx.graph, p.weight)) for p in analysis.projections]
     call = op(**named, W=weights, bias=biases, Y=outputs, Yn=norm.output[0] if analysis.keep_normalized else "",
               axis=-1, out_features=[p.n for p in analysis.projections],
               transposed=[int(p.transposed) for p in analysis.projections],
               has_bias=[int(p.bias is not None) for p in analysis.projections],
+              shared_weight=shared if any(shared) else None,
               epsilon=None if epsilon is None else float(epsilon))
     nodes: list[onnx.NodeProto] = []
     for projection in analysis.projections:
@@ -290,6 +292,18 @@ def _analyse(op: ops.Op, ctx: RewriteContext, match: Match) -> Fusion:
             nodes.append(projection.reshape)
         nodes.extend(projection.nodes)
     return Fusion(call, (*match.covered, *nodes), helpers)
+
+
+def _gathered(graph: GraphIndex, weight: str) -> bool:
+    """Whether a Gather of this graph reads the weight as its data (a tied embedding table: GPT-2's
+    wte, Qwen2-0.5B's embed_tokens): ORT then keeps the initializer for the session whatever the
+    fused node does, and the unfused session holds it beside MLAS's packed copy of the projection,
+    so the custom-op kernel may pack it once without holding more than the unfused model
+    (``shared_weight``, docs/ops.md; measured: bench/README.md, "LM heads, session 17"). Any other
+    reader proves nothing (a MatMul would pack it and let ORT free it), nor does a Gather in a
+    subgraph, which this graph's index does not see."""
+    return graph.is_constant(weight) and weight in graph.initializers and any(
+        _std(user, "Gather") and user.input[0] == weight for user in graph.uses(weight))
 
 
 def _keeps_shape(graph: GraphIndex, reshape: onnx.NodeProto) -> bool:

@@ -4,6 +4,7 @@ not fuse (or must fuse while keeping the normalised tensor), each proven by otfu
 from __future__ import annotations
 
 import numpy as np
+from onnx import TensorProto
 from fusing import assert_same_outputs, attrs, fuse_model, fused_nodes
 from fusions.norm.graphs import layer_norm_decomposed, rms_norm
 from graphs import F32, GraphBuilder
@@ -79,6 +80,68 @@ def test_lm_head_through_transpose_of_a_constant(tmp_path):
     assert attrs(node)["transposed"] == [1]
     assert node.input[-1] == table  # the exported tensor, read transposed by the kernel
     assert not any(n.op_type == "Transpose" for n in model.graph.node)
+
+
+def tied_head(gather_reads_table=True):
+    """RMSNorm -> MatMul(., Transpose(E)) -> logits, and the embedding lookup Gather(E, ids) -> emb
+    (GPT-2 / Qwen2-0.5B's tied table; with ``gather_reads_table`` False the Gather reads its own
+    table: an untied head). Returns (the builder, the norm's output, E)."""
+    b, x = builder()
+    n = rms_norm(b, x, HIDDEN)
+    table = b.const(weight(40, HIDDEN), "embedding")
+    out(b, b.node("MatMul", [n, b.node("Transpose", [table], perm=[1, 0])]), "logits", ["batch", "seq", 40])
+    ids = b.input("ids", TensorProto.INT64, ["batch", "seq"])
+    looked_up = table if gather_reads_table else b.const(weight(40, HIDDEN), "embedding_in")
+    out(b, b.node("Gather", [looked_up, ids], axis=0), "emb", ["batch", "seq", HIDDEN])
+    return b, n, table
+
+
+def test_tied_lm_head_marks_its_weight_shared(tmp_path):
+    """A Gather reads the head's table too: ORT keeps it whatever the fused node does, so the node
+    says so (shared_weight = 1: the custom-op kernel packs it once, docs/ops.md)."""
+    b, _, table = tied_head()
+    model, _ = fuse(tmp_path, b)
+    (node,) = linear_nodes(model)
+    assert attrs(node)["shared_weight"] == [1] and attrs(node)["transposed"] == [1]
+    assert node.input[-1] == table
+    assert sorted(n.op_type for n in model.graph.node if table in n.input) == ["Gather", "RMSNormLinear"]
+
+
+def test_untied_lm_head_has_no_shared_weight(tmp_path):
+    """Mutation: the Gather reads another table, so nothing else keeps the head's weight: no
+    attribute (an untied weight is read in place, never copied)."""
+    b, _, _ = tied_head(gather_reads_table=False)
+    model, _ = fuse(tmp_path, b)
+    (node,) = linear_nodes(model)
+    assert "shared_weight" not in attrs(node)
+
+
+def test_weight_read_by_another_op_is_not_marked_shared(tmp_path):
+    """Mutation: the head's table is read by something that is no Gather (a second, unfused MatMul;
+    an Identity to an output): ORT may pack and free it in the unfused graph, so reading it elsewhere
+    proves nothing about the memory: no attribute."""
+    for other in ("MatMul", "Identity"):
+        b, x = builder()
+        n = rms_norm(b, x, HIDDEN)
+        table = b.const(weight(40, HIDDEN), "embedding")
+        out(b, b.node("MatMul", [n, b.node("Transpose", [table], perm=[1, 0])]), "logits", ["batch", "seq", 40])
+        if other == "MatMul":
+            out(b, b.node("MatMul", [x, b.node("Transpose", [table], perm=[1, 0])]), "raw", ["batch", "seq", 40])
+        else:
+            out(b, b.node("Identity", [table]), "table_out", [40, HIDDEN])
+        model, _ = fuse(tmp_path, b)
+        (node,) = linear_nodes(model)
+        assert "shared_weight" not in attrs(node), other
+
+
+def test_shared_weight_per_projection(tmp_path):
+    """Two projections of one norm, one over the tied table: only that one is marked."""
+    b, n, _ = tied_head()
+    out(b, b.node("MatMul", [n, b.const(weight(HIDDEN, 8))]), "q", ["batch", "seq", 8])
+    model, _ = fuse(tmp_path, b)
+    (node,) = linear_nodes(model)
+    assert attrs(node)["out_features"] == [40, 8]
+    assert attrs(node)["shared_weight"] == [1, 0]
 
 
 def test_gemm_trans_b_behind_a_flattening_reshape(tmp_path):
