@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <thread>
@@ -49,13 +50,20 @@ using gemm_detail::TaskKind;
 constexpr int64_t kStreamTasks = 4;
 constexpr int64_t kMinRangeCols = 256;
 
+// This CPU's L2 per core in bytes (512 KiB when the OS does not say).
+int64_t L2Bytes() {
+  static const int64_t bytes = [] {
+    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return static_cast<int64_t>(l2 > 0 ? l2 : 512 << 10);
+  }();
+  return bytes;
+}
+
 // A streaming task's accumulators (rows x cols floats) stay in L2 for its whole k loop: a quarter
 // of this CPU's L2 (512 KiB on Zen 3, 1 MiB on Zen 4), the rest for W's lines and A.
 int64_t StreamAccumulatorFloats() {
-  static const int64_t floats = [] {
-    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-    return std::clamp<int64_t>(l2 > 0 ? l2 / 4 : 128 << 10, 32 << 10, 1 << 20) / static_cast<int64_t>(sizeof(float));
-  }();
+  static const int64_t floats =
+      std::clamp<int64_t>(L2Bytes() / 4, 32 << 10, 1 << 20) / static_cast<int64_t>(sizeof(float));
   return floats;
 }
 
@@ -160,6 +168,21 @@ int64_t DeepPlainMinRows(GemmIsa isa, const GemmProduct& product) {
   return gemm_detail::kStreamMaxRowsAvx512 + 1;
 }
 
+// A 16-bit [k, n] weight read deep in place (kDeepPlain): each task's accumulators (rows x cols
+// floats) are read and written once per k block, between which its A slice (rows x kPackDepth
+// floats) passes through L2 once per tile pair. Column ranges whose two fit in
+// kDeepL2Share of L2 run faster than wider ones that spill to L3: Qwen2's gate / up at 512 rows,
+// 976 -> 496 columns (1.95 -> 0.97 MiB of accumulators beside 0.5 MiB of A), 1-5% less time per task in
+// four runs on the Emerald Rapids Xeon, GPT-2's 3072 columns 768 -> 512 3% (bench/README.md,
+// "norm_linear fp16, session 17"). float32 W not measured: its plan stays.
+constexpr int64_t kDeepL2ShareNum = 3, kDeepL2ShareDen = 4;
+
+bool DeepRangeFitsL2(int64_t m, const GemmProduct& product, int64_t cols) {
+  const int64_t range = RoundUp(gemm_detail::RangeCols(product.n, cols), kTileWidth);
+  const int64_t bytes = static_cast<int64_t>(sizeof(float)) * m * (range + gemm_detail::kPackDepth);
+  return bytes * kDeepL2ShareDen <= L2Bytes() * kDeepL2ShareNum;
+}
+
 // How the tasks of a product read W at m rows: packed once, its panels at every row count; a
 // [k, n] weight deep in place from DeepPlainMinRows up to kDeepPlainMaxRows (AVX2, AVX-512);
 // W packed per task past StreamMaxRows otherwise; else in place, an [n, k] weight as dot products up to
@@ -173,6 +196,13 @@ TaskKind KindFor(GemmIsa isa, int64_t m, const GemmProduct& product) {
   if (m > StreamMaxRows(isa, product)) return TaskKind::kPacked;
   if (!product.transposed) return TaskKind::kPlain;
   return m <= gemm_detail::kDotMaxRows ? TaskKind::kDot : TaskKind::kLane;
+}
+
+// Whether column ranges of at most `cols` keep every 16-bit deep in-place task within L2 (DeepRangeFitsL2).
+bool DeepRangesFitL2(GemmIsa isa, int64_t m, const std::vector<GemmProduct>& products, int64_t cols) {
+  return std::all_of(products.begin(), products.end(), [&](const GemmProduct& p) {
+    return p.type == WeightType::kFloat32 || KindFor(isa, m, p) != TaskKind::kDeepPlain || DeepRangeFitsL2(m, p, cols);
+  });
 }
 
 // The dot and lane forms read A row-major (the lane form through its [k][16] copy); the others packed.
@@ -318,7 +348,9 @@ int64_t OneRowCandidateCols(const std::vector<GemmProduct>& products, int64_t th
 // let three equal tasks onto 2 threads (largest = total / 3): hidden 768's nodes (N = 2304 = 3 x
 // 768, 3072 = 3 x 1024, q/k/v 768 x 3) ran at 4/3 of an even split; 768 and 384 columns split
 // them in 4 and 6 (bench/README.md, "norm_linear, even task splits, session 15").
-// Deep plain tasks (kDeepPlain: one row chunk, nothing copied) take the column ranges the same way.
+// Deep plain tasks (kDeepPlain: one row chunk, nothing copied) take the column ranges the same way,
+// a 16-bit weight's only those whose accumulators and A slice fit in L2 (DeepRangeFitsL2; the
+// narrowest always).
 // Weights packed once: row chunks of PackedOnceChunkRows, or up to 3 more chunks where those
 // leave the threads uneven (9 tasks on 2 threads: hidden 768 at M = 512). Products of no other
 // kind take the same tasks in every candidate plan: then the first is the plan (a decode step's
@@ -363,8 +395,10 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
     }
     return choice.Take(max_cells);
   }
+  const int64_t narrowest = gemm_detail::kPackedCandidateCols[std::size(gemm_detail::kPackedCandidateCols) - 1];
   for (int64_t span = packs_per_call ? gemm_detail::kPackedSpanChunks : 1; span >= 1; --span) {
     for (const int64_t cols : gemm_detail::kPackedCandidateCols) {
+      if (cols != narrowest && !DeepRangesFitL2(isa, m, products, cols)) continue;  // (16-bit deep tasks)
       if (offer(span, cols, 1, 0, true)) return choice.Take(max_cells);
     }
   }

@@ -210,6 +210,9 @@ SHAPES = {
     "deep-plain": ((301, 600), (100, 33), [0, 0]),
     # [K, N]: the most rows read in place (576) and the first packed per task (577)
     "deep-plain-last": ((576, 300), (70,), [0]),
+    # 16-bit W deep in place, 512 rows x 2000 columns: ranges whose accumulators and A slice fit in
+    # 3/4 of L2 (common/gemm.cc, DeepRangeFitsL2: 4 x 500 columns with a 2 MiB L2, not 3 x 672)
+    "deep-plain-narrow": ((512, 300), (2000,), [0]),
     "packed-after-deep": ((577, 300), (70,), [0]),
     "packed-deep": ((2, 70, 601), (130, 13), [0, 1]),  # three k blocks (256, 256, 89), K % 8 != 0
     "packed-chunks": ((4, 203, 70), (1100, 9), [0, 1]),  # 812 rows: two row chunks, two column ranges
@@ -285,10 +288,11 @@ def test_thread_count_does_not_change_results(name):
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("name", ["decode-sweep", "rows-sweep"])
+@pytest.mark.parametrize("name", ["decode-sweep", "rows-sweep", "deep-plain-narrow"])
 @pytest.mark.parametrize("dtype", [F16, BF16], ids=["f16", "bf16"])
 def test_row_sweep_thread_count_does_not_change_results(name, dtype):
-    """16-bit [K, N] weights, up to 6 rows: the row sweep's column ranges on 1 and 2 threads."""
+    """16-bit [K, N] weights: the row sweep's column ranges (up to 6 rows) and the deep in-place
+    tasks' L2-sized ranges (512 rows) on 1 and 2 threads."""
     shape, widths, transposed = SHAPES[name]
     case = Case("RMSNormLinear", dtype, shape=shape, widths=widths, transposed=transposed, seed=3)
     one, two = case.run(threads=1), case.run(threads=2)
@@ -417,8 +421,9 @@ def test_float16_results_round_to_nearest_even_on_every_path(monkeypatch, isa):
     differs between paths (the AVX2 / AVX-512 kernels store through F16C, the portable ones through
     FromFloat<Float16>). Weights over the whole float16 range (subnormals, the largest finite value)
     and biases that make ties at every scale, overflow to inf and subnormal results; 1 to 600 rows:
-    the row sweep, the in-place tasks, the deep in-place tasks and the packed task whose last k block
-    writes Y as it goes (bench/README.md, "norm_linear, session 16: fp16")."""
+    the row sweep, the in-place tasks, the deep in-place tasks (at 512 rows in L2-sized column
+    ranges) and the packed task whose last k block writes Y as it goes (bench/README.md, "norm_linear,
+    session 16: fp16")."""
     if isa == "baseline":
         monkeypatch.setenv("OTFUSE_CPU_ISA", "baseline")
     elif isa == "avx2":  # (the AVX2 kernels forced: as test_avx2_kernels_agree_with_the_default_ones)
@@ -431,7 +436,7 @@ def test_float16_results_round_to_nearest_even_on_every_path(monkeypatch, isa):
     ulp = np.spacing(np.minimum(np.abs(w), np.float16(32768))).astype(np.float32)  # float16 ulps (finite)
     bias = (ulp * rng.choice([0.5, 1.5, -0.5, 3.0], n).astype(np.float32)).astype(np.float16)
     bias[0] = np.float16(16.0)  # 65504 * 1.5 + 16: inf either way; 65504 + 16 = 65520 ties to inf
-    for rows in (1, 16, 300, 600):
+    for rows in (1, 16, 300, 512, 600):
         case = Case("RMSNormLinear", F16, shape=(rows, 1), widths=(n,), bias=[1], keep=True, seed=rows)
         case.x = np.where(np.arange(rows) % 2 == 0, 100, -100).astype(np.float16).reshape(rows, 1)
         case.scale = np.array([1.5], dtype=np.float16)
