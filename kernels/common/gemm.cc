@@ -336,6 +336,37 @@ int64_t OneRowCandidateCols(const std::vector<GemmProduct>& products, int64_t th
   return std::max(kMinRangeCols, RoundUp(CeilDiv(total_cols, threads * splits), kTileWidth));
 }
 
+// Tasks that pack W per call or read it deep in place, in plans of many rows: at least
+// kPackedTasksPerThread per thread, and each row chunk's accumulators with its A slice
+// (PackedChunkRows, or a deep task's rows, x (columns + kPackDepth) floats) within L2, where the
+// candidate widths allow (PlanTasks). Qwen2's gate / up ([896, 4864] x 2) at
+// M = 2048 took 10 tasks of 2048 x 976 (a chunk's accumulators 2.7 MiB: from L3 on every call) and
+// its q / k / v node ([896, 896 + 128 + 128]) 5 of 128-304 columns, which left a thread idle for up
+// to half a task whenever the other core ran slower (this host: FMA loops ~1.5x slower for seconds
+// at a time); 384 / 128 columns ran 1.03-1.09x / 1.04-1.11x the old plan's speed in the same turns
+// (bench/README.md, "norm_linear large M, session 17"). Deep tasks at M = 512 the same way: Qwen2's
+// gate / up 1.02-1.31x, LLaMA's 1.03x, GPT-2's up projection 1.03x; AVX2 kernels 1.00x.
+constexpr int64_t kPackedTasksPerThread = 3;
+constexpr int64_t kFineCandidateCols[] = {1024, 768, 512, 384, 256, 192, 128};
+
+bool IsPackedCandidate(int64_t cols) {
+  return std::find(std::begin(gemm_detail::kPackedCandidateCols), std::end(gemm_detail::kPackedCandidateCols), cols) !=
+         std::end(gemm_detail::kPackedCandidateCols);
+}
+
+bool FineGrained(GemmIsa isa, const std::vector<GemmProduct>& products, const std::vector<Task>& tasks,
+                 int64_t threads) {
+  if (static_cast<int64_t>(tasks.size()) < threads * kPackedTasksPerThread) return false;
+  for (const Task& task : tasks) {
+    const bool deep = task.kind == TaskKind::kDeepPlain;
+    if (!deep && (task.kind != TaskKind::kPacked || !PacksPerCall(isa, products[task.product]))) continue;
+    const int64_t chunk_rows = deep ? task.rows : gemm_detail::PackedChunkRows(task.rows);
+    const int64_t bytes = chunk_rows * (RoundUp(task.cols, kTileWidth) + gemm_detail::kPackDepth) * 4;
+    if (bytes > L2Bytes()) return false;
+  }
+  return true;
+}
+
 // Tasks that pack W per call copy each k block of their columns once for all their rows, so the
 // plan takes the fewest row spans (up to kPackedSpanChunks chunks each) and then the widest column
 // ranges (kPackedCandidateCols) that leave the tasks Balanced and shared evenly (PlanChoice) by
@@ -396,10 +427,19 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
     return choice.Take(max_cells);
   }
   const int64_t narrowest = gemm_detail::kPackedCandidateCols[std::size(gemm_detail::kPackedCandidateCols) - 1];
-  for (int64_t span = packs_per_call ? gemm_detail::kPackedSpanChunks : 1; span >= 1; --span) {
-    for (const int64_t cols : gemm_detail::kPackedCandidateCols) {
-      if (cols != narrowest && !DeepRangesFitL2(isa, m, products, cols)) continue;  // (16-bit deep tasks)
-      if (offer(span, cols, 1, 0, true)) return choice.Take(max_cells);
+  // Fine-grained plans first (FineGrained: the fewest row spans, more candidate widths); then as before.
+  for (const bool fine : {true, false}) {
+    if (fine && !packs_per_call && !deep_plain) continue;
+    const int64_t fewest_spans = packs_per_call ? gemm_detail::kPackedSpanChunks : 1;
+    for (int64_t span = fewest_spans; span >= (fine ? fewest_spans : 1); --span) {
+      for (const int64_t cols : kFineCandidateCols) {
+        if (!fine && !IsPackedCandidate(cols)) continue;
+        if (cols != narrowest && !DeepRangesFitL2(isa, m, products, cols)) continue;  // (16-bit deep tasks)
+        int64_t cells = 0;
+        std::vector<Task> tasks = PlanTasksSpanning(isa, m, products, span, cols, &cells);
+        const bool may_take = Balanced(tasks, threads) && (!fine || FineGrained(isa, products, tasks, threads));
+        if (choice.Offer(std::move(tasks), cells, may_take)) return choice.Take(max_cells);
+      }
     }
   }
   return choice.Take(max_cells);

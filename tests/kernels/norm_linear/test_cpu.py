@@ -222,6 +222,10 @@ SHAPES = {
     # 1001 rows: two row chunks (504 + 497, its last row block partial) that one task per column range
     # spans on the custom-op route (W packed once for both), over two k blocks (256 + 44)
     "packed-span": ((1001, 300), (1100, 500, 300), [0, 0, 0]),
+    # 1100 rows (two chunks of 552) in one span, on 2 threads at least 6 tasks whose chunks'
+    # accumulators stay in L2 (common/gemm.cc, FineGrained): 192-column ranges (4 x 160 + 64 + 64),
+    # a width only the fine-grained plans try; each task's last k block writes Y as it goes
+    "packed-fine": ((1100, 120), (640, 64, 64), [0, 0, 0]),
     # [n, k] weights, many rows: AVX-512's staged units (two tiles, then a partial one) over three k
     # blocks and two column ranges; the other kernels' packed blocks
     "packed-transposed": ((2, 70, 601), (300, 40), [1, 1]),

@@ -1,0 +1,144 @@
+"""One RMSNorm + projections node against MLAS in paired turns: GFLOP/s of the products in the node.
+
+    python bench/norm_linear_node.py --hidden 896 --widths 4864 4864 --tokens 2048 \
+        --variant main=/work/coord/lib_ed1d4df.so new= --threads 2 --turns 9
+
+Sessions, one run each per turn, the first slot rotating (no session always runs first):
+"unfused" = otfuse's RMSNorm then one ORT MatMul per width (MLAS, weights prepacked as constants:
+what the model without norm_linear runs), "matmul" = the MatMuls alone on an already normalised
+input (MLAS's GEMM rate on the node's shapes), and one fused RMSNormLinear session per --variant
+(LABEL=LIBRARY[,EP=1], LIBRARY empty for OTFUSE_LIBRARY; the custom-op route: plain ORT + the
+library, W read in place; EP=1: the library's plugin EP, W packed once; any other KEY=VALUE set in
+the environment around that session's runs). Prints per M each session's median GFLOP/s (2 M K sum(widths) over its wall time;
+the norm's time counts in unfused and the variants) and the median of per-turn unfused / variant
+matmul / variant and first variant / variant time ratios (above 1: the variant is faster), and the FMA peak
+(bench/fma_peak.c, the same threads) before and after the turns: this host runs FMA-bound loops up
+to ~1.5x slower for stretches of seconds, so only figures of the same turns compare
+(bench/README.md, "norm_linear large M, session 17"). Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+import norm_linear as nl  # noqa: E402
+
+common.use_checkout()
+import otfuse  # noqa: E402
+
+
+def node_model(hidden: int, widths: list[int], with_norm: bool) -> onnx.ModelProto:
+    """x [1, M, hidden] -> (decomposed RMSNorm ->) one MatMul per width (outputs y0, y1, ...)."""
+    nl.HIDDEN = hidden
+    rng = np.random.default_rng(0)
+    nodes, inits, outputs = [], [], []
+    x = nl.rms(nodes, inits, "x", "norm", np.float32, rng) if with_norm else "x"
+    for i, n in enumerate(widths):
+        inits.append(numpy_helper.from_array((rng.standard_normal((hidden, n), dtype=np.float32) * 0.02), f"w{i}"))
+        nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [f"y{i}"]))
+        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, ["batch", "seq", n]))
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", hidden])]
+    model = helper.make_model(helper.make_graph(nodes, "node", inputs, outputs, inits),
+                              opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    return model
+
+
+def session(path: Path, threads: int, library: str, ep: bool = False):
+    """`ep`: the library's plugin EP runs the node (weights packed once, bench/norm_linear_ab.py)."""
+    import onnxruntime as ort
+
+    import norm_linear_ab
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.enable_mem_pattern = False
+    options.register_custom_ops_library(library)
+    if ep:
+        norm_linear_ab.add_plugin_ep(options, library)
+        return ort.InferenceSession(str(path), options)
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def env_runner(s, env: dict[str, str], keys: list[str], feeds):
+    """A run of `s` under `env` (every other variant's knob cleared first: knobs read per call)."""
+    def run():
+        for key in keys:
+            os.environ.pop(key, None)
+        os.environ.update(env)
+        return s.run(None, feeds)
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, default=896)
+    parser.add_argument("--widths", nargs="+", type=int, default=[4864, 4864])
+    parser.add_argument("--tokens", nargs="+", type=int, default=[2048])
+    parser.add_argument("--variant", nargs="+", default=["new="], help="LABEL=LIBRARY (empty: OTFUSE_LIBRARY)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--turns", type=int, default=9)
+    args = parser.parse_args()
+    default_library = otfuse.library_path()
+    peak = common.fma_peak(args.threads)
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; CPU {common.cpu_identity()}; threads {args.threads}; "
+          f"K {args.hidden} N {args.widths}; FMA peak before {peak}", flush=True)
+    with tempfile.TemporaryDirectory() as folder:
+        folder = Path(folder)
+        src, base, fused, bare = (folder / f"{n}.onnx" for n in ("src", "base", "fused", "bare"))
+        onnx.save(node_model(args.hidden, args.widths, True), src)
+        onnx.save(node_model(args.hidden, args.widths, False), bare)
+        otfuse.fuse(src, base, only=["norm"])
+        otfuse.fuse(src, fused, only=["norm", "norm_linear"])
+        ops = [n.op_type for n in onnx.load(fused, load_external_data=False).graph.node]
+        assert any(op.endswith("NormLinear") for op in ops), ops
+        labels = ["unfused", "matmul"]
+        envs: list[dict[str, str]] = [{}, {}]
+        sessions = [session(base, args.threads, default_library), session(bare, args.threads, default_library)]
+        for spec in args.variant:
+            label, rest = spec.split("=", 1)
+            library, *pairs = rest.split(",")
+            env = dict(pair.split("=", 1) for pair in pairs)
+            ep = env.pop("EP", "0") == "1"
+            labels.append(label)
+            sessions.append(session(fused, args.threads, library or default_library, ep=ep))
+            envs.append(env)
+        for m in args.tokens:
+            x = np.random.default_rng(m).standard_normal((1, m, args.hidden)).astype(np.float32)
+            feeds = {"x": x}
+            reference = sessions[0].run(None, feeds)
+            for label, s in zip(labels[2:], sessions[2:]):
+                out = s.run(None, feeds)
+                diff = max(float(np.max(np.abs(a - b))) for a, b in zip(out, reference))
+                print(f"  M={m} {label}: max |diff| vs unfused {diff:.2g}", flush=True)
+            keys = sorted({key for env in envs for key in env})
+            runs = [env_runner(s, env, keys, feeds) for s, env in zip(sessions, envs)]
+            times = common.side_by_side(runs, args.turns, args.turns, rotate=True)
+            flop = 2.0 * m * args.hidden * sum(args.widths)
+            line = f"M={m}:"
+            for label, t in zip(labels, times):
+                line += f" {label} {flop / statistics.median(t['walls']) * 1e-9:.0f}"
+            line += " GFLOP/s |"
+            for label, t in zip(labels[2:], times[2:]):
+                line += (f" {label}: unfused/{label} {common.paired_ratio(times[0], t):.3f}x, "
+                         f"matmul/{label} {common.paired_ratio(times[1], t):.3f}x, "
+                         f"{labels[2]}/{label} {common.paired_ratio(times[2], t):.3f}x |")
+            print(line, flush=True)
+    print(f"FMA peak after {common.fma_peak(args.threads)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
