@@ -220,6 +220,23 @@ def test_forced_ort_gemm_is_refused(monkeypatch):
         _ep_run(Case("RMSNormLinear"))
 
 
+
+# The child processes' resident-memory reader (kB lines of /proc/self/status, in MiB).
+RSS_IN_CHILD = r"""
+def rss(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+"""
+
+
+def opset18_model(nodes, name, inputs, outputs, inits) -> onnx.ModelProto:
+    """A model of one graph at opset 18, IR 9 (what ORT 1.32 and the exporters here agree on)."""
+    model = helper.make_model(helper.make_graph(nodes, name, inputs, outputs, inits),
+                              opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    return model
+
 def _block(k: int, widths):
     """Sigmoid -> the exporter's decomposed RMSNorm -> MatMuls -> Relu: CPU EP nodes on both sides
     of the fused node."""
@@ -243,20 +260,14 @@ def _block(k: int, widths):
                   helper.make_node("Relu", [f"p{i}"], [f"y{i}"])]
         outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [1, "seq", n]))
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "seq", k])]
-    model = helper.make_model(helper.make_graph(nodes, "block", inputs, outputs, inits),
-                              opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 9
-    return model
+    return opset18_model(nodes, "block", inputs, outputs, inits)
 
 
 MEMORY_CHILD = r"""
 import json, os, sys
 import numpy as np
 import otfuse.run.session as s
-def rss(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) / 1024
+""" + RSS_IN_CHILD + r"""
 before = rss("VmRSS")
 session = s.InferenceSession(sys.argv[1])
 created = rss("VmRSS")

@@ -22,6 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 import otfuse
 from otfuse.run import session as otfuse_session
 from kernels.norm_linear.test_cpu import BF16, F16, F32, SHAPES, Case, _check
+from kernels.norm_linear.test_plugin_ep import RSS_IN_CHILD, opset18_model
 
 SHARED = "OTFUSE_NORM_LINEAR_SHARED_PACK"
 
@@ -143,10 +144,7 @@ def _tied_head(vocab: int, hidden: int, heads: int = 1) -> onnx.ModelProto:
         outputs.append(helper.make_tensor_value_info(f"logits{h}", TensorProto.FLOAT, [1, "seq", vocab]))
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "seq", hidden]),
               helper.make_tensor_value_info("ids", TensorProto.INT64, [1, "seq"])]
-    model = helper.make_model(helper.make_graph(nodes, "lm_head", inputs, outputs, inits),
-                              opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 9
-    return model
+    return opset18_model(nodes, "lm_head", inputs, outputs, inits)
 
 
 MEMORY_CHILD = r"""
@@ -154,10 +152,7 @@ import json, sys
 import numpy as np
 import onnxruntime as ort
 import otfuse
-def rss(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) / 1024
+""" + RSS_IN_CHILD + r"""
 before = rss("VmRSS")
 options = ort.SessionOptions()
 options.intra_op_num_threads = 2
