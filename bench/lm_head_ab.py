@@ -97,10 +97,7 @@ def main() -> None:
         print(f"fused: {report.fusions}, shared_weight {shared or 'absent'}", flush=True)
         sessions = [("unfused", ab.session(base, args.threads, default_library, {}), {})]
         for spec in args.variant:
-            label, rest = spec.split("=", 1)
-            library, *pairs = rest.split(",")
-            env = dict(pair.split("=", 1) for pair in pairs)
-            ep = env.pop("EP", "0") == "1"
+            label, library, env, ep = ab.parse_variant(spec)
             sessions.append((label, ab.session(fused, args.threads, library or default_library, env, ep), env))
         keys = sorted({key for _, _, env in sessions for key in env})
         runner = ab.env_runner(keys, args.repeat)

@@ -84,6 +84,15 @@ def session(path: Path, threads: int, library: str, env: dict[str, str], ep: boo
                 os.environ[key] = value
 
 
+def parse_variant(spec: str) -> tuple[str, str, dict[str, str], bool]:
+    """LABEL=LIBRARY[,EP=1][,KEY=VALUE...] -> (label, library ("": the default one), the knobs to
+    set around that session, whether the plugin EP runs it): every A/B bench's --variant."""
+    label, rest = spec.split("=", 1)
+    library, *pairs = rest.split(",")
+    env = dict(pair.split("=", 1) for pair in pairs)
+    return label, library, env, env.pop("EP", "0") == "1"
+
+
 def env_runner(keys: list[str], repeat: int):
     """runner(session, env, feeds) -> a callable running the session `repeat` times under `env`
     (every other variant's knob in `keys` cleared first), returning the last outputs."""
@@ -162,11 +171,8 @@ def main() -> None:
         src, base, fused = write_block_models(folder, dtype)
         sessions = [("unfused", session(base, args.threads, default_library, {}), {})]
         for spec in args.variant:
-            label, rest = spec.split("=", 1)
-            library, *pairs = rest.split(",")
-            env = dict(pair.split("=", 1) for pair in pairs)
+            label, library, env, ep = parse_variant(spec)
             layout = env.pop("T", None)
-            ep = env.pop("EP", "0") == "1"
             path = fused if layout is None else folder / f"fused_t{layout}.onnx"
             if not path.exists():
                 layout_copy(fused, path, layout == "1")

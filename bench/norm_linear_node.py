@@ -9,7 +9,7 @@ what the model without norm_linear runs), "matmul" = the MatMuls alone on an alr
 input (MLAS's GEMM rate on the node's shapes), and one fused RMSNormLinear session per --variant
 (LABEL=LIBRARY[,EP=1], LIBRARY empty for OTFUSE_LIBRARY; the custom-op route: plain ORT + the
 library, W read in place; EP=1: the library's plugin EP, W packed once; any other KEY=VALUE set in
-the environment around that session's runs). Prints per M each session's median GFLOP/s (2 M K sum(widths) over its wall time;
+the environment around that session's creation and runs). Prints per M each session's median GFLOP/s (2 M K sum(widths) over its wall time;
 the norm's time counts in unfused and the variants) and the median of per-turn unfused / variant
 matmul / variant and first variant / variant time ratios (above 1: the variant is faster), and the FMA peak
 (bench/fma_peak.c, the same threads) before and after the turns: this host runs FMA-bound loops up
@@ -20,7 +20,6 @@ to ~1.5x slower for stretches of seconds, so only figures of the same turns comp
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 import norm_linear as nl  # noqa: E402
+import norm_linear_ab as ab  # noqa: E402
 
 common.use_checkout()
 import otfuse  # noqa: E402
@@ -54,33 +54,6 @@ def node_model(hidden: int, widths: list[int], with_norm: bool) -> onnx.ModelPro
                               opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 9
     return model
-
-
-def session(path: Path, threads: int, library: str, ep: bool = False):
-    """`ep`: the library's plugin EP runs the node (weights packed once, bench/norm_linear_ab.py)."""
-    import onnxruntime as ort
-
-    import norm_linear_ab
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.enable_mem_pattern = False
-    options.register_custom_ops_library(library)
-    if ep:
-        norm_linear_ab.add_plugin_ep(options, library)
-        return ort.InferenceSession(str(path), options)
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def env_runner(s, env: dict[str, str], keys: list[str], feeds):
-    """A run of `s` under `env` (every other variant's knob cleared first: knobs read per call)."""
-    def run():
-        for key in keys:
-            os.environ.pop(key, None)
-        os.environ.update(env)
-        return s.run(None, feeds)
-    return run
 
 
 def main() -> None:
@@ -105,16 +78,16 @@ def main() -> None:
         otfuse.fuse(src, fused, only=["norm", "norm_linear"])
         ops = [n.op_type for n in onnx.load(fused, load_external_data=False).graph.node]
         assert any(op.endswith("NormLinear") for op in ops), ops
+        def session(path, library, env=None, ep=False):  # without ORT's memory pattern, as before
+            return ab.session(path, args.threads, library, env or {}, ep, mem_pattern=False)
+
         labels = ["unfused", "matmul"]
         envs: list[dict[str, str]] = [{}, {}]
-        sessions = [session(base, args.threads, default_library), session(bare, args.threads, default_library)]
+        sessions = [session(base, default_library), session(bare, default_library)]
         for spec in args.variant:
-            label, rest = spec.split("=", 1)
-            library, *pairs = rest.split(",")
-            env = dict(pair.split("=", 1) for pair in pairs)
-            ep = env.pop("EP", "0") == "1"
+            label, library, env, ep = ab.parse_variant(spec)
             labels.append(label)
-            sessions.append(session(fused, args.threads, library or default_library, ep=ep))
+            sessions.append(session(fused, library or default_library, env, ep))
             envs.append(env)
         for m in args.tokens:
             x = np.random.default_rng(m).standard_normal((1, m, args.hidden)).astype(np.float32)
@@ -125,7 +98,8 @@ def main() -> None:
                 diff = max(float(np.max(np.abs(a - b))) for a, b in zip(out, reference))
                 print(f"  M={m} {label}: max |diff| vs unfused {diff:.2g}", flush=True)
             keys = sorted({key for env in envs for key in env})
-            runs = [env_runner(s, env, keys, feeds) for s, env in zip(sessions, envs)]
+            runner = ab.env_runner(keys, repeat=1)
+            runs = [runner(s, env, feeds) for s, env in zip(sessions, envs)]
             times = common.side_by_side(runs, args.turns, args.turns, rotate=True)
             flop = 2.0 * m * args.hidden * sum(args.widths)
             line = f"M={m}:"

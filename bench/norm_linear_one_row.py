@@ -101,10 +101,7 @@ def main() -> None:
               f"loadavg {open('/proc/loadavg').read().split()[:3]}", flush=True)
         specs = [("unfused", library, {}, False)]
         for spec in args.variant:
-            label, rest = spec.split("=", 1)
-            lib, *pairs = rest.split(",")
-            env = dict(pair.split("=", 1) for pair in pairs)
-            ep = env.pop("EP", "0") == "1"
+            label, lib, env, ep = ab.parse_variant(spec)
             specs.append((label, lib or library, env, ep))
         profiles = folder / "prof"
         sessions = [make_session(base if label == "unfused" or label.startswith("dup") else fused, args.threads, lib, env, ep,
