@@ -367,6 +367,51 @@ bool FineGrained(GemmIsa isa, const std::vector<GemmProduct>& products, const st
   return true;
 }
 
+// ---- The plan's tail. The threads claim the tasks largest first, so the first thread done waits
+// for the other's last task; a plan of equal tasks that pack W per call left it waiting up to a
+// whole task: LLaMA's gate / up at 2048 rows (30 tasks of 2048 x 384, ~20 ms each on one core) idled
+// one thread for a median 9 ms of a 313-378 ms node on 2 threads, q / k / v (10 tasks) 6-8 ms of
+// 113-121 ms (bench/gemm_node_threads.cc; bench/README.md, "Two threads, session 18"). So the last
+// `threads` tasks are split into column halves (whole tile pairs: AVX-512 calls take two tiles),
+// kTaperLevels times over, which makes the last ones an eighth of the others: median wait 1.1 /
+// 1.5 ms. Each half still spans all the task's rows (W's columns copied once, as before) and each
+// output is the same FMAs in the same order: the same bits.
+constexpr int kTaperLevels = 3;
+
+bool TapersTask(GemmIsa isa, const std::vector<GemmProduct>& products, const Task& task) {
+  const GemmProduct& p = products[task.product];
+  return task.kind == TaskKind::kPacked && PacksPerCall(isa, p) && !p.transposed;
+}
+
+// The last `threads` tasks (the plan sorted largest first) split in column halves, kTaperLevels
+// times over; tasks of one tile pair or of another kind stay whole.
+void TaperTail(GemmIsa isa, const std::vector<GemmProduct>& products, int64_t threads, std::vector<Task>* tasks) {
+  for (int level = 0; level < kTaperLevels && static_cast<int64_t>(tasks->size()) >= threads; ++level) {
+    const std::vector<Task> last(tasks->end() - threads, tasks->end());
+    tasks->resize(tasks->size() - static_cast<size_t>(threads));
+    for (const Task& task : last) {
+      const int64_t half = RoundUp(CeilDiv(task.cols, 2), 2 * kTileWidth);
+      if (!TapersTask(isa, products, task) || half >= task.cols) {
+        tasks->push_back(task);
+        continue;
+      }
+      Task first = task, second = task;
+      first.cols = half;
+      second.col0 += half;
+      second.cols -= half;
+      tasks->push_back(first);
+      tasks->push_back(second);
+    }
+    std::stable_sort(tasks->begin(), tasks->end(),
+                     [](const Task& a, const Task& b) { return a.rows * a.cols > b.rows * b.cols; });
+  }
+}
+
+std::vector<Task> Tapered(GemmIsa isa, const std::vector<GemmProduct>& products, int64_t threads, std::vector<Task> tasks) {
+  if (threads > 1) TaperTail(isa, products, threads, &tasks);
+  return tasks;
+}
+
 // Tasks that pack W per call copy each k block of their columns once for all their rows, so the
 // plan takes the fewest row spans (up to kPackedSpanChunks chunks each) and then the widest column
 // ranges (kPackedCandidateCols) that leave the tasks Balanced and shared evenly (PlanChoice) by
@@ -438,11 +483,11 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
         int64_t cells = 0;
         std::vector<Task> tasks = PlanTasksSpanning(isa, m, products, span, cols, &cells);
         const bool may_take = Balanced(tasks, threads) && (!fine || FineGrained(isa, products, tasks, threads));
-        if (choice.Offer(std::move(tasks), cells, may_take)) return choice.Take(max_cells);
+        if (choice.Offer(std::move(tasks), cells, may_take)) return Tapered(isa, products, threads, choice.Take(max_cells));
       }
     }
   }
-  return choice.Take(max_cells);
+  return Tapered(isa, products, threads, choice.Take(max_cells));
 }
 
 // A full row block ([kRowBlock][k] at src) as [k][kRowBlock] at dst: the writes in order, a
