@@ -52,6 +52,9 @@ path (its kernels come from the installed otfuse library: ``pip install .`` firs
     python bench/e2e_llama.py [--seqs 2048,8192] [--variants unfused,openvino,openvino_torch,onnxscript,otfuse[,otfuse_all]]
                               [--vocab 1024] [--workdir DIR] [--json out.json] [--profile otfuse]
                               [--no-arena --no-mem-pattern] [--merge a.json b.json ...]
+                              [--library-b LIB --variants ...,otfuse_all,otfuse_all_b --interleave]
+(``otfuse_b`` / ``otfuse_all_b``: the same fused model run with another build of the library, LIB,
+in the same turns: an A/B of two libraries against OpenVINO.)
 """
 
 from __future__ import annotations
@@ -84,8 +87,20 @@ OPSET = 20
 VARIANTS = ("unfused", "openvino", "openvino_torch", "onnxscript", "otfuse")
 OPENVINO_VARIANTS = ("openvino", "openvino_torch")
 # Not run unless named: otfuse with every family, the opt-in ones too (norm_linear).
-EXTRA_VARIANTS = ("otfuse_all",)
-OTFUSE_VARIANTS = ("otfuse", "otfuse_all")
+# "<variant>_b": the same fused model run with --library-b (another build of the library, e.g. main's
+# at the session's start) in the same turns: an A/B of the kernels under --interleave.
+EXTRA_VARIANTS = ("otfuse_all", "otfuse_b", "otfuse_all_b")
+OTFUSE_VARIANTS = ("otfuse", "otfuse_all", "otfuse_b", "otfuse_all_b")
+
+
+def variant_env(args, variant: str) -> dict[str, str]:
+    """A child's environment: this checkout's otfuse, and for a "_b" variant the --library-b build."""
+    env = common.child_env()
+    if variant.endswith("_b"):
+        if not getattr(args, "library_b", None):
+            raise SystemExit(f"{variant} needs --library-b")
+        env["OTFUSE_LIBRARY"] = str(args.library_b)
+    return env
 # Issue 12: otfuse's prefill time against OpenVINO's f32 CPU plugin per length, against the
 # GEMM-bound floor, and its peak RSS (decimal GB, as the issue writes it).
 GOALS = {"vs_openvino": {"2048": 0.9, "8192": 0.75}, "vs_floor": 1.10, "peak_rss_bytes": 2e9}
@@ -597,7 +612,7 @@ def run_child(args, variant: str, model: Path, seq: int, logits_path: str = "", 
     log = args.workdir / f"child_{variant}_{seq}.log"
     wall = time.perf_counter()
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=common.child_env())
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=variant_env(args, variant))
         dog = _Watchdog(proc.pid, args.max_rss_gib * GIB, args.min_available_gib * GIB)
         dog.start()
         _, status, usage = os.wait4(proc.pid, 0)
@@ -629,7 +644,8 @@ class TurnChild:
         self.load_before = os.getloadavg()
         self.log_file = open(log, "w")
         self.proc = subprocess.Popen([sys.executable, __file__, subcommand, json.dumps(config)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.log_file, text=True, env=common.child_env())
+                                     stdout=subprocess.PIPE, stderr=self.log_file, text=True,
+                                     env=variant_env(args, config.get("variant", "reference")))
         self.dog = _Watchdog(self.proc.pid, args.max_rss_gib * GIB, args.min_available_gib * GIB)
         self.dog.start()
         self.failed = ""
@@ -934,16 +950,21 @@ def prepare(args) -> dict[str, dict]:
         if stats.exists():
             out["onnxscript"] = {"path": dst, **json.loads(stats.read_text())}
     for variant in [v for v in args.variants if v in OTFUSE_VARIANTS]:
-        dst = export.with_name(f"{variant}.onnx")
-        print(f"otfuse.fuse ({variant}) ...", flush=True)
+        base = variant.removesuffix("_b")  # (the same model as its variant, another library)
+        if base in out:
+            out[variant] = out[base]
+            continue
+        dst = export.with_name(f"{base}.onnx")
+        print(f"otfuse.fuse ({base}) ...", flush=True)
         proc = subprocess.run([sys.executable, __file__, "_fuse", str(export), str(dst),
-                               "all" if variant == "otfuse_all" else "default"],
+                               "all" if base == "otfuse_all" else "default"],
                               capture_output=True, text=True, env=common.child_env())
         if proc.returncode != 0:
             out[variant] = {"path": None, "error": (proc.stderr.strip().splitlines() or ["?"])[-1]}
         else:
             out[variant] = {"path": dst, **json.loads(dst.with_suffix(".fuse.json").read_text())}
             out[variant]["attention_nodes"] = attention_nodes(dst)
+        out[base] = out[variant]
     for variant, info in out.items():
         if info.get("path") and info["path"].suffix == ".onnx":
             info["ops"] = op_census(info["path"])
@@ -1111,6 +1132,7 @@ def parse_args(argv):
     p.add_argument("--wait-quiet", type=float, default=0.0,
                    help="before each child, wait until the 1-min loadavg is under this (shared machines)")
     p.add_argument("--wait-max", type=float, default=600.0, help="longest wait for --wait-quiet, seconds")
+    p.add_argument("--library-b", type=Path, help="the library of the otfuse_b / otfuse_all_b variants")
     p.add_argument("--interleave", action="store_true",
                    help="keep every variant's child (and a MatMul reference) alive and run them in turns, one run "
                         "each per turn (--runs turns): ratios to OpenVINO and to the floor are then also taken per "

@@ -369,12 +369,14 @@ bool FineGrained(GemmIsa isa, const std::vector<GemmProduct>& products, const st
 
 // ---- The plan's tail. The threads claim the tasks largest first, so the first thread done waits
 // for the other's last task; a plan of equal tasks that pack W per call left it waiting up to a
-// whole task: LLaMA's gate / up at 2048 rows (30 tasks of 2048 x 384, ~20 ms each on one core) idled
-// one thread for a median 9 ms of a 313-378 ms node on 2 threads, q / k / v (10 tasks) 6-8 ms of
-// 113-121 ms (bench/gemm_node_threads.cc; bench/README.md, "Two threads, session 18"). So the last
-// `threads` tasks are split into column halves (whole tile pairs: AVX-512 calls take two tiles),
-// kTaperLevels times over, which makes the last ones an eighth of the others: median wait 1.1 /
-// 1.5 ms. Each half still spans all the task's rows (W's columns copied once, as before) and each
+// whole task. On 2 threads at M = 2048 (bench/gemm_node_threads.cc, LLaMA's shapes, AVX-512 /
+// AVX2 kernels, median of 25-41 rotated turns) the wait was 9 / 20 ms of gate / up's 464 / 815 ms
+// node (30 tasks of 384 columns), 7 / 10 ms of q / k / v's 140 / 249 ms (10 tasks), 14 / 7 ms of
+// o_proj's shape (6 tasks, 81 / 159 ms), 22 / 43 ms of down_proj's (6 tasks, 243 / 415 ms). So the
+// last `threads` tasks are split into column halves (whole tile pairs: AVX-512 calls take two
+// tiles), kTaperLevels times over, which makes the last ones an eighth of the others: waits of
+// 1-5 / 2-9 ms, node time 1.00-1.07x / 1.00-1.06x as fast (bench/README.md, "Two threads, session
+// 18"). Each half still spans all the task's rows (W's columns copied once, as before) and each
 // output is the same FMAs in the same order: the same bits.
 constexpr int kTaperLevels = 3;
 
