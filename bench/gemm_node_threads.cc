@@ -10,8 +10,12 @@
 //   g++ -O3 -DNDEBUG -ffp-contract=off -fno-math-errno -std=c++17 $I -mavx2 -mfma -mf16c -mavx512f \
 //       -DISA=avx512 -Wno-maybe-uninitialized -pthread bench/gemm_node_threads.cc -o /tmp/gemm_node_threads
 //   /tmp/gemm_node_threads M K N1,N2,.. COLS TURNS     # e.g. 2048 2048 5632,5632 384 5
-// COLS2=c: a second plan (columns c) in the same turns, 2 threads only ("2t/c" lines). PIN=0: threads
-// not pinned to CPUs (ORT does not pin).
+// Knobs (environment): COLS2=c1,c2t3,..: more plans (columns c; "tN": the last 2 tasks split in
+// column halves N times over, as common/gemm.cc's TaperTail with N = 3) run after the 1-/2-thread
+// turns on 2 threads in rotated turns, each's median wall time, time ratio to the COLS plan, idle
+// tail and busy sum printed; PLAN_THREADS=1: those plans on one thread; ONE=0: no 1-/2-thread
+// turns; SAME=1: every task the first one (its W and Y hot); PIN=0: threads not pinned to CPUs
+// (ORT does not pin). bench/README.md, "Two threads, session 18".
 #if !defined(ISA)
 #define ISA avx2
 #endif
