@@ -7,7 +7,7 @@
 // wall times), its idle tail (the node's end minus its last task's end) and the mean task time
 // against the same task on 1 thread (the cost of sharing L3 / memory with the other core).
 //   I="-Ikernels -isystem $(grep -o '/[^ ]*ort-headers/[^ ]*' build/dev/build.ninja | head -1)"
-//   g++ -O3 -DNDEBUG -ffp-contract=off -fno-math-errno -std=c++17 $I -mavx2 -mfma -mf16c -mavx512f \
+//   g++ -O3 -DNDEBUG -ffp-contract=off -fno-math-errno -std=c++17 $I -mavx2 -mfma -mf16c -mavx512f
 //       -DISA=avx512 -Wno-maybe-uninitialized -pthread bench/gemm_node_threads.cc -o /tmp/gemm_node_threads
 //   /tmp/gemm_node_threads M K N1,N2,.. COLS TURNS     # e.g. 2048 2048 5632,5632 384 5
 // Knobs (environment): COLS2=c1,c2t3,..: more plans (columns c; "tN": the last 2 tasks split in
