@@ -605,10 +605,10 @@ def test_present_without_past(library):
 PRESENT_CASES = ["gqa", "no_past", "bsnd", "window", "padding", "empty_rows", "decode_splits", "no_query", "rope"]
 
 
-def present_case(rng, case: str, dtype, dv: int, d: int = 20):
+def present_case(rng, case: str, dtype, dv: int):
     """(op, inputs, attrs) of test_present_written_by_the_tasks: 2 x 4 query heads over 2 kv heads,
     D = 20, 23 past + 47 new keys unless the case says otherwise."""
-    b, n, nkv = 2, 4, 2
+    b, n, nkv, d = 2, 4, 2, 20
     past, new, sq = {"no_past": (0, 47, 47), "window": (64, 6, 6), "decode_splits": (299, 1, 1),
                      "no_query": (23, 5, 0)}.get(case, (23, 47, 47))
     layout = "BSND" if case == "bsnd" else "BNSD"
@@ -668,69 +668,6 @@ def test_present_written_by_the_tasks(library, monkeypatch, dtype, case, path, d
     for got in runs:
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8))
-
-
-@pytest.mark.parametrize("tiles", ["7x16", "5x32"])
-@pytest.mark.parametrize("d", [32, 48])
-@pytest.mark.parametrize("case", ["gqa", "no_past", "bsnd", "window", "padding", "rope"])
-def test_present_keys_copied_while_packing(library, monkeypatch, case, d, tiles):
-    # float32 keys with D a multiple of the vector width: the task that packs a full key tile not
-    # yet in present_key streams its rows there from the registers the transpose loads
-    # (PresentKeysWhilePacking; D = 48: whole 16-lane chunks on AVX-512, 8-lane ones on AVX2); the
-    # last, partial tile, RopeAttention's new keys (written by phase 1) and the tiles no task packs
-    # are copied as before. present_key an exact copy on every ISA, packing mode and thread count;
-    # Y bit for bit what the node gives without present outputs.
-    monkeypatch.setenv("OTFUSE_ATTENTION_PATH", "packed")
-    monkeypatch.setenv("OTFUSE_ATTENTION_TILES", tiles)
-    rng = seeded("present-while-packing", case, d, tiles)
-    op, inputs, attrs = present_case(rng, case, F32, d, d)
-    both = ("Y", "present_key", "present_value")
-    want = check(library, inputs, attrs, op=op, outputs=both)
-    (alone,) = run_op(library, op, inputs, attrs)
-    np.testing.assert_array_equal(alone.view(np.uint8), want[0].view(np.uint8))
-    runs = [run_op(library, op, inputs, attrs, outputs=both, threads=threads) for threads in (1, 3)]
-    runs.append([want[0], *run_op(library, op, inputs, attrs, outputs=("Y", "present_key"))[1:], want[2]])
-    for knob, value in [("OTFUSE_ATTENTION_PACK", "phase"), ("OTFUSE_ATTENTION_ISA", "avx2"),
-                        ("OTFUSE_CPU_ISA", "baseline")]:
-        monkeypatch.setenv(knob, value)
-        got = run_op(library, op, inputs, attrs, outputs=both)
-        if knob != "OTFUSE_ATTENTION_PACK":  # Y: other FMAs; against the ISA's own run without present
-            (own,) = run_op(library, op, inputs, attrs)
-            np.testing.assert_array_equal(got[0].view(np.uint8), own.view(np.uint8))
-            got = [want[0], *got[1:]]
-        runs.append(got)
-        monkeypatch.delenv(knob)
-    for got in runs:
-        for g, w in zip(got, want):
-            np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8))
-
-
-@pytest.mark.parametrize("tiles", ["7x16", "14x32", "64x128", "20x48"])
-@pytest.mark.parametrize("isa", ["avx512", "avx2"])
-def test_edge_tiles_softmax_over_the_band_columns(library, monkeypatch, isa, tiles):
-    # On an edge tile each 4 rows' max and exp passes take only the whole vectors holding a key
-    # one of them sees and store 0 over the rest (ColumnSpan): the same results bit for bit as the
-    # whole tile's passes, so Y is bit for bit the same whether the rows sit on an edge tile or
-    # not. Checked here against the reference on windows and causal offsets that put the band's
-    # edges at every lane of a vector, with an all-masked 4-row group (window 1) and a tile whose
-    # last vector is partial (Skv not a multiple of 8 or 16).
-    if isa not in cpu_isas():
-        pytest.skip(f"this CPU has no {isa}")
-    monkeypatch.setenv("OTFUSE_ATTENTION_PATH", "packed")
-    monkeypatch.setenv("OTFUSE_ATTENTION_TILES", tiles)
-    monkeypatch.setenv("OTFUSE_ATTENTION_ISA", isa)
-    rng = seeded("band-softmax", isa, tiles)
-    for sq, past, window in [(150, 0, 0), (150, 0, 37), (150, 0, 1), (77, 53, 0), (77, 53, 29), (131, 0, 64),
-                             (45, 200, 17)]:
-        inputs = qkv(rng, 1, 2, 2, sq, sq, 32, F32)
-        if past:
-            inputs["past_key"] = rand(rng, (1, 2, past, 32), F32)
-            inputs["past_value"] = rand(rng, (1, 2, past, 32), F32)
-        attrs = {"num_heads": 2, "causal": 1, "window": window}
-        check(library, inputs, attrs)
-        one = run_op(library, "Attention", inputs, attrs, threads=1)[0]
-        two = run_op(library, "Attention", inputs, attrs, threads=3)[0]
-        np.testing.assert_array_equal(one.view(np.uint8), two.view(np.uint8))
 
 
 BIAS_SHAPES = {
