@@ -354,15 +354,26 @@ bool IsPackedCandidate(int64_t cols) {
          std::end(gemm_detail::kPackedCandidateCols);
 }
 
+// The L2 share a fine-grained task's row chunk may fill: half of L2 (what each of two hyperthreads
+// of a core gets; this host's slow stretches look like another tenant on the sibling), the
+// narrowest candidate the whole L2 (at 2048 rows no 684-row chunk fits half: 128 columns take
+// 1.0002 MiB). LLaMA's shapes on 2 threads, paired turns against the whole-L2 rule: gate / up at
+// M = 2048 (384 -> 128 columns) 1.00x in quiet turns, 1.02x in slow ones; q / k / v 1.02x / 1.02x;
+// deep tasks at M = 512 (768 -> 256 columns) 1.01-1.02x (bench/README.md, "Half of L2, session 18").
+int64_t FineBudgetBytes(int64_t cols) {
+  const int64_t narrowest = kFineCandidateCols[std::size(kFineCandidateCols) - 1];
+  return cols == narrowest ? L2Bytes() : L2Bytes() / 2;
+}
+
 bool FineGrained(GemmIsa isa, const std::vector<GemmProduct>& products, const std::vector<Task>& tasks,
-                 int64_t threads) {
+                 int64_t threads, int64_t budget_bytes) {
   if (static_cast<int64_t>(tasks.size()) < threads * kPackedTasksPerThread) return false;
   for (const Task& task : tasks) {
     const bool deep = task.kind == TaskKind::kDeepPlain;
     if (!deep && (task.kind != TaskKind::kPacked || !PacksPerCall(isa, products[task.product]))) continue;
     const int64_t chunk_rows = deep ? task.rows : gemm_detail::PackedChunkRows(task.rows);
     const int64_t bytes = chunk_rows * (RoundUp(task.cols, kTileWidth) + gemm_detail::kPackDepth) * 4;
-    if (bytes > L2Bytes()) return false;
+    if (bytes > budget_bytes) return false;
   }
   return true;
 }
@@ -484,7 +495,7 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
         if (cols != narrowest && !DeepRangesFitL2(isa, m, products, cols)) continue;  // (16-bit deep tasks)
         int64_t cells = 0;
         std::vector<Task> tasks = PlanTasksSpanning(isa, m, products, span, cols, &cells);
-        const bool may_take = Balanced(tasks, threads) && (!fine || FineGrained(isa, products, tasks, threads));
+        const bool may_take = Balanced(tasks, threads) && (!fine || FineGrained(isa, products, tasks, threads, FineBudgetBytes(cols)));
         if (choice.Offer(std::move(tasks), cells, may_take)) return Tapered(isa, products, threads, choice.Take(max_cells));
       }
     }
