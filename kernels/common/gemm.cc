@@ -358,9 +358,10 @@ bool IsPackedCandidate(int64_t cols) {
 // The L2 bytes a fine-grained plan's row chunk may fill, tried in order (0: the coarse pass). Half
 // of L2 first (what each of a core's two hyperthreads gets; this host's slow stretches look like
 // another tenant on the sibling), then the whole. Deep tasks at M = 512 (LLaMA's gate / up: 768 ->
-// 256 columns) ran 1.03x as fast in quiet and in slow turns on 2 threads, AVX-512 and AVX2 kernels;
-// at M = 2048 no 684-row chunk fits half of L2 (128 columns: 1.0002 MiB), and forcing 128 columns
-// instead of 384 read 0.97-1.02x (bench/README.md, "Half of L2, session 18"): the whole L2 there.
+// 256 columns, 2 threads, paired turns) ran 1.005x / 1.03x as fast in the host's quiet / slow turns,
+// AVX2 kernels 1.015x / 1.03x; at M = 2048 no 684-row chunk fits half of L2 (128 columns: 1.002 MiB),
+// and 128 columns forced instead of 384 read 0.97-1.02x, no better than two equal plans
+// (bench/README.md, "Half of L2, session 18"): the whole L2 there.
 // float32 weights only (FineGrained).
 std::array<int64_t, 3> FineBudgets() { return {L2Bytes() / 2, L2Bytes(), 0}; }
 
