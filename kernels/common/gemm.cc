@@ -358,7 +358,7 @@ bool IsPackedCandidate(int64_t cols) {
 // The L2 bytes a fine-grained plan's row chunk may fill, tried in order (0: the coarse pass). Half
 // of L2 first (what each of a core's two hyperthreads gets; this host's slow stretches look like
 // another tenant on the sibling), then the whole. Deep tasks at M = 512 (LLaMA's gate / up: 768 ->
-// 256 columns, 2 threads, paired turns) ran 1.005x / 1.03x as fast in the host's quiet / slow turns,
+// 256 columns, 2 threads, paired turns) ran 1.005x / 1.025x as fast in the host's quiet / slow turns,
 // AVX2 kernels 1.015x / 1.03x; at M = 2048 no 684-row chunk fits half of L2 (128 columns: 1.002 MiB),
 // and 128 columns forced instead of 384 read 0.97-1.02x, no better than two equal plans
 // (bench/README.md, "Half of L2, session 18"): the whole L2 there.
