@@ -20,6 +20,7 @@ to ~1.5x slower for stretches of seconds, so only figures of the same turns comp
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -56,6 +57,26 @@ def node_model(hidden: int, widths: list[int], with_norm: bool) -> onnx.ModelPro
     return model
 
 
+def print_split(labels: list[str], times: list[dict], flop: float, split_at: float) -> None:
+    """The turns apart by the host's state in each (MLAS's rate on the node's shapes, "matmul"): per
+    class the turns, each session's median GFLOP/s and the first variant / variant paired ratios."""
+    rates = [flop / w * 1e-9 for w in times[1]["walls"]]
+    print("  matmul GFLOP/s per turn: " + " ".join(f"{r:.0f}" for r in rates), flush=True)
+    for name, keep in (("quiet", lambda r: r >= split_at), ("slow", lambda r: r < split_at)):
+        turns = [i for i, r in enumerate(rates) if keep(r)]
+        if not turns:
+            continue
+        picked = [{"walls": [t["walls"][i] for i in turns]} for t in times]
+        line = f"  {name} (matmul >= {split_at:.0f}: {len(turns)} turns):" if name == "quiet" else \
+            f"  {name} (matmul < {split_at:.0f}: {len(turns)} turns):"
+        for label, t in zip(labels, picked):
+            line += f" {label} {flop / statistics.median(t['walls']) * 1e-9:.0f}"
+        line += " GFLOP/s |"
+        for label, t in zip(labels[3:], picked[3:]):
+            line += f" {labels[2]}/{label} {common.paired_ratio(picked[2], t):.3f}x"
+        print(line, flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=896)
@@ -64,6 +85,10 @@ def main() -> None:
     parser.add_argument("--variant", nargs="+", default=["new="], help="LABEL=LIBRARY (empty: OTFUSE_LIBRARY)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--turns", type=int, default=9)
+    parser.add_argument("--split-at", type=float, default=0.0,
+                        help="GFLOP/s: also report the turns whose matmul (MLAS) rate is at least / below it apart "
+                             "(the host's quiet / slow stretches)")
+    parser.add_argument("--dump", default="", help="append each M's per-turn wall times to this JSON-lines file")
     args = parser.parse_args()
     default_library = otfuse.library_path()
     peak = common.fma_peak(args.threads)
@@ -111,6 +136,11 @@ def main() -> None:
                          f"matmul/{label} {common.paired_ratio(times[1], t):.3f}x, "
                          f"{labels[2]}/{label} {common.paired_ratio(times[2], t):.3f}x |")
             print(line, flush=True)
+            if args.split_at > 0:
+                print_split(labels, times, flop, args.split_at)
+            if args.dump:
+                with open(args.dump, "a") as f:
+                    f.write(json.dumps({"m": m, "labels": labels, "walls": [t["walls"] for t in times]}) + "\n")
     print(f"FMA peak after {common.fma_peak(args.threads)}", flush=True)
 
 

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -354,15 +355,27 @@ bool IsPackedCandidate(int64_t cols) {
          std::end(gemm_detail::kPackedCandidateCols);
 }
 
+// The L2 bytes a fine-grained plan's row chunk may fill, tried in order (0: the coarse pass). Half
+// of L2 first (what each of a core's two hyperthreads gets; this host's slow stretches look like
+// another tenant on the sibling), then the whole. Deep tasks at M = 512 (LLaMA's gate / up: 768 ->
+// 256 columns, 2 threads, paired turns) ran 1.005x / 1.025x as fast in the host's quiet / slow turns,
+// AVX2 kernels 1.015x / 1.03x; at M = 2048 no 684-row chunk fits half of L2 (128 columns: 1.002 MiB),
+// and 128 columns forced instead of 384 read 0.97-1.02x, no better than two equal plans
+// (bench/README.md, "Half of L2, session 18"): the whole L2 there.
+// float32 weights only (FineGrained).
+std::array<int64_t, 3> FineBudgets() { return {L2Bytes() / 2, L2Bytes(), 0}; }
+
 bool FineGrained(GemmIsa isa, const std::vector<GemmProduct>& products, const std::vector<Task>& tasks,
-                 int64_t threads) {
+                 int64_t threads, int64_t budget_bytes) {
   if (static_cast<int64_t>(tasks.size()) < threads * kPackedTasksPerThread) return false;
   for (const Task& task : tasks) {
     const bool deep = task.kind == TaskKind::kDeepPlain;
     if (!deep && (task.kind != TaskKind::kPacked || !PacksPerCall(isa, products[task.product]))) continue;
     const int64_t chunk_rows = deep ? task.rows : gemm_detail::PackedChunkRows(task.rows);
     const int64_t bytes = chunk_rows * (RoundUp(task.cols, kTileWidth) + gemm_detail::kPackDepth) * 4;
-    if (bytes > L2Bytes()) return false;
+    // (16-bit weights: the whole L2, their deep ranges measured as DeepRangeFitsL2 says; half not measured)
+    const bool float32 = products[task.product].type == WeightType::kFloat32;
+    if (bytes > (float32 ? budget_bytes : L2Bytes())) return false;
   }
   return true;
 }
@@ -474,8 +487,10 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
     return choice.Take(max_cells);
   }
   const int64_t narrowest = gemm_detail::kPackedCandidateCols[std::size(gemm_detail::kPackedCandidateCols) - 1];
-  // Fine-grained plans first (FineGrained: the fewest row spans, more candidate widths); then as before.
-  for (const bool fine : {true, false}) {
+  // Fine-grained plans first (FineGrained: the fewest row spans, more candidate widths; within half
+  // of L2, then the whole: FineBudgets); then as before.
+  for (const int64_t budget : FineBudgets()) {
+    const bool fine = budget > 0;
     if (fine && !packs_per_call && !deep_plain) continue;
     const int64_t fewest_spans = packs_per_call ? gemm_detail::kPackedSpanChunks : 1;
     for (int64_t span = fewest_spans; span >= (fine ? fewest_spans : 1); --span) {
@@ -484,7 +499,7 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
         if (cols != narrowest && !DeepRangesFitL2(isa, m, products, cols)) continue;  // (16-bit deep tasks)
         int64_t cells = 0;
         std::vector<Task> tasks = PlanTasksSpanning(isa, m, products, span, cols, &cells);
-        const bool may_take = Balanced(tasks, threads) && (!fine || FineGrained(isa, products, tasks, threads));
+        const bool may_take = Balanced(tasks, threads) && (!fine || FineGrained(isa, products, tasks, threads, budget));
         if (choice.Offer(std::move(tasks), cells, may_take)) return Tapered(isa, products, threads, choice.Take(max_cells));
       }
     }

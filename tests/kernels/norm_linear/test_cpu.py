@@ -304,21 +304,23 @@ def test_row_sweep_thread_count_does_not_change_results(name, dtype):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("rows", [1100, 512])
 @pytest.mark.parametrize("isa", ["auto", "avx2"])
 @pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
-def test_products_bits_do_not_depend_on_the_plans_column_ranges(monkeypatch, isa, dtype):
+def test_products_bits_do_not_depend_on_the_plans_column_ranges(monkeypatch, isa, dtype, rows):
     """A product's Y is the same bits whatever its node's other products, i.e. whatever column ranges
     the plan gives its tasks and whichever of them it splits in halves at the plan's tail
     (common/gemm.cc, TaperTail: tasks that pack W per call, 577+ rows). 1100 rows (two chunks of 552
-    in one span), 1000 columns (62 tiles and a partial one) alone, beside a narrow product, and beside
-    a wide one (other column ranges, other tasks at the tail)."""
+    in one span) and 512 (deep in-place tasks, whose ranges FineBudgets narrows to half of L2),
+    1000 columns (62 tiles and a partial one) alone, beside a narrow product, and beside a wide one
+    (other column ranges, other tasks at the tail)."""
     if isa == "avx2":
         monkeypatch.setenv("OTFUSE_GEMM_ISA", "avx2")
-    alone = Case("RMSNormLinear", dtype, shape=(1100, 300), widths=(1000,), bias=[1], seed=5)
+    alone = Case("RMSNormLinear", dtype, shape=(rows, 300), widths=(1000,), bias=[1], seed=5)
     expected = alone.run()
     _check(alone, expected)
     for widths in ((1000, 40), (1000, 2200)):
-        case = Case("RMSNormLinear", dtype, shape=(1100, 300), widths=widths, bias=[1, 0], seed=6)
+        case = Case("RMSNormLinear", dtype, shape=(rows, 300), widths=widths, bias=[1, 0], seed=6)
         case.x, case.scale, case.weights[0], case.biases[0] = alone.x, alone.scale, alone.weights[0], alone.biases[0]
         got = case.run()
         _check(case, got)
