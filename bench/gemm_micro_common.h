@@ -15,6 +15,13 @@ inline double Now() {
   return t.tv_sec + 1e-9 * t.tv_nsec;
 }
 
+// Wall seconds (what a node's caller waits): against Now(), the time the host took the vCPU away.
+inline double WallNow() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
 // PackWeight's layout of columns [0, cols) (one column range) of a [k, n] weight.
 template <typename E>
 std::vector<E> PackRange(const E* w, int64_t k, int64_t n, int64_t cols) {

@@ -27,6 +27,8 @@
 // node a task's 8 MiB of panels come from memory, not from the L3 the previous turn left them in);
 // HUGE_PANELS=1: the panels in 2 MiB pages. OTHER's own #include "common/..." lines resolve to this
 // tree's files (-Ikernels): copy them beside it and point them there when they differ too.
+// Each variant's GFLOP/s by thread CPU time and by wall time; HUGEY=1: Y on transparent huge pages
+// (bench/README.md, "Per-core GEMM, session 18").
 // AVX-512 (bench/README.md, "AVX-512 float32 GEMM over packed panels, session 13"): the same line
 // with -mavx512f -DISA=avx512 (GCC 12: also -Wno-maybe-uninitialized), e.g. 684 2048 1024 5632 ep 9.
 #if !defined(ISA)
@@ -100,7 +102,20 @@ int main(int argc, char** argv) {
   const bool deep_only = argc > 5 && std::strcmp(argv[5], "deep") == 0;
   const bool packed_once = !both && !deep_only && (argc <= 5 || std::strcmp(argv[5], "custom") != 0);
   const int turns = argc > 6 ? atoi(argv[6]) : 8;
-  std::vector<float> a(m * k), y(m * n);
+  std::vector<float> a(m * k);
+  // HUGEY=1: Y on transparent huge pages (ORT's outputs are on 4 KiB ones: a task's 12 rows per
+  // call are 12 pages).
+  const size_t y_bytes_huge = (m * n * sizeof(float) + (2 << 20) - 1) / (2 << 20) * (2 << 20);
+  float* const y_memory = static_cast<float*>(aligned_alloc(2 << 20, y_bytes_huge));
+  if (getenv("HUGEY") != nullptr && atoi(getenv("HUGEY")) == 1) madvise(y_memory, y_bytes_huge, MADV_HUGEPAGE);
+  std::fill(y_memory, y_memory + m * n, 0.0f);
+  struct {
+    float* p;
+    size_t n;
+    float* data() const { return p; }
+    size_t size() const { return n; }
+    float& operator[](size_t i) const { return p[i]; }
+  } y{y_memory, static_cast<size_t>(m * n)};
   // HUGEW=1: W on transparent huge pages (else 4 KiB ones, as a malloc'd initializer).
   const size_t w_bytes = (k * n * sizeof(float) + (2 << 20) - 1) / (2 << 20) * (2 << 20);
   float* const w_memory = static_cast<float*>(aligned_alloc(2 << 20, w_bytes));
@@ -169,7 +184,7 @@ int main(int argc, char** argv) {
   const bool cold_w = std::getenv("COLD_W") != nullptr;  // W flushed from every cache before each run
   const int64_t w_bytes_used = k * n * (half ? 2 : 4);
   const char* w_bytes_base = half ? reinterpret_cast<const char*>(w16.data()) : reinterpret_cast<const char*>(w.data());
-  std::vector<std::vector<double>> times(variants);
+  std::vector<std::vector<double>> times(variants), walls(variants);
   const bool cold = std::getenv("COLD_PANELS") != nullptr;  // W's panels flushed from every cache before each run
   for (int turn = 0; turn < turns; ++turn) {
     for (int v = 0; v < variants; ++v) {
@@ -182,10 +197,11 @@ int main(int argc, char** argv) {
         for (int64_t i = 0; i < w_bytes_used; i += 64) _mm_clflush(w_bytes_base + i);
         _mm_mfence();
       }
-      const double t0 = Now();
+      const double t0 = Now(), w0 = WallNow();
       runs[v](v == 1 && both ? job_ep : job, v == 1 && both ? task : task_custom, buffer.data(),
               buffer.data() + kStageFloats);
       times[v].push_back(Now() - t0);
+      walls[v].push_back(WallNow() - w0);
     }
   }
   if (mid) {  // deep's Y against plain's, bit for bit, and the times against plain's
@@ -241,8 +257,11 @@ int main(int argc, char** argv) {
     std::vector<double> sorted = times[v];
     std::sort(sorted.begin(), sorted.end());
     const char* names[] = {"custom", "ep", "deep"};
-    printf("%s: best %.1f, median %.1f GFLOP/s\n", both ? names[v] : deep_only ? "deep" : v == 0 ? "this tree" : "OTHER", flop / sorted[0] * 1e-9,
-           flop / sorted[sorted.size() / 2] * 1e-9);
+    std::vector<double> wall = walls[v];
+    std::sort(wall.begin(), wall.end());
+    printf("%s: best %.1f, median %.1f GFLOP/s (wall time: best %.1f, median %.1f)\n",
+           both ? names[v] : deep_only ? "deep" : v == 0 ? "this tree" : "OTHER", flop / sorted[0] * 1e-9,
+           flop / sorted[sorted.size() / 2] * 1e-9, flop / wall[0] * 1e-9, flop / wall[wall.size() / 2] * 1e-9);
   }
   for (int v = 1; v < variants; ++v) {
     std::vector<double> ratios;
