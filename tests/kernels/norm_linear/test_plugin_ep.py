@@ -122,6 +122,33 @@ def test_uneven_ranges_split_evenly(monkeypatch, name, dtype):
     _check_same_on_threads_and_routes(case)
 
 
+# Deep in-place tasks (custom-op route, 257-576 rows) whose last k block's two-block calls write Y
+# from their registers (gemm_tiles.inc, YRows; bench/README.md "norm_linear fp16, session 18"):
+# rows, K, widths, bias. 1, 2 and 3 k blocks (K 200, 300, 600: the first with nothing to add to),
+# a last row block of 1 or 2 rows, tile pairs, a lone tile, partial tiles (33, 70 = 4 x 16 + 6).
+DEEP_Y = {
+    "deep-y-one-block": (301, 200, (96, 33)),
+    "deep-y-two-blocks": (512, 300, (70, 160)),
+    "deep-y-three-blocks": (362, 600, (128, 33)),
+}
+
+
+@pytest.mark.parametrize("name", list(DEEP_Y))
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
+def test_deep_tasks_write_y_from_registers_as_before(monkeypatch, name, dtype):
+    """The custom-op route's deep tasks write float32 / float16 Y from the accumulator registers in
+    their last k block (bfloat16: through WriteRows, as before); the plugin EP's tasks over packed
+    panels still store the accumulators and write Y from them. The same FMAs in the same order, the
+    same bias add and one rounding: both routes bit for bit the same, with and without a bias, on 1
+    to 3 threads."""
+    monkeypatch.setenv("OTFUSE_NORM_LINEAR_GEMM", "own")
+    rows, k, widths = DEEP_Y[name]
+    for bias in ([1, 0], [0, 1]):
+        case = Case("AddRMSNormLinear", dtype, shape=(rows, k), widths=widths, transposed=[0, 0], bias=bias,
+                    keep=True, seed=rows + k)
+        _check_same_on_threads_and_routes(case)
+
+
 # One row over [k, n] weights read in place (common/gemm.cc, OneRowCandidateCols): the widest
 # column ranges the threads share evenly, one task per thread where that is even (GPT-2's 3072 and
 # 2304, LLaMA's q/k/v 2048 + 512 + 512), more where it is not (768 x 3, and a product narrower
