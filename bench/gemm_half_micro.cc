@@ -31,16 +31,6 @@ using namespace otfuse::gemm_detail;
 
 #include "gemm_micro_common.h"
 
-static void Flush(const void* p, size_t bytes) {
-  for (size_t i = 0; i < bytes; i += 64) _mm_clflush(static_cast<const char*>(p) + i);
-  _mm_mfence();
-}
-
-static double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 int main(int argc, char** argv) {
   const int64_t m = argc > 1 ? atoll(argv[1]) : 512;
   const int64_t k = argc > 2 ? atoll(argv[2]) : 896;

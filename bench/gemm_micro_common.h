@@ -1,9 +1,12 @@
-// What the one-thread GEMM micros (bench/gemm_task_micro.cc, bench/gemm_half_micro.cc) share:
-// a thread-CPU clock and PackWeight's panel layout for one column range. Included after
-// common/gemm_tiles.inc (kTileWidth, kPackDepth).
+// What the one-thread GEMM micros (bench/gemm_task_micro.cc, bench/gemm_half_micro.cc,
+// bench/gemm_ystore_micro.cc) share: the clocks, a cache flush, a median and PackWeight's panel
+// layout for one column range. Included after common/gemm.h (kTileWidth, kPackDepth).
 #pragma once
 
+#include <immintrin.h>
+
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <ctime>
 #include <vector>
@@ -20,6 +23,18 @@ inline double WallNow() {
   timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+// Every line of [p, p + bytes) out of the caches (a run that reads W or Y cold, as a node does).
+inline void Flush(const void* p, size_t bytes) {
+  for (size_t i = 0; i < bytes; i += 64) _mm_clflush(static_cast<const char*>(p) + i);
+  _mm_mfence();
+}
+
+// The median of per-turn figures (the upper one of an even count).
+inline double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 // PackWeight's layout of columns [0, cols) (one column range) of a [k, n] weight.
