@@ -47,13 +47,7 @@ int main(int argc, char** argv) {
   }
   const std::vector<float> panels = PackRange(w.data(), k, n, cols);
   const std::vector<uint16_t> panels16 = PackRange(w16.data(), k, n, cols);
-  std::vector<float> a_packed(m * k);
-  for (int64_t r0 = 0; r0 < m; r0 += kRowBlock) {
-    const int64_t rows = std::min(kRowBlock, m - r0);
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t kk = 0; kk < k; ++kk) a_packed[r0 * k + kk * rows + r] = a[(r0 + r) * k + kk];
-    }
-  }
+  const std::vector<float> a_packed = PackRowBlocks(a, m, k);  // row blocks of 6, [k][rows] each
   std::vector<float> buffer(kStageFloats + m * ((cols + kTileWidth - 1) / kTileWidth) * kTileWidth);
   struct Kind {
     const char* name;

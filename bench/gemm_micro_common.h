@@ -1,6 +1,6 @@
-// What the one-thread GEMM micros (bench/gemm_task_micro.cc, bench/gemm_half_micro.cc,
-// bench/gemm_ystore_micro.cc) share: the clocks, a cache flush, a median and PackWeight's panel
-// layout for one column range. Included after common/gemm.h (kTileWidth, kPackDepth).
+// What the GEMM micros (bench/gemm_task_micro.cc, bench/gemm_half_micro.cc,
+// bench/gemm_ystore_micro.cc, bench/gemm_node_threads.cc) share: the clocks, a cache flush, a
+// median, the library's row-block layout of A and PackWeight's panel layout for one column range. Included after common/gemm.h (kTileWidth, kPackDepth).
 #pragma once
 
 #include <immintrin.h>
@@ -35,6 +35,19 @@ inline void Flush(const void* p, size_t bytes) {
 inline double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// A [m, k] as the library packs it: row blocks of kRowBlock rows, [k][rows] each (gemm.cc).
+inline std::vector<float> PackRowBlocks(const std::vector<float>& a, int64_t m, int64_t k) {
+  using otfuse::gemm_detail::kRowBlock;
+  std::vector<float> packed(m * k);
+  for (int64_t r0 = 0; r0 < m; r0 += kRowBlock) {
+    const int64_t rows = std::min(kRowBlock, m - r0);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t kk = 0; kk < k; ++kk) packed[r0 * k + kk * rows + r] = a[(r0 + r) * k + kk];
+    }
+  }
+  return packed;
 }
 
 // PackWeight's layout of columns [0, cols) (one column range) of a [k, n] weight.

@@ -39,11 +39,7 @@
 using namespace otfuse;
 using namespace otfuse::gemm_detail;
 
-static double Wall() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + 1e-9 * t.tv_nsec;
-}
+#include "gemm_micro_common.h"
 
 // taper > 0: the last 2 tasks split in column halves (whole 32-column tile pairs), `taper` times
 // over, so that the last tasks claimed are small and the threads end close together.
@@ -126,18 +122,18 @@ static Run RunNode(const Job& job, const std::vector<Task>& tasks, int threads, 
     for (;;) {
       const size_t i = next.fetch_add(1);
       if (i >= tasks.size()) break;
-      const double s = Wall();
+      const double s = WallNow();
       ISA::RunTask(job, tasks[i], buffers[id].data(), buffers[id].data() + kStageFloats);
-      run.tasks[i] = Record{s, Wall()};
+      run.tasks[i] = Record{s, WallNow()};
       run.owner[i] = id;
     }
   };
-  t0 = Wall();
+  t0 = WallNow();
   std::vector<std::thread> pool;
   for (int id = 1; id < threads; ++id) pool.emplace_back(work, id);
   work(0);
   for (auto& t : pool) t.join();
-  const double t1 = Wall();
+  const double t1 = WallNow();
   // Thread start-up is not the node's: the wall time from the first task's start.
   double first = t1;
   for (const Record& r : run.tasks) first = std::min(first, r.start);
@@ -177,13 +173,7 @@ int main(int argc, char** argv) {
 
   std::vector<float> a(m * k);
   for (int64_t i = 0; i < m * k; ++i) a[i] = static_cast<float>(i % 7) * 0.1f;
-  std::vector<float> a_packed(m * k);
-  for (int64_t r0 = 0; r0 < m; r0 += kRowBlock) {
-    const int64_t rows = std::min(kRowBlock, m - r0);
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t kk = 0; kk < k; ++kk) a_packed[r0 * k + kk * rows + r] = a[(r0 + r) * k + kk];
-    }
-  }
+  const std::vector<float> a_packed = PackRowBlocks(a, m, k);  // row blocks of 6, [k][rows] each
   std::vector<std::vector<float>> ws, ys;
   std::vector<GemmProduct> products;
   int64_t total_n = 0;

@@ -136,13 +136,7 @@ int main(int argc, char** argv) {
     size_t size() const { return n; }
     const float& operator[](size_t i) const { return p[i]; }
   } panels{panel_memory, packed.size()};
-  std::vector<float> a_packed(m * k);  // row blocks of 6, [k][rows] each (gemm.cc)
-  for (int64_t r0 = 0; r0 < m; r0 += kRowBlock) {
-    const int64_t rows = std::min(kRowBlock, m - r0);
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t kk = 0; kk < k; ++kk) a_packed[r0 * k + kk * rows + r] = a[(r0 + r) * k + kk];
-    }
-  }
+  const std::vector<float> a_packed = PackRowBlocks(a, m, k);  // row blocks of 6, [k][rows] each
   // HALF=1: W (and Y) float16, W's values rounded (F16C).
   const bool half = getenv("HALF") != nullptr && atoi(getenv("HALF")) == 1;
   std::vector<uint16_t> w16(half ? k * n : 0), y16(half ? m * n : 0);

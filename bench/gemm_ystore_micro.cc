@@ -58,13 +58,7 @@ int main(int argc, char** argv) {
     w[i] = _cvtsh_ss(w16[i]);
   }
   for (int64_t i = 0; i < n; ++i) bias[i] = static_cast<float>(i % 11) * 0.03f;
-  std::vector<float> a_packed(m * k);
-  for (int64_t r0 = 0; r0 < m; r0 += kRowBlock) {
-    const int64_t rows = std::min(kRowBlock, m - r0);
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t kk = 0; kk < k; ++kk) a_packed[r0 * k + kk * rows + r] = a[(r0 + r) * k + kk];
-    }
-  }
+  const std::vector<float> a_packed = PackRowBlocks(a, m, k);  // row blocks of 6, [k][rows] each
   std::vector<float> buffer(kStageFloats + m * ((cols + kTileWidth - 1) / kTileWidth) * kTileWidth);
   std::vector<TaskFn> trees = {&t0::RunTask, &t1::RunTask};
 #if TREES > 2
