@@ -19,7 +19,9 @@ by wall time and by CPU time (both sides timed alike, best of --repeats after a 
 shared VM a run loses its cores for whole stretches, CPU seconds count only the time it ran).
 Column "paired" (the goal's figure): each turn of a path is followed by a turn of the projection's
 MatMul in the same process, and the median over turns of the two rates' ratio is printed (the
-better of wall and CPU time). Some hosts run every FMA-bound loop ~1.5x slower for stretches of
+better of wall and CPU time). Both sides of a turn last about as long: a turn repeats the shorter
+call (e.g. a 30 ms attention call against a 0.4 s MatMul) until it spans the longer one, so both
+rates average over the same stretch of the host (equal_turn_calls). Some hosts run every FMA-bound loop ~1.5x slower for stretches of
 seconds (bench/README.md, "Every path, session 16: AVX2"): a reference timed once at the start and
 a path timed a minute later then compare two speeds of the host, not of the code; a per-turn ratio
 sees both sides in the same stretch. --no-pair drops the paired turns (and judges by "vs proj").
@@ -335,6 +337,27 @@ def layer_feeds(p: Path, feeds: dict) -> list[dict]:
     return sets
 
 
+def one_call_seconds(runs) -> list[float]:
+    """Wall seconds of one call of each run, the second of two (the first warms it up)."""
+    seconds = []
+    for run in runs:
+        run()
+        t0 = time.perf_counter()
+        run()
+        seconds.append(time.perf_counter() - t0)
+    return seconds
+
+
+def equal_turn_calls(seconds: list[float]) -> list[int]:
+    """How many calls of each run one turn makes, so that every side of a turn lasts about as
+    long as the longest one call. The host's slow stretches last seconds: a 30 ms attention call
+    lands in one of them while a 0.4 s MatMul call averages over several, so per-turn ratios of
+    one call each compared a sample against a mean (bench/README.md, "Attention, session 18":
+    window S/4 on AVX2 0.78 paired while its best call ran causal's GFLOP/s)."""
+    longest = max(seconds)
+    return [max(1, round(longest / max(t, 1e-9))) for t in seconds]
+
+
 def time_path(p: Path, s: int, threads: int, isa: str | None, repeats: int, other: str | None,
               paired=None) -> dict:
     """One path: best wall / CPU seconds with our library; with `other`, that library's too, in
@@ -350,16 +373,18 @@ def time_path(p: Path, s: int, threads: int, isa: str | None, repeats: int, othe
         runs.append(lambda: [theirs.run(None, f) for f in layers])
     if paired:
         runs.append(lambda: [paired[0]() for _ in layers])
-    for run in runs:
-        run()
+    seconds = one_call_seconds(runs)
+    calls = equal_turn_calls(seconds)
     turns = []
     start = time.perf_counter()
-    while len(turns) < repeats and (not turns or time.perf_counter() - start < 8.0 * len(runs)):
+    budget = max(8.0 * len(runs), 1.5 * repeats * sum(n * t for n, t in zip(calls, seconds)))
+    while len(turns) < repeats and (not turns or time.perf_counter() - start < budget):
         turn = []
-        for run in runs:
+        for run, n in zip(runs, calls):
             c0, t0 = time.process_time(), time.perf_counter()
-            run()
-            turn.append((time.perf_counter() - t0, time.process_time() - c0))
+            for _ in range(n):
+                run()
+            turn.append(((time.perf_counter() - t0) / n, (time.process_time() - c0) / n))
         turns.append(turn)
     # per call: a turn ran one call per layer
     turns = [[(w / len(layers), c / len(layers)) for w, c in turn] for turn in turns]
