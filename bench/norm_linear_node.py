@@ -14,7 +14,12 @@ the norm's time counts in unfused and the variants) and the median of per-turn u
 matmul / variant and first variant / variant time ratios (above 1: the variant is faster), and the FMA peak
 (bench/fma_peak.c, the same threads) before and after the turns: this host runs FMA-bound loops up
 to ~1.5x slower for stretches of seconds, so only figures of the same turns compare
-(bench/README.md, "norm_linear large M, session 17"). Not a test.
+(bench/README.md, "norm_linear large M, session 17"). --dtype fp16: x, the weights and the outputs
+float16; ORT runs the unfused MatMuls as float32 on converted weights between inserted Casts, and the
+Casts of the outputs count in "unfused" / "matmul" (in a model ORT drops those before an activation
+it then runs in float32: Qwen2's gate / up, 2 x [512, 4864] at 512 rows, ~4% of the node), so the
+fp16 ratios here lean ~4% toward the fused node (bench/README.md, "norm_linear never slower,
+session 19"). Not a test.
 """
 
 from __future__ import annotations
@@ -40,17 +45,20 @@ common.use_checkout()
 import otfuse  # noqa: E402
 
 
-def node_model(hidden: int, widths: list[int], with_norm: bool) -> onnx.ModelProto:
-    """x [1, M, hidden] -> (decomposed RMSNorm ->) one MatMul per width (outputs y0, y1, ...)."""
+def node_model(hidden: int, widths: list[int], with_norm: bool, dtype=np.float32) -> onnx.ModelProto:
+    """x [1, M, hidden] -> (decomposed RMSNorm ->) one MatMul per width (outputs y0, y1, ...), all
+    of `dtype` (float16: ORT runs the unfused MatMuls as float32 on converted weights, between Casts)."""
     nl.HIDDEN = hidden
     rng = np.random.default_rng(0)
     nodes, inits, outputs = [], [], []
-    x = nl.rms(nodes, inits, "x", "norm", np.float32, rng) if with_norm else "x"
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    x = nl.rms(nodes, inits, "x", "norm", dtype, rng) if with_norm else "x"
     for i, n in enumerate(widths):
-        inits.append(numpy_helper.from_array((rng.standard_normal((hidden, n), dtype=np.float32) * 0.02), f"w{i}"))
+        w = (rng.standard_normal((hidden, n), dtype=np.float32) * 0.02).astype(dtype)
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
         nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [f"y{i}"]))
-        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, ["batch", "seq", n]))
-    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", hidden])]
+        outputs.append(helper.make_tensor_value_info(f"y{i}", elem, ["batch", "seq", n]))
+    inputs = [helper.make_tensor_value_info("x", elem, ["batch", "seq", hidden])]
     model = helper.make_model(helper.make_graph(nodes, "node", inputs, outputs, inits),
                               opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 9
@@ -84,6 +92,7 @@ def main() -> None:
     parser.add_argument("--tokens", nargs="+", type=int, default=[2048])
     parser.add_argument("--variant", nargs="+", default=["new="], help="LABEL=LIBRARY (empty: OTFUSE_LIBRARY)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", choices=["fp32", "fp16"], default="fp32")
     parser.add_argument("--turns", type=int, default=9)
     parser.add_argument("--split-at", type=float, default=0.0,
                         help="GFLOP/s: also report the turns whose matmul (MLAS) rate is at least / below it apart "
@@ -93,12 +102,13 @@ def main() -> None:
     default_library = otfuse.library_path()
     peak = common.fma_peak(args.threads)
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; CPU {common.cpu_identity()}; threads {args.threads}; "
-          f"K {args.hidden} N {args.widths}; FMA peak before {peak}", flush=True)
+          f"K {args.hidden} N {args.widths} {args.dtype}; FMA peak before {peak}", flush=True)
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
         src, base, fused, bare = (folder / f"{n}.onnx" for n in ("src", "base", "fused", "bare"))
-        onnx.save(node_model(args.hidden, args.widths, True), src)
-        onnx.save(node_model(args.hidden, args.widths, False), bare)
+        dtype = np.float16 if args.dtype == "fp16" else np.float32
+        onnx.save(node_model(args.hidden, args.widths, True, dtype), src)
+        onnx.save(node_model(args.hidden, args.widths, False, dtype), bare)
         otfuse.fuse(src, base, only=["norm"])
         otfuse.fuse(src, fused, only=["norm", "norm_linear"])
         ops = [n.op_type for n in onnx.load(fused, load_external_data=False).graph.node]
@@ -115,12 +125,12 @@ def main() -> None:
             sessions.append(session(fused, library or default_library, env, ep))
             envs.append(env)
         for m in args.tokens:
-            x = np.random.default_rng(m).standard_normal((1, m, args.hidden)).astype(np.float32)
+            x = np.random.default_rng(m).standard_normal((1, m, args.hidden)).astype(dtype)
             feeds = {"x": x}
             reference = sessions[0].run(None, feeds)
             for label, s in zip(labels[2:], sessions[2:]):
                 out = s.run(None, feeds)
-                diff = max(float(np.max(np.abs(a - b))) for a, b in zip(out, reference))
+                diff = max(float(np.max(np.abs(a.astype(np.float32) - b))) for a, b in zip(out, reference))
                 print(f"  M={m} {label}: max |diff| vs unfused {diff:.2g}", flush=True)
             keys = sorted({key for env in envs for key in env})
             runner = ab.env_runner(keys, repeat=1)
