@@ -55,7 +55,7 @@ def phased_blocks(rows: int, phase: int, block: int) -> list[tuple[int, int]]:
         return row_blocks(rows, block)
     out, r = [], 0
     while r < rows:
-        end = r + (phase - r) % PANEL or r + PANEL
+        end = r + ((phase - r) % PANEL or PANEL)
         length = min(end, rows) - r
         count = -(-length // block)
         for k in range(count):
