@@ -5,9 +5,6 @@ KeyBand / PanelSpan): a task per 64 query rows, key tiles of 128 aligned to mult
 16-key panels below the first row's window start skipped; on the tiles crossing the diagonal or
 the window's lower edge the tile kernels skip, per row block of 14 rows (AVX-512; 6 on AVX2:
 --row-block 6), the key panels (Q·Kᵀ) and the keys (P·V) no row of the block sees; the softmax runs over every column of a visited tile.
-AVX2 (--row-block 6) since session 19 also computes only the 8-key half of a panel that a row block
-needs, and places an edge tile's row blocks on the band's edge when that computes less
-(panel_gemms.inc, EdgeRowPhase); --plain-edges counts the kernels before that.
 
     python bench/attention_band_work.py                      # S = 2048, window S/4 and causal
     python bench/attention_band_work.py --s 4096 --window 1024 --row-block 6
@@ -37,61 +34,6 @@ def qk_keys(k0: int, k1: int, n: int, pairs: bool) -> int:
     return done
 
 
-def span(lo: int, hi: int, r: int, mr: int, n: int) -> tuple[int, int]:
-    k0 = min(max(lo + r, 0), n)
-    return k0, max(min(max(hi + r + mr - 1, 0), n), k0)
-
-
-def panel_lanes(k0: int, k1: int, p: int) -> int:
-    """PanelLanes: -1 none, 0 / 1 the low / high 8 lanes, 2 all 16."""
-    first, last = max(k0, p * PANEL), min(k1, p * PANEL + PANEL)
-    return -1 if last <= first else 0 if last <= p * PANEL + 8 else 1 if first >= p * PANEL + 8 else 2
-
-
-def phased_blocks(rows: int, phase: int, block: int) -> list[tuple[int, int]]:
-    """EachRowBlock: blocks of up to `block` rows with bounds on rows r % 16 == phase (phase < 0:
-    row_blocks)."""
-    if phase < 0:
-        return row_blocks(rows, block)
-    out, r = [], 0
-    while r < rows:
-        end = r + ((phase - r) % PANEL or PANEL)
-        length = min(end, rows) - r
-        count = -(-length // block)
-        for k in range(count):
-            mr = length // count + (1 if k < length % count else 0)
-            out.append((r, mr))
-            r += mr
-    return out
-
-
-def avx2_qk(blocks, lo: int, hi: int, n: int) -> tuple[int, int]:
-    """(keys computed, cost in thirds of a panel row) of AVX2's Q·Kᵀ over the row blocks."""
-    keys = cost = 0
-    for r, mr in blocks:
-        k0, k1 = span(lo, hi, r, mr, n)
-        for p in range(k0 // PANEL, -(-k1 // PANEL)):
-            lanes = panel_lanes(k0, k1, p)
-            keys += mr * (16 if lanes == 2 else 8 if lanes >= 0 else 0)
-            cost += mr * (3 if lanes == 2 else 2 if lanes >= 0 else 0)
-    return keys, cost
-
-
-def avx2_blocks(lo: int, hi: int, rows: int, n: int, args) -> list[tuple[int, int]]:
-    """EdgeRowPhase's choice of row blocks for an edge tile."""
-    best = row_blocks(rows, args.row_block)
-    diagonal, lower = hi < n, lo + rows - 1 > 0
-    if args.plain_edges or not (diagonal or lower):
-        return best
-    best_cost = avx2_qk(best, lo, hi, n)[1]
-    for phase in ((1 - hi) % PANEL if diagonal else -1, -lo % PANEL if lower else -1):
-        if phase >= 0:
-            blocks = phased_blocks(rows, phase, args.row_block)
-            if avx2_qk(blocks, lo, hi, n)[1] < best_cost:
-                best, best_cost = blocks, avx2_qk(blocks, lo, hi, n)[1]
-    return best
-
-
 def tile_work(window: int, i0: int, rows: int, tile0: int, kv: tuple[int, int], args) -> dict:
     """One tile visit of the task at rows [i0, i0 + rows): pairs of Q·Kᵀ, P·V and softmax columns."""
     kv_begin, kv_end = kv
@@ -102,13 +44,10 @@ def tile_work(window: int, i0: int, rows: int, tile0: int, kv: tuple[int, int], 
     hi = i0 + 1 - j0 if edge else 1 << 40
     out = {"qk": 0, "pv": 0, "softmax": rows * n, "edge": edge}
     for r, mr in row_blocks(rows, args.row_block):
-        k0, k1 = span(lo, hi, r, mr, n)
+        k0 = min(max(lo + r, 0), n)
+        k1 = max(min(max(hi + r + mr - 1, 0), n), k0)
+        out["qk"] += mr * qk_keys(k0, k1, n, args.row_block == 14)
         out["pv"] += mr * (k1 - k0)
-        if args.row_block == 14 or args.plain_edges:
-            out["qk"] += mr * qk_keys(k0, k1, n, args.row_block == 14)
-    if args.row_block != 14 and not args.plain_edges:
-        out["qk"] = avx2_qk(avx2_blocks(lo, hi, rows, n, args) if edge else row_blocks(rows, args.row_block),
-                            lo, hi, n)[0]
     return out
 
 
@@ -135,8 +74,6 @@ def main(argv=None) -> int:
     parser.add_argument("--block-q", type=int, default=64)
     parser.add_argument("--block-kv", type=int, default=128)
     parser.add_argument("--row-block", type=int, default=14)
-    parser.add_argument("--plain-edges", action="store_true",
-                        help="AVX2: whole panels and blocks from row 0 on edge tiles (before session 19)")
     args = parser.parse_args(argv)
     for window in args.window or [args.s // 4, 0]:
         t = account(args.s, window, args)

@@ -117,7 +117,6 @@ struct Tiles {
   int64_t block_kv = kBlockKv;
   int force_path = 0;  // 0: by row count, 1: direct, 2: packed
   bool lazy_pack = true;  // pack each key tile in the first task that reads it (else phase 2)
-  bool whole_edge_panels = false;  // AttentionJob::whole_edge_panels
 };
 
 // OTFUSE_ATTENTION_TILES="64x128", OTFUSE_ATTENTION_PATH=direct|packed and
@@ -141,7 +140,6 @@ Tiles ReadTiles() {
     else if (std::strcmp(path, "packed") == 0) tiles.force_path = 2;
   }
   if (const char* pack = std::getenv("OTFUSE_ATTENTION_PACK")) tiles.lazy_pack = std::strcmp(pack, "phase") != 0;
-  if (const char* edges = std::getenv("OTFUSE_ATTENTION_EDGES")) tiles.whole_edge_panels = std::strcmp(edges, "panels") == 0;
   return tiles;
 }
 
@@ -443,7 +441,6 @@ class AttentionKernel {
   void PlanTiles(AttentionJob<T>& job) const {
     job.block_q = tiles_.block_q;
     job.block_kv = tiles_.block_kv;
-    job.whole_edge_panels = tiles_.whole_edge_panels;
     job.kv_tiles = (job.skv + job.block_kv - 1) / job.block_kv;
     job.dv_padded = (job.dv + kPanel - 1) / kPanel * kPanel;
     job.k_tile_floats = job.block_kv * job.d;

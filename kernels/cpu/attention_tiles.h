@@ -112,9 +112,6 @@ struct AttentionJob {
   // * k_tile_floats, laid out [panel][d][kPanel]; values likewise [panel of dv][key][kPanel].
   int64_t block_q;   // query rows per task
   int64_t block_kv;  // keys per tile, a multiple of kPanel
-  // AVX2 / baseline Q·Kᵀ on edge tiles as before session 19: whole 16-key panels, row blocks from
-  // row 0 (OTFUSE_ATTENTION_EDGES=panels, a test knob: the same Y bit for bit, see KeyBand).
-  bool whole_edge_panels;
   int64_t kv_tiles;
   int64_t dv_padded;  // dv rounded up to kPanel
   int64_t k_tile_floats;

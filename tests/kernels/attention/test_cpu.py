@@ -549,38 +549,6 @@ def test_edge_tiles_skip_what_no_row_block_sees(library, monkeypatch, dtype, til
 
 
 
-
-@pytest.mark.parametrize("isa", [i for i in cpu_isas() if i != "avx512"])
-@pytest.mark.parametrize("tiles", ["64x128", "28x32", "37x48", "13x16"])
-@pytest.mark.parametrize("softcap", [0.0, 4.0])
-def test_edge_half_panels_and_row_phases_equal_whole_panels(library, monkeypatch, isa, tiles, softcap):
-    # AVX2 / baseline Q·Kᵀ on edge tiles computes only the 8-key half of a panel a row block
-    # needs, and may place the tile's row blocks on the diagonal or the window's lower edge
-    # (EdgeRowPhase): each score is the same sum either way, so Y equals, bit for bit, what whole
-    # panels and 6-row blocks from row 0 give (OTFUSE_ATTENTION_EDGES=panels). Windows and pasts of
-    # every residue mod 16 put the edges at every lane of a panel; the softcap adds the score pass
-    # over the unwritten halves (masked after it).
-    if isa == "baseline":
-        monkeypatch.setenv("OTFUSE_CPU_ISA", "baseline")
-    else:
-        monkeypatch.setenv("OTFUSE_ATTENTION_ISA", "avx2")
-    monkeypatch.setenv("OTFUSE_ATTENTION_PATH", "packed")
-    monkeypatch.setenv("OTFUSE_ATTENTION_TILES", tiles)
-    rng = seeded("half-panels", isa, tiles, softcap)
-    for sq, past, window in [(150, 0, 0), (150, 0, 64), (150, 0, 45), (97, 13, 29), (70, 51, 100), (130, 7, 8)]:
-        inputs = qkv(rng, 1, 2, 2, sq, sq, 40, F32)
-        if past:
-            inputs["past_key"] = rand(rng, (1, 2, past, 40), F32)
-            inputs["past_value"] = rand(rng, (1, 2, past, 40), F32)
-        attrs = {"num_heads": 2, "causal": 1, "window": window}
-        if softcap:
-            attrs["softcap"] = softcap
-        monkeypatch.delenv("OTFUSE_ATTENTION_EDGES", raising=False)
-        (y,) = check(library, inputs, attrs)
-        monkeypatch.setenv("OTFUSE_ATTENTION_EDGES", "panels")
-        (whole,) = run_op(library, "Attention", inputs, attrs)
-        np.testing.assert_array_equal(y.view(np.uint8), whole.view(np.uint8))
-
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])
 @pytest.mark.parametrize("layout", ["BNSD", "BSND"])
 def test_grouped_query_heads(library, layout, kv_heads):
