@@ -5,7 +5,9 @@
 // l3 (COPIES copies of W read in turn, default 6: from L3), dram (W flushed before each run).
 // Variants: "new" (this tree's kPlain task), "base" (OTHER's: another tree's gemm_tiles.inc, e.g.
 // main's, in namespace other), "ep" (this tree's task over the panels); l2one: only the first COLS
-// columns (hot in L2 after the first turn). Y of every variant compared with the first's bit for bit.
+// columns (hot in L2 after the first turn). Y of every variant compared with the first's bit for bit;
+// "first/this": the first variant's time / this one's, median over turns. Compiled alone, the code is
+// laid out as it is not in the library: confirm at node level (bench/README.md says why).
 //   I="-Ikernels -isystem $(grep -o '/[^ ]*ort-headers/[^ ]*' build/dev/build.ninja | head -1)"
 //   git show main:kernels/common/gemm_tiles.inc > /tmp/base/common/gemm_tiles.inc   # (and its .inc files)
 //   g++ -O3 -DNDEBUG -ffp-contract=off -fno-math-errno -std=c++17 $I -mavx2 -mfma -mf16c -mavx512f \
