@@ -120,7 +120,8 @@ namespace gemm_detail {
 
 constexpr int64_t kRowBlock = 6;
 constexpr int64_t kTileWidth = 16;
-// k rows per step over a [k, n] weight read in place: rows read in lockstep (gemm.cc).
+// k rows per step over a [k, n] weight read in place: rows read in lockstep (gemm.cc). (AVX-512, 7-18
+// rows: kTallDepth, gemm_tiles.inc.)
 constexpr int64_t kStreamDepth = 16;
 // ... for a task of more than kStreamMaxRows rows (two tiles per call, AVX-512): fewer reloads
 // of its accumulators per FMA (bench/README.md, "norm_linear, middle rows, session 9").

@@ -182,6 +182,9 @@ SHAPES = {
     "stream-tall": ((2, 8, 203), (1100, 37, 16), [0, 0, 0]),
     "stream-tall-widest": ((18, 45), (300, 33), [0, 0]),  # three full row blocks in one call
     "stream-tall-two-blocks": ((9, 70), (40,), [0]),  # 6 + 3 rows
+    # 7-18 rows, AVX-512: 32-deep steps (kTallDepth) with their k loop unrolled, K a multiple of 32 (no
+    # run-time-depth step), the next call's accumulators fetched across tiles and steps, a partial tile
+    "stream-tall-deep": ((2, 8, 96), (100, 48), [0, 0]),
     # 19-64 rows: 18 read in place and staged, then from the stage 18 at a time: 40 = 18 + 18 + 4
     # (a last lone row block), 25 = 18 + 7 (a last group of 6 + 1)
     "stream-tall-groups": ((2, 20, 70), (300, 33), [0, 0]),
@@ -281,7 +284,7 @@ def test_empty_rows():
     assert got[0].shape == (0, 5, 8)
 
 
-@pytest.mark.parametrize("name", ["decode-sweep", "rows-sweep", "stream-blocks", "stream-tall", "stream-tall-groups", "stream-ranges", "stream-pairs", "mid-first-deep",
+@pytest.mark.parametrize("name", ["decode-sweep", "rows-sweep", "stream-blocks", "stream-tall", "stream-tall-deep", "stream-tall-groups", "stream-ranges", "stream-pairs", "mid-first-deep",
                                   "mid-first-deep-avx2", "deep-plain", "packed-deep", "packed-chunks", "packed-transposed",
                                   "dot-four", "lane-three-vectors"])
 def test_thread_count_does_not_change_results(name):
