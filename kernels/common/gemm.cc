@@ -395,6 +395,8 @@ constexpr int kTaperLevels = 3;
 
 bool TapersTask(GemmIsa isa, const std::vector<GemmProduct>& products, const Task& task) {
   const GemmProduct& p = products[task.product];
+  if (task.kind == TaskKind::kDeepPlain) return true;
+  if (task.kind == TaskKind::kPacked && p.packed != nullptr) return task.rows > kWidenedMinRows;
   return task.kind == TaskKind::kPacked && PacksPerCall(isa, p) && !p.transposed;
 }
 
@@ -474,7 +476,7 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
     return choice.Take(max_cells);
   }
   if (!packs_per_call && !deep_plain) {
-    if (offer(1, gemm_detail::kPackCols, 1, 0, false)) return choice.Take(max_cells);
+    if (offer(1, gemm_detail::kPackCols, 1, 0, false)) return Tapered(isa, products, threads, choice.Take(max_cells));
     const bool split = m <= SplitRangeMaxRows(products);
     if (split && (offer(1, gemm_detail::kPackCols, gemm_detail::kFewRowsRangeSplits, 0, false) ||
                   m <= gemm_detail::kSplitRangeMaxRows)) {
@@ -484,7 +486,7 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
       int64_t more = 1;
       while (packed_once && more <= 3 && !offer(1, gemm_detail::kPackCols, 1, more, false)) ++more;
     }
-    return choice.Take(max_cells);
+    return Tapered(isa, products, threads, choice.Take(max_cells));
   }
   const int64_t narrowest = gemm_detail::kPackedCandidateCols[std::size(gemm_detail::kPackedCandidateCols) - 1];
   // Fine-grained plans first (FineGrained: the fewest row spans, more candidate widths; within half
@@ -647,8 +649,9 @@ bool ForEachPackedBlock(int64_t k, int64_t n, const Visit& visit) {
   for (int64_t col0 = 0; col0 < n; col0 += range) {
     const int64_t cols = std::min(range, n - col0);
     const int64_t tiles = CeilDiv(cols, kTileWidth);
-    for (int64_t k0 = 0; k0 < k; k0 += gemm_detail::kPackDepth) {
-      const int64_t kc = std::min(gemm_detail::kPackDepth, k - k0);
+    const int64_t depth = gemm_detail::EvenDepth(k);
+    for (int64_t k0 = 0; k0 < k; k0 += depth) {
+      const int64_t kc = std::min(depth, k - k0);
       if (!visit(col0, cols, k0, kc, col0 * k + k0 * tiles * kTileWidth)) return false;
     }
   }

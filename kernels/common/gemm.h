@@ -207,6 +207,17 @@ constexpr int64_t kStagedCols = 256;
 // through L1). Staged tasks ran [k, n] weights 0.95-0.97x these on the AVX-512 Xeon, and 0.82-0.89x
 // with the AVX2 kernels (bench/README.md).
 constexpr int64_t kPackDepth = 256;
+// The k blocks of a deep in-place task (kDeepPlain): as few as kPackDepth allows, of equal depth (a
+// multiple of 8: A's block slices stay whole cache lines), not kPackDepth rows and a short rest.
+// The last block's calls write Y; a short one has too few FMAs to hide those stores: Qwen2's K = 896
+// as 4 x 224 instead of 3 x 256 + 128 ran one 512-row task 1.05x as fast, K = 1152 as 4 x 232 + 224
+// instead of 4 x 256 + 128 1.06x, where 3 x 224 + 96 for K = 768 instead of 3 x 256 ran 0.96x
+// (bench/README.md, "norm_linear at 512 rows, session 20"). The same FMAs in the same order per
+// output (k ascending, one float32 chain): the same bits.
+inline int64_t EvenDepth(int64_t k) {
+  const int64_t blocks = (k + kPackDepth - 1) / kPackDepth;
+  return ((k + blocks - 1) / blocks + 7) / 8 * 8;
+}
 constexpr int64_t kPackCols = 1024;
 constexpr int64_t kPackColsTransposed = 128;
 // Column ranges a plan of tasks that pack W per call (or read it deep in place) tries, widest
