@@ -104,7 +104,9 @@ int main(int argc, char** argv) {
                                 : f32 ? static_cast<const void*>(panels32[tree > 0].data())
                                       : static_cast<const void*>(panels16[tree > 0].data())};
       const Job job{m, k, a_packed.data(), &product, a.data(), nullptr};
-      const Task task{0, packed_depth > 0 ? TaskKind::kPacked : TaskKind::kDeepPlain, 0, m, 0, cols};
+      // PER_CALL=1: W packed per call (PackedTask: the custom-op route past kDeepPlainMaxRows rows).
+      const bool per_call = Env("PER_CALL");
+      const Task task{0, packed_depth > 0 || per_call ? TaskKind::kPacked : TaskKind::kDeepPlain, 0, m, 0, cols};
       if (!Env("WARM_W")) Flush(w_used, w.size() * es);  // WARM_W=1: W left in the caches
       if (cold_y) Flush(ys[tree].data(), ys[tree].size());
       const double t0 = Now();
