@@ -390,13 +390,16 @@ bool FineGrained(GemmIsa isa, const std::vector<GemmProduct>& products, const st
 // tiles), kTaperLevels times over, which makes the last ones an eighth of the others: waits of
 // 1-5 / 2-9 ms, node time 1.00-1.07x / 1.00-1.06x as fast (bench/README.md, "Two threads, session
 // 18"). Each half still spans all the task's rows (W's columns copied once, as before) and each
-// output is the same FMAs in the same order: the same bits.
+// output is the same FMAs in the same order: the same bits. Deep in-place tasks (kDeepPlain) too:
+// Qwen2's gate / up at 512 rows (38 tasks of 256 columns, 2 threads) waited 0.8-1.3 ms of ~40 ms
+// for the last one, tapered 0.1-0.3 ms; node time 1.006x as fast in the same turns (bench/README.md,
+// "norm_linear at 512 rows, session 20"). Tasks over panels packed once not (not measured: the
+// plugin EP's kernels are one library per process, so no paired turns).
 constexpr int kTaperLevels = 3;
 
 bool TapersTask(GemmIsa isa, const std::vector<GemmProduct>& products, const Task& task) {
   const GemmProduct& p = products[task.product];
   if (task.kind == TaskKind::kDeepPlain) return true;
-  if (task.kind == TaskKind::kPacked && p.packed != nullptr) return task.rows > kWidenedMinRows;
   return task.kind == TaskKind::kPacked && PacksPerCall(isa, p) && !p.transposed;
 }
 
@@ -476,7 +479,7 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
     return choice.Take(max_cells);
   }
   if (!packs_per_call && !deep_plain) {
-    if (offer(1, gemm_detail::kPackCols, 1, 0, false)) return Tapered(isa, products, threads, choice.Take(max_cells));
+    if (offer(1, gemm_detail::kPackCols, 1, 0, false)) return choice.Take(max_cells);
     const bool split = m <= SplitRangeMaxRows(products);
     if (split && (offer(1, gemm_detail::kPackCols, gemm_detail::kFewRowsRangeSplits, 0, false) ||
                   m <= gemm_detail::kSplitRangeMaxRows)) {
@@ -486,7 +489,7 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
       int64_t more = 1;
       while (packed_once && more <= 3 && !offer(1, gemm_detail::kPackCols, 1, more, false)) ++more;
     }
-    return Tapered(isa, products, threads, choice.Take(max_cells));
+    return choice.Take(max_cells);
   }
   const int64_t narrowest = gemm_detail::kPackedCandidateCols[std::size(gemm_detail::kPackedCandidateCols) - 1];
   // Fine-grained plans first (FineGrained: the fewest row spans, more candidate widths; within half

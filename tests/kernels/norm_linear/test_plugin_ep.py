@@ -135,9 +135,9 @@ DEEP_Y = {
 
 # K not a multiple of kPackDepth (256): the deep tasks' k blocks and the packed panels' blocks of
 # equal depth (common/gemm.h, EvenDepth: Qwen2's 896 as 4 x 224, 1157 as 4 x 232 + 229) instead of
-# 256-row blocks and a short rest; the plan's last tasks split in column halves (common/gemm.cc,
-# TaperTail: deep tasks and, from 257 rows, packed-once ones too). Rows from the deep range (97-576,
-# float32), past it (packed per call) and at few rows, partial tiles, several column ranges.
+# 256-row blocks and a short rest; the plan's last deep tasks split in column halves (common/gemm.cc,
+# TaperTail). Rows from the deep range (97-576, float32), past it (packed per call) and at few rows,
+# partial tiles, several column ranges.
 EVEN = {
     "even-qwen2-gate-up": (512, 896, (1216, 1216)),
     "even-qwen2-qkv": (130, 896, (896, 128, 128)),
