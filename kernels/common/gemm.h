@@ -212,8 +212,8 @@ constexpr int64_t kPackDepth = 256;
 // equal depth (a multiple of 8: A's block slices stay whole cache lines), not kPackDepth rows and a
 // short rest. The last block's calls write Y; a short last block gives those stores too few FMAs to
 // hide behind: one 512-row deep task (AVX-512, float32, one thread) ran 1.02-1.05x as fast with
-// Qwen2's K = 896 as 4 x 224 instead of 3 x 256 + 128, K = 1152 as 4 x 232 + 224 instead of 4 x 256
-// + 128 1.06x, while 3 x 224 + 96 for K = 768 instead of 3 x 256 ran 0.96x; packed per call (684
+// Qwen2's K = 896 as 4 x 224 instead of 3 x 256 + 128, K = 1152 as 5 blocks of ~230 instead of 4 x
+// 256 + 128 1.06x, while 3 x 224 + 96 for K = 768 instead of 3 x 256 ran 0.96x; packed per call (684
 // rows) 1.035x, packed once (976 columns) 1.01-1.02x; the AVX2 kernels 1.00-1.01x (bench/README.md,
 // "norm_linear at 512 rows, session 20"). The same FMAs in the same order per output (k ascending,
 // one float32 chain): the same bits.
