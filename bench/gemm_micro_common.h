@@ -1,6 +1,6 @@
 // What the GEMM micros (bench/gemm_task_micro.cc, bench/gemm_half_micro.cc,
 // bench/gemm_ystore_micro.cc, bench/gemm_node_threads.cc) share: the clocks, a cache flush, a
-// median, the library's row-block layout of A and PackWeight's panel layout for one column range. Included after common/gemm.h (kTileWidth, kPackDepth).
+// median, the library's row-block layout of A and PackWeight's panel layout for one column range. Included after common/gemm.h (kTileWidth, EvenDepth).
 #pragma once
 
 #include <immintrin.h>
@@ -50,15 +50,16 @@ inline std::vector<float> PackRowBlocks(const std::vector<float>& a, int64_t m, 
   return packed;
 }
 
-// PackWeight's layout of columns [0, cols) (one column range) of a [k, n] weight.
+// PackWeight's layout of columns [0, cols) (one column range) of a [k, n] weight (depth: its k
+// blocks' rows; 0: PackWeight's, EvenDepth; 256: before session 20).
 template <typename E>
-std::vector<E> PackRange(const E* w, int64_t k, int64_t n, int64_t cols) {
-  using otfuse::gemm_detail::kPackDepth;
+std::vector<E> PackRange(const E* w, int64_t k, int64_t n, int64_t cols, int64_t depth = 0) {
   using otfuse::gemm_detail::kTileWidth;
   const int64_t tiles = (cols + kTileWidth - 1) / kTileWidth;
   std::vector<E> panels(tiles * kTileWidth * k, E{});
-  for (int64_t k0 = 0; k0 < k; k0 += kPackDepth) {
-    const int64_t kc = std::min(kPackDepth, k - k0);
+  if (depth == 0) depth = otfuse::gemm_detail::EvenDepth(k);
+  for (int64_t k0 = 0; k0 < k; k0 += depth) {
+    const int64_t kc = std::min(depth, k - k0);
     for (int64_t t = 0; t < tiles; ++t) {
       for (int64_t kk = 0; kk < kc; ++kk) {
         for (int64_t j = 0; j < kTileWidth && t * kTileWidth + j < cols; ++j) {

@@ -10,18 +10,32 @@
 //   g++ -O3 -DNDEBUG -ffp-contract=off -fno-math-errno -std=c++17 $I -mavx2 -mfma -mf16c -mavx512f
 //       -DISA=avx512 -Wno-maybe-uninitialized -pthread bench/gemm_node_threads.cc -o /tmp/gemm_node_threads
 //   /tmp/gemm_node_threads M K N1,N2,.. COLS TURNS     # e.g. 2048 2048 5632,5632 384 5
+// Or, the tasks' code compiled alone as in the library (-DTREE_OBJECT; F as bench/gemm_ystore_micro.cc):
+//   g++ $F $I -c bench/gemm_tree.cc -DTREE='"common/gemm_tiles.inc"' -DTREE_NS=avx512 -o /tmp/tree512.o
+//   g++ $F $I -DISA=avx512 -DTREE_OBJECT -pthread bench/gemm_node_threads.cc /tmp/tree512.o -o /tmp/gemm_node_threads
 // Knobs (environment): COLS2=c1,c2t3,..: more plans (columns c; "tN": the last 2 tasks split in
 // column halves N times over, as common/gemm.cc's TaperTail with N = 3) run after the 1-/2-thread
 // turns on 2 threads in rotated turns, each's median wall time, time ratio to the COLS plan, idle
 // tail and busy sum printed; PLAN_THREADS=1: those plans on one thread; ONE=0: no 1-/2-thread
-// turns; SAME=1: every task the first one (its W and Y hot); PIN=0: threads not pinned to CPUs
+// turns; SAME=1: every task the first one (its W and Y hot); DEEP=1: deep in-place tasks (kDeepPlain); PIN=0: threads not pinned to CPUs
 // (ORT does not pin). bench/README.md, "Two threads, session 18".
 #if !defined(ISA)
 #define ISA avx2
 #endif
+#if defined(TREE_OBJECT)
+// The tasks' code from an object of its own (bench/gemm_tree.cc with TREE_NS=ISA), compiled as the
+// library compiles gemm_tiles_<isa>.cc (in one unit with this file the compiler may inline it
+// differently: bench/gemm_ystore_micro.cc). Either way this probe's W and Y are on 4 KiB pages of
+// its own: its deep 512-row node ran 130-135 GFLOP/s on one thread where ORT's ran 146-150 (session 20).
+#include "common/gemm.h"
+namespace otfuse::gemm_detail::ISA {
+void RunTask(const Job& job, const Task& task, float* stage, float* acc);
+}
+#else
 #define OTFUSE_ISA_NAMESPACE ISA
 #include "common/gemm_tiles.inc"
 #undef OTFUSE_ISA_NAMESPACE
+#endif
 
 #include <pthread.h>
 #include <sched.h>
@@ -45,11 +59,14 @@ using namespace otfuse::gemm_detail;
 // over, so that the last tasks claimed are small and the threads end close together.
 static std::vector<Task> Plan(int64_t m, const std::vector<int64_t>& widths, int64_t cols, int taper = 0) {
   std::vector<Task> tasks;
+  // DEEP=1: W read deep in place (kDeepPlain, the plan of 97-576 rows) instead of packed per call.
+  const bool deep = std::getenv("DEEP") != nullptr && std::atoi(std::getenv("DEEP")) != 0;
   for (size_t i = 0; i < widths.size(); ++i) {
     const int64_t n = widths[i];
     const int64_t range = RangeCols(n, cols);
     for (int64_t c0 = 0; c0 < n; c0 += range) {
-      tasks.push_back(Task{static_cast<int64_t>(i), TaskKind::kPacked, 0, m, c0, std::min(range, n - c0)});
+      tasks.push_back(Task{static_cast<int64_t>(i), deep ? TaskKind::kDeepPlain : TaskKind::kPacked, 0, m, c0,
+                           std::min(range, n - c0)});
     }
   }
   std::stable_sort(tasks.begin(), tasks.end(),

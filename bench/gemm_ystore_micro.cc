@@ -3,7 +3,7 @@
 // turns (bench/README.md, "norm_linear fp16, session 18"): each tree's time over the first's
 // (median of per-turn ratios), GFLOP/s, and its Y against the first's bit for bit. W (and with
 // COLD_Y=1 also Y) flushed from the caches before each run. BIAS=1: a float32 bias. F32=1: float32
-// W and Y instead.
+// W and Y instead. HUGEW=1: W on transparent huge pages. WARM_W=1: W not flushed (in a node it is in L3).
 //   I="-Ikernels -isystem $(grep -o '/[^ ]*ort-headers/[^ ]*' build/dev/build.ninja | head -1)"
 //   F="-O3 -DNDEBUG -std=c++17 -fPIC -ffp-contract=off -fno-math-errno -mavx2 -mfma -mf16c -mavx512f"  # the library's
 //   g++ $F $I -c bench/gemm_tree.cc -DTREE='"common/gemm_tiles.inc"' -DTREE_NS=t0 -o /tmp/t0.o
@@ -28,6 +28,7 @@ namespace t3 { void RunTask(const Job& job, const Task& task, float* stage, floa
 }  // namespace otfuse::gemm_detail
 
 #include <immintrin.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -52,6 +53,14 @@ int main(int argc, char** argv) {
   const size_t es = f32 ? 4 : 2;
   std::vector<float> a(m * k), w(k * n), bias(n);
   std::vector<uint16_t> w16(k * n);
+  if (Env("HUGEW")) {  // HUGEW=1: W on transparent huge pages (its 2 MiB-aligned interior)
+    for (void* p : {static_cast<void*>(w.data()), static_cast<void*>(w16.data())}) {
+      const size_t bytes = p == w.data() ? w.size() * 4 : w16.size() * 2;
+      const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + (2 << 20) - 1) & ~uintptr_t((2 << 20) - 1);
+      const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) & ~uintptr_t((2 << 20) - 1);
+      if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+    }
+  }
   for (int64_t i = 0; i < m * k; ++i) a[i] = static_cast<float>(i % 7) * 0.1f - 0.3f;
   for (int64_t i = 0; i < k * n; ++i) {
     w16[i] = _cvtss_sh(static_cast<float>(i % 13) * 0.01f - 0.06f, 0);
@@ -72,14 +81,33 @@ int main(int argc, char** argv) {
   std::vector<std::vector<char>> ys(trees.size(), std::vector<char>(m * n * es));
   std::vector<std::vector<double>> times(trees.size());
   const void* w_used = f32 ? static_cast<const void*>(w.data()) : w16.data();
+  // PACKED=D: a packed-once task (the plugin EP's: PrepackedTask) over columns [0, COLS) packed as
+  // one range, in k blocks of D rows for the first tree (e.g. 256: main before session 20) and of
+  // EvenDepth(K) rows for the others (COLS must be PackedRangeCols(N), e.g. 976 of 4864).
+  const int64_t packed_depth = std::getenv("PACKED") != nullptr ? atoll(std::getenv("PACKED")) : 0;
+  std::vector<float> panels32[2];
+  std::vector<uint16_t> panels16[2];
+  for (int i = 0; i < 2 && packed_depth > 0; ++i) {
+    if (cols != PackedRangeCols(n)) {
+      printf("PACKED: COLS must be %lld\n", (long long)PackedRangeCols(n));
+      return 2;
+    }
+    panels32[i] = PackRange(w.data(), k, n, cols, i == 0 ? packed_depth : 0);
+    panels16[i] = PackRange(w16.data(), k, n, cols, i == 0 ? packed_depth : 0);
+  }
   for (int turn = 0; turn < turns + 1; ++turn) {
     for (size_t v = 0; v < trees.size(); ++v) {
       const size_t tree = (v + turn) % trees.size();  // each tree first in turn
       const GemmProduct product{w_used, f32 ? WeightType::kFloat32 : WeightType::kFloat16, false, n,
-                                Env("BIAS") ? bias.data() : nullptr, ys[tree].data(), nullptr};
+                                Env("BIAS") ? bias.data() : nullptr, ys[tree].data(),
+                                packed_depth == 0 ? nullptr
+                                : f32 ? static_cast<const void*>(panels32[tree > 0].data())
+                                      : static_cast<const void*>(panels16[tree > 0].data())};
       const Job job{m, k, a_packed.data(), &product, a.data(), nullptr};
-      const Task task{0, TaskKind::kDeepPlain, 0, m, 0, cols};
-      Flush(w_used, w.size() * es);
+      // PER_CALL=1: W packed per call (PackedTask: the custom-op route past kDeepPlainMaxRows rows).
+      const bool per_call = Env("PER_CALL");
+      const Task task{0, packed_depth > 0 || per_call ? TaskKind::kPacked : TaskKind::kDeepPlain, 0, m, 0, cols};
+      if (!Env("WARM_W")) Flush(w_used, w.size() * es);  // WARM_W=1: W left in the caches
       if (cold_y) Flush(ys[tree].data(), ys[tree].size());
       const double t0 = Now();
       trees[tree](job, task, buffer.data(), buffer.data() + kStageFloats);
@@ -87,6 +115,7 @@ int main(int argc, char** argv) {
     }
   }
   const double flop = 2.0 * m * k * cols;
+
   printf("M %lld K %lld COLS %lld of %lld, %s W and Y, bias %d, cold Y %d, one thread, %d turns\n", (long long)m,
          (long long)k, (long long)cols, (long long)n, f32 ? "float32" : "float16", Env("BIAS"), cold_y, turns);
   for (size_t v = 0; v < trees.size(); ++v) {

@@ -47,10 +47,19 @@ SHAPES = {"block": (nl.HIDDEN, nl.Q, nl.KV, nl.FFN), "llama": (2048, 2048, 512, 
           "qwen2": (896, 896, 128, 4864), "phi": (2048, 2048, 2048, 8192)}
 
 
+_EP_LIBRARY: list[str] = []  # the library whose plugin EP this process registered
+
+
 def add_plugin_ep(options: ort.SessionOptions, library: str) -> None:
-    """The library's plugin EP (kernels/cpu/norm_linear_ep.cc) in front of the CPU EP (one library per process)."""
+    """The library's plugin EP (kernels/cpu/norm_linear_ep.cc) in front of the CPU EP (one library per
+    process: every EP session runs the first library's kernels, so two EP variants of different
+    libraries in one process would compare a library with itself; bench/README.md, "norm_linear at
+    512 rows, session 20")."""
+    if _EP_LIBRARY and os.path.realpath(_EP_LIBRARY[0]) != os.path.realpath(library):
+        raise SystemExit(f"plugin EP of {library}: this process runs {_EP_LIBRARY[0]}'s (one per process)")
     if not any(d.ep_name == otfuse.run.session.EP_NAME for d in ort.get_ep_devices()):
         ort.register_execution_provider_library("otfuse_ab", library)
+        _EP_LIBRARY.append(library)
     devices = [d for d in ort.get_ep_devices() if d.ep_name == otfuse.run.session.EP_NAME]
     options.add_provider_for_devices(devices, {})
 

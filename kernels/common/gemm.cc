@@ -390,11 +390,16 @@ bool FineGrained(GemmIsa isa, const std::vector<GemmProduct>& products, const st
 // tiles), kTaperLevels times over, which makes the last ones an eighth of the others: waits of
 // 1-5 / 2-9 ms, node time 1.00-1.07x / 1.00-1.06x as fast (bench/README.md, "Two threads, session
 // 18"). Each half still spans all the task's rows (W's columns copied once, as before) and each
-// output is the same FMAs in the same order: the same bits.
+// output is the same FMAs in the same order: the same bits. Deep in-place tasks (kDeepPlain) too:
+// Qwen2's gate / up at 512 rows (38 tasks of 256 columns, 2 threads) waited 0.8-1.3 ms of ~40 ms
+// for the last one, tapered 0.1-0.3 ms; node time 1.006x as fast in the same turns (bench/README.md,
+// "norm_linear at 512 rows, session 20"). Tasks over panels packed once not (not measured: the
+// plugin EP's kernels are one library per process, so no paired turns).
 constexpr int kTaperLevels = 3;
 
 bool TapersTask(GemmIsa isa, const std::vector<GemmProduct>& products, const Task& task) {
   const GemmProduct& p = products[task.product];
+  if (task.kind == TaskKind::kDeepPlain) return true;
   return task.kind == TaskKind::kPacked && PacksPerCall(isa, p) && !p.transposed;
 }
 
@@ -647,8 +652,9 @@ bool ForEachPackedBlock(int64_t k, int64_t n, const Visit& visit) {
   for (int64_t col0 = 0; col0 < n; col0 += range) {
     const int64_t cols = std::min(range, n - col0);
     const int64_t tiles = CeilDiv(cols, kTileWidth);
-    for (int64_t k0 = 0; k0 < k; k0 += gemm_detail::kPackDepth) {
-      const int64_t kc = std::min(gemm_detail::kPackDepth, k - k0);
+    const int64_t depth = gemm_detail::EvenDepth(k);
+    for (int64_t k0 = 0; k0 < k; k0 += depth) {
+      const int64_t kc = std::min(depth, k - k0);
       if (!visit(col0, cols, k0, kc, col0 * k + k0 * tiles * kTileWidth)) return false;
     }
   }

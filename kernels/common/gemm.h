@@ -71,7 +71,7 @@ struct GemmProduct {
 // W packed once, as a packed task reads it (the plugin-EP route, cpu/norm_linear_ep.cc: ORT hands
 // the initializer to PrePackWeight and frees it afterwards, so the panels take W's place instead
 // of being copied block by block on every call). Column ranges of PackedRangeCols(n) columns, each
-// as its k blocks of kPackDepth rows, each block as its tiles' [kc][16] panels (columns past n
+// as its k blocks of EvenDepth(k) rows, each block as its tiles' [kc][16] panels (columns past n
 // zero): the panel of (col0, k0) starts at element col0 * k + k0 * tiles * 16. The elements keep
 // W's type (float16 / bfloat16 stay 16-bit, widened in the micro-kernels' registers), so the
 // panels take W's bytes (plus its last partial tile), never twice them.
@@ -203,11 +203,25 @@ constexpr int64_t kStageLead = 3;
 constexpr int64_t kStagedCols = 256;
 
 // Many rows otherwise ([k, n] weights; [n, k] ones with the AVX2 and portable kernels): packed
-// tasks, blocks of kPackDepth k rows x at most kPackCols columns (kPackColsTransposed for an
+// tasks, blocks of kPackDepth (EvenDepth) k rows x at most kPackCols columns (kPackColsTransposed for an
 // [n, k] weight), two at a time (2 x 1 MiB in float32: they live in L3 and their panels pass
 // through L1). Staged tasks ran [k, n] weights 0.95-0.97x these on the AVX-512 Xeon, and 0.82-0.89x
 // with the AVX2 kernels (bench/README.md).
 constexpr int64_t kPackDepth = 256;
+// The k blocks of every task that multiplies by kPackDepth-deep blocks (deep in-place tasks, W
+// packed per call, and the layout of W packed once, PackWeight): as few as kPackDepth allows, of
+// equal depth (a multiple of 8: A's block slices stay whole cache lines), not kPackDepth rows and a
+// short rest. The last block's calls write Y; a short last block gives those stores too few FMAs to
+// hide behind: one 512-row deep task (AVX-512, float32, one thread) ran 1.02-1.05x as fast with
+// Qwen2's K = 896 as 4 x 224 instead of 3 x 256 + 128, K = 1152 as 5 blocks of ~230 instead of 4 x
+// 256 + 128 1.06x, while 3 x 224 + 96 for K = 768 instead of 3 x 256 ran 0.96x; packed per call (684
+// rows) 1.035x, packed once (976 columns) 1.01-1.02x; the AVX2 kernels 1.00-1.01x (bench/README.md,
+// "norm_linear at 512 rows, session 20"). The same FMAs in the same order per output (k ascending,
+// one float32 chain): the same bits.
+inline int64_t EvenDepth(int64_t k) {
+  const int64_t blocks = (k + kPackDepth - 1) / kPackDepth;
+  return ((k + blocks - 1) / blocks + 7) / 8 * 8;
+}
 constexpr int64_t kPackCols = 1024;
 constexpr int64_t kPackColsTransposed = 128;
 // Column ranges a plan of tasks that pack W per call (or read it deep in place) tries, widest

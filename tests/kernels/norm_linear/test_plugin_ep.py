@@ -133,6 +133,33 @@ DEEP_Y = {
 }
 
 
+# K not a multiple of kPackDepth (256): the deep tasks' k blocks and the packed panels' blocks of
+# equal depth (common/gemm.h, EvenDepth: Qwen2's 896 as 4 x 224, 1157 as 4 x 232 + 229) instead of
+# 256-row blocks and a short rest; the plan's last deep tasks split in column halves (common/gemm.cc,
+# TaperTail). Rows from the deep range (97-576, float32), past it (packed per call) and at few rows,
+# partial tiles, several column ranges.
+EVEN = {
+    "even-qwen2-gate-up": (512, 896, (1216, 1216)),
+    "even-qwen2-qkv": (130, 896, (896, 128, 128)),
+    "even-odd-k": (301, 1157, (200, 33)),
+    "even-packed-per-call": (700, 1157, (160,)),
+    "even-few-rows": (16, 1157, (100, 40)),
+}
+
+
+@pytest.mark.parametrize("name", list(EVEN))
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
+def test_even_k_blocks_and_tapered_tails_keep_the_sums(monkeypatch, name, dtype):
+    """Equal k blocks and tapered tails move where accumulators are stored and reloaded and which
+    task computes a column, not the FMA order: the custom-op route (W in place) and the plugin EP
+    (panels packed once) bit for bit the same on 1 to 3 threads, and right against the reference."""
+    monkeypatch.setenv("OTFUSE_NORM_LINEAR_GEMM", "own")
+    rows, k, widths = EVEN[name]
+    case = Case("AddRMSNormLinear", dtype, shape=(rows, k), widths=widths, transposed=[0] * len(widths),
+                bias=[i % 2 for i in range(len(widths))], keep=True, seed=rows + k)
+    _check_same_on_threads_and_routes(case)
+
+
 @pytest.mark.parametrize("name", list(DEEP_Y))
 @pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
 def test_deep_tasks_write_y_from_registers_as_before(monkeypatch, name, dtype):
