@@ -185,6 +185,9 @@ ONE_ROW = {
     "one-qkv": (301, (2048, 512, 512)),
     "one-thirds": (203, (768, 768, 768)),
     "one-narrow-beside-wide": (203, (4000, 9, 130)),
+    # float32 W whose rows are a multiple of 4 KiB apart (N = 1024, 2048) sweeps W's rows
+    # (gemm_tiles.inc, OneRowSweepsF32), beside a product that keeps the lockstep.
+    "one-rows-4k-apart": (768, (2048, 1024, 40)),
 }
 
 
