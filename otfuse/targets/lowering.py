@@ -36,6 +36,15 @@ EMITTERS: dict[str, dict[str, Callable[[Emitter, FusedCall], None]]] = {
     "onnx": {**norm.ONNX, **rope.ONNX, **attention.ONNX, **activation.ONNX},
 }
 
+
+def writes(target: str, ops) -> bool:
+    """Whether ``target`` has an emitter for any of ``ops`` (a family's ``emits``). A family it has
+    none for is left out of the target's default families: each of its sites would go back to the
+    original nodes, taking along what an earlier family fused there and the target does write
+    (norm_linear's norm)."""
+    return target == "otfuse" or any(op in EMITTERS.get(target, {}) for op in ops)
+
+
 # What the emitters read of each op: an input or attribute the contract gains later is refused until
 # an emitter models it, never silently dropped.
 _ATTENTION_INPUTS = {"Q", "K", "V", "attn_bias", "key_padding_mask", "past_key", "past_value", "alibi_slopes",

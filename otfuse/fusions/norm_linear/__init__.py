@@ -15,5 +15,4 @@ FAMILY = Family(
     name="norm_linear",
     passes=(RulePass(rules.RULES),),
     emits=("RMSNormLinear", "AddRMSNormLinear", "LayerNormLinear", "AddLayerNormLinear"),
-    opt_in=True,
 )
