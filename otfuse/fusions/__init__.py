@@ -1,6 +1,6 @@
 """The fusion families, in the order they run. Each is one package ``otfuse/fusions/<name>/``
 exporting one ``FAMILY`` (``otfuse.rewriter.family.Family``: its passes in order, the ops it
-emits, whether it is opt-in, the canonicalisers it needs). A family imports the engine
+emits, whether it is opt-in (none is today), the canonicalisers it needs). A family imports the engine
 (``otfuse/rewriter/``), ``otfuse.domain``, ``otfuse/canonicalise/`` and (for masks)
 ``otfuse.run.feeds``, never another family (docs/architecture.md).
 
