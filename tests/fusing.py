@@ -9,11 +9,7 @@ import onnx
 from onnx import helper
 
 import otfuse
-from otfuse.fusions import FAMILIES
 from otfuse.pipeline import fuse_families
-
-# Each norm_linear op holds one norm-family op: AddRMSNormLinear an AddRMSNorm, and so on.
-NORM_IN = {op: op.removesuffix("Linear") for op in FAMILIES["norm_linear"].emits}
 
 
 @dataclass
@@ -32,15 +28,6 @@ def fuse_in_memory(model: onnx.ModelProto, family: str | list[str]) -> tuple[onn
     fused.CopyFrom(model)
     fusions, near_misses = fuse_families(fused, [family] if isinstance(family, str) else list(family), None)
     return fused, Fused(dict(sorted(fusions.items())), near_misses)
-
-
-def norm_sites(fusions: dict[str, int]) -> dict[str, int]:
-    """``fusions`` (a report's) with each norm_linear op counted as the norm op it holds: the norm
-    sites fused, whether or not norm_linear (a default family) also took their projections."""
-    counted: dict[str, int] = {}
-    for op, count in fusions.items():
-        counted[NORM_IN.get(op, op)] = counted.get(NORM_IN.get(op, op), 0) + count
-    return dict(sorted(counted.items()))
 
 
 def fuse_model(tmp_path, model: onnx.ModelProto, name="m", only=None):
