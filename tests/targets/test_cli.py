@@ -54,4 +54,5 @@ def test_an_input_holding_otfuse_ops_the_target_cannot_express_exits_2(tmp_path)
     done = run_cli(fused, "-o", tmp_path / "out.onnx", "--target", "ort", cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "must not need otfuse's library" in done.stderr
+    assert "fuse the unfused model with --target ort instead" in done.stderr  # a default-fused model does this
     assert not (tmp_path / "out.onnx").exists()
