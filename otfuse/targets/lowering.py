@@ -219,7 +219,7 @@ def _require_no_otfuse_op(model: onnx.ModelProto, target: str, misses: list[dict
                f"target {target} cannot express {node.op_type}")
     raise TargetRefused(f"the input already holds otfuse's {node.op_type} {node.name!r} (and {len(left) - 1} "
                         f"more otfuse nodes); {why}, and a target {target} model must not need otfuse's library "
-                         f"(fuse the unfused model with --target {target} instead)")
+                        f"(fuse the unfused model with --target {target} instead)")
 
 
 def _unfold(graph: GraphIndex, node: onnx.NodeProto, names: RewriteContext, target: str, limit: int,

@@ -1,6 +1,6 @@
 """The family registry (otfuse/fusions/__init__.py) and what each family says about itself: its
 name is its package, the ops it emits are the ones its passes make and the ones docs/ops.md
-describes, and none is opt-in (norm_linear was until session 15); a target's defaults leave out
+describes, and none is opt-in (norm_linear was until session 18); a target's defaults leave out
 the families it has no op for."""
 
 from __future__ import annotations
