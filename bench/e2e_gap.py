@@ -10,7 +10,7 @@ type, each against its own floor measured in the same process and in the same tu
   at the read bandwidth of bench/stream_read.c, measured in that turn too.
 
 With --ours, each projection shape also runs as an otfuse RMSNormLinear node (otfuse's GEMM, the
-opt-in norm_linear family's route) and as the RMSNorm alone, in the same turns: MLAS vs our GEMM
+norm_linear family's route) and as the RMSNorm alone, in the same turns: MLAS vs our GEMM
 on the model's shapes in one run (the norm's time is printed beside it, not subtracted).
 
     python bench/e2e_gap.py --workdir /work/e2e --seq 8192 --turns 3        # after e2e_llama.py made the models
@@ -125,7 +125,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workdir", type=Path, default=Path("/tmp/otfuse_e2e_llama"))
     p.add_argument("--seq", type=int, default=2048)
-    p.add_argument("--variant", default="otfuse", choices=["otfuse", "otfuse_all"])
+    p.add_argument("--variant", default="otfuse", choices=["otfuse", "otfuse_no_nl", "otfuse_all"])
     p.add_argument("--vocab", type=int, default=1024)
     p.add_argument("--intermediate", type=int, default=5632)
     p.add_argument("--threads", type=int, default=2)

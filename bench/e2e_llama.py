@@ -16,7 +16,9 @@ each ``--seqs`` length per variant, each in a fresh child process:
                   compiled the same way: OpenVINO's own conversion keeps SDPA as one op, which its CPU
                   plugin fuses; its ONNX frontend gets the exporter's decomposed attention;
 3. ``onnxscript`` ``onnxscript.rewriter.ort_fusions.optimize_for_ort`` output in plain onnxruntime;
-4. ``otfuse``     ``otfuse.fuse(export, fused)`` run with ``otfuse.InferenceSession`` (its defaults).
+4. ``otfuse``     ``otfuse.fuse(export, fused)`` run with ``otfuse.InferenceSession`` (its defaults);
+   ``otfuse_no_nl`` (when named) the same without the norm_linear family (``skip=["norm_linear"]``:
+                  the default families until session 19, the projections left to ORT's MatMul).
 
 Machine references, measured in the same run before the variants: the CPU and its ISA, the
 micro-kernels otfuse takes, read bandwidth, and ORT MatMul's rate on the model's GEMM shapes (at
@@ -49,12 +51,14 @@ The export needs torch + transformers: it runs in ``--export-python`` (default
 (onnxruntime, and openvino / onnxscript for those variants), with this checkout's otfuse on the
 path (its kernels come from the installed otfuse library: ``pip install .`` first).
 
-    python bench/e2e_llama.py [--seqs 2048,8192] [--variants unfused,openvino,openvino_torch,onnxscript,otfuse[,otfuse_all]]
+    python bench/e2e_llama.py [--seqs 2048,8192] [--variants unfused,openvino,openvino_torch,onnxscript,otfuse[,otfuse_no_nl]]
                               [--vocab 1024] [--workdir DIR] [--json out.json] [--profile otfuse]
                               [--no-arena --no-mem-pattern] [--merge a.json b.json ...]
-                              [--library-b LIB --variants ...,otfuse_all,otfuse_all_b --interleave]
-(``otfuse_b`` / ``otfuse_all_b``: the same fused model run with another build of the library, LIB,
-in the same turns: an A/B of two libraries against OpenVINO.)
+                              [--library-b LIB --variants ...,otfuse,otfuse_b --interleave]
+(``otfuse_b`` / ``otfuse_no_nl_b`` / ``otfuse_all_b``: the same fused model run with another build of
+the library, LIB, in the same turns: an A/B of two libraries against OpenVINO. ``otfuse_all``: every
+family, the same model as ``otfuse`` since norm_linear became a default family in session 20; the
+name stays so that the command lines of earlier sessions in bench/README.md still run.)
 """
 
 from __future__ import annotations
@@ -86,11 +90,14 @@ OPSET = 20
 
 VARIANTS = ("unfused", "openvino", "openvino_torch", "onnxscript", "otfuse")
 OPENVINO_VARIANTS = ("openvino", "openvino_torch")
-# Not run unless named: otfuse with every family, the opt-in ones too (norm_linear).
+# Not run unless named: otfuse without norm_linear (a default family since session 20), and otfuse
+# with every family (opt-in ones too: none today, so the same model as "otfuse").
 # "<variant>_b": the same fused model run with --library-b (another build of the library, e.g. main's
 # at the session's start) in the same turns: an A/B of the kernels under --interleave.
-EXTRA_VARIANTS = ("otfuse_all", "otfuse_b", "otfuse_all_b")
-OTFUSE_VARIANTS = ("otfuse", "otfuse_all", "otfuse_b", "otfuse_all_b")
+EXTRA_VARIANTS = ("otfuse_no_nl", "otfuse_all", "otfuse_b", "otfuse_no_nl_b", "otfuse_all_b")
+OTFUSE_VARIANTS = ("otfuse", "otfuse_no_nl", "otfuse_all", "otfuse_b", "otfuse_no_nl_b", "otfuse_all_b")
+# The families each otfuse variant fuses (the _fuse child's argument).
+FUSE_MODES = {"otfuse": "default", "otfuse_no_nl": "no_nl", "otfuse_all": "all"}
 
 
 def variant_env(args, variant: str) -> dict[str, str]:
@@ -278,14 +285,15 @@ def _onnxscript_optimize(src: Path, dst: Path) -> None:
     print(json.dumps(info))
 
 
-def _otfuse_fuse(src: Path, dst: Path, every_family: bool) -> None:
+def _otfuse_fuse(src: Path, dst: Path, mode: str) -> None:
     import otfuse
     from otfuse.fusions import FAMILIES
 
-    only = list(FAMILIES) if every_family else None
+    only = list(FAMILIES) if mode == "all" else None
+    skip = ["norm_linear"] if mode == "no_nl" else None
     # Beside the export: the fused model shares its data file (no copy, and no hard link, which
     # onnx's and onnx_ir's loaders refuse).
-    report = otfuse.fuse(str(src), str(dst), only=only)
+    report = otfuse.fuse(str(src), str(dst), only=only, skip=skip)
     info = {"fusions": report.fusions, "seconds": round(report.seconds, 2), "nodes_before": report.nodes_before,
             "nodes_after": report.nodes_after, "near_misses": len(report.near_misses),
             "near_miss_reasons": sorted({str(m.get("reason", m))[:160] for m in report.near_misses})[:10],
@@ -957,7 +965,7 @@ def prepare(args) -> dict[str, dict]:
         dst = export.with_name(f"{base}.onnx")
         print(f"otfuse.fuse ({base}) ...", flush=True)
         proc = subprocess.run([sys.executable, __file__, "_fuse", str(export), str(dst),
-                               "all" if base == "otfuse_all" else "default"],
+                               FUSE_MODES[base]],
                               capture_output=True, text=True, env=common.child_env())
         if proc.returncode != 0:
             out[variant] = {"path": None, "error": (proc.stderr.strip().splitlines() or ["?"])[-1]}
@@ -1097,7 +1105,7 @@ def parse_args(argv):
     p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help=f"cache and scratch (default {DEFAULT_WORKDIR})")
     p.add_argument("--seqs", default="2048,8192", help="prefill lengths, comma-separated")
     p.add_argument("--variants", default=",".join(VARIANTS),
-                   help=f"subset of {','.join(VARIANTS)}, plus {','.join(EXTRA_VARIANTS)} (otfuse with opt-in families)")
+                   help=f"subset of {','.join(VARIANTS)}, plus {','.join(EXTRA_VARIANTS)} (otfuse without norm_linear; with every family)")
     p.add_argument("--intermediate", type=int, default=DEFAULT_INTERMEDIATE)
     p.add_argument("--vocab", type=int, default=DEFAULT_VOCAB, help=f"vocabulary (default {DEFAULT_VOCAB}, issue 12's)")
     p.add_argument("--runs", type=int, default=2, help="timed runs after the warm-up (best is reported)")
@@ -1132,7 +1140,7 @@ def parse_args(argv):
     p.add_argument("--wait-quiet", type=float, default=0.0,
                    help="before each child, wait until the 1-min loadavg is under this (shared machines)")
     p.add_argument("--wait-max", type=float, default=600.0, help="longest wait for --wait-quiet, seconds")
-    p.add_argument("--library-b", type=Path, help="the library of the otfuse_b / otfuse_all_b variants")
+    p.add_argument("--library-b", type=Path, help="the library of the otfuse_b / otfuse_no_nl_b / otfuse_all_b variants")
     p.add_argument("--interleave", action="store_true",
                    help="keep every variant's child (and a MatMul reference) alive and run them in turns, one run "
                         "each per turn (--runs turns): ratios to OpenVINO and to the floor are then also taken per "
@@ -1501,7 +1509,7 @@ if __name__ == "__main__":
             _onnxscript_optimize(Path(rest[0]), Path(rest[1]))
         elif cmd == "_fuse":
             common.use_checkout()
-            _otfuse_fuse(Path(rest[0]), Path(rest[1]), rest[2] == "all")
+            _otfuse_fuse(Path(rest[0]), Path(rest[1]), rest[2])
         elif cmd == "_run":
             common.use_checkout()
             _run(json.loads(rest[0]))

@@ -166,8 +166,9 @@ def cli():
 @click.option("--report", type=click.Path(path_type=Path), help="Write the fuse report (counts, near misses) as JSON.")
 @click.option("--only", multiple=True, callback=_split_families, metavar="FAMILY",
               help=f"Fuse only these pattern families (repeatable or comma-separated): {', '.join(_families())}. "
-                   "Default: all but norm_linear (opt-in, see bench/README.md).")
-@click.option("--skip", multiple=True, callback=_split_families, metavar="FAMILY", help="Do not fuse these families.")
+                   "Default: all (with --target ort or onnx all but norm_linear, which they have no op for).")
+@click.option("--skip", multiple=True, callback=_split_families, metavar="FAMILY",
+              help="Do not fuse these families (--skip norm_linear: the projections stay MatMul / Gemm nodes).")
 @click.option("--data", "data_mode", type=click.Choice(["copy", "link"]), default="copy", show_default=True,
               help="External data for an output in another folder: copy it (reflink or sparse copy) or "
                    "hard-link it (instant; onnx.load then refuses both models while the link exists).")

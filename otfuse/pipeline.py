@@ -27,7 +27,7 @@ from otfuse.rewriter.model_io import LoadedModel, load_model, read_paths, stage_
 from otfuse.rewriter.output_paths import StagedFiles, check_disjoint
 from otfuse.rewriter.passes import unique_sites
 from otfuse.rewriter.sites import unfused_sites
-from otfuse.targets.lowering import TARGETS, Ledger, lower
+from otfuse.targets.lowering import TARGETS, Ledger, lower, writes
 from otfuse.verify.validation import validate_fused
 
 
@@ -72,15 +72,16 @@ def fuse(model_path: str | os.PathLike, output_path: str | os.PathLike | None = 
     ``target``: ``otfuse`` (our ops), ``ort`` (ONNX Runtime's contrib ops) or ``onnx`` (standard
     opset-23 ops): the same analysis, each site then written in the target's ops where they compute
     exactly what it does, else left as the original wrote it (a near miss says why; otfuse/targets/).
+    Without ``only``, a family the target has no op for (norm_linear under ort and onnx) does not run.
     Raises ``OtfuseError`` subclasses for bad input.
     """
     start = time.perf_counter()
-    try:
-        families = select_families(only, skip)
-    except ValueError as exc:
-        raise OtfuseError(str(exc)) from None
     if target not in TARGETS:
         raise OtfuseError(f"unknown target {target!r} (known: {', '.join(TARGETS)})")
+    try:  # by default, only the families whose ops the target writes
+        families = select_families(only, skip, writable=lambda family: writes(target, family.emits))
+    except ValueError as exc:
+        raise OtfuseError(str(exc)) from None
     loaded = load_model(model_path)
     _check_output_paths(loaded, output_path, report_path)
     model = loaded.model  # our in-memory copy: the input file is never touched

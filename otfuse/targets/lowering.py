@@ -36,6 +36,15 @@ EMITTERS: dict[str, dict[str, Callable[[Emitter, FusedCall], None]]] = {
     "onnx": {**norm.ONNX, **rope.ONNX, **attention.ONNX, **activation.ONNX},
 }
 
+
+def writes(target: str, ops) -> bool:
+    """Whether ``target`` has an emitter for any of ``ops`` (a family's ``emits``). A family it has
+    none for is left out of the target's default families: each of its sites would go back to the
+    original nodes, taking along what an earlier family fused there and the target does write
+    (norm_linear's norm)."""
+    return target == "otfuse" or any(op in EMITTERS.get(target, {}) for op in ops)
+
+
 # What the emitters read of each op: an input or attribute the contract gains later is refused until
 # an emitter models it, never silently dropped.
 _ATTENTION_INPUTS = {"Q", "K", "V", "attn_bias", "key_padding_mask", "past_key", "past_value", "alibi_slopes",
@@ -209,7 +218,8 @@ def _require_no_otfuse_op(model: onnx.ModelProto, target: str, misses: list[dict
     why = next((m["reason"] for m in misses if m["location"] == f"{node.op_type} {node.name!r}"),
                f"target {target} cannot express {node.op_type}")
     raise TargetRefused(f"the input already holds otfuse's {node.op_type} {node.name!r} (and {len(left) - 1} "
-                        f"more otfuse nodes); {why}, and a target {target} model must not need otfuse's library")
+                        f"more otfuse nodes); {why}, and a target {target} model must not need otfuse's library "
+                        f"(fuse the unfused model with --target {target} instead)")
 
 
 def _unfold(graph: GraphIndex, node: onnx.NodeProto, names: RewriteContext, target: str, limit: int,

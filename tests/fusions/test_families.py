@@ -1,6 +1,7 @@
 """The family registry (otfuse/fusions/__init__.py) and what each family says about itself: its
 name is its package, the ops it emits are the ones its passes make and the ones docs/ops.md
-describes, and only norm_linear is opt-in (until it is measured on an AVX-512 CPU)."""
+describes, and none is opt-in (norm_linear was until session 19); a target's defaults leave out
+the families it has no op for."""
 
 from __future__ import annotations
 
@@ -12,15 +13,30 @@ from fixtures import fixture_path
 from fusing import fuse_in_memory, fused_nodes
 
 from otfuse.fusions import FAMILIES, OPT_IN, select_families
+from otfuse.targets.lowering import writes
 
 OPS_MD = (Path(__file__).resolve().parents[2] / "docs" / "ops.md").read_text()
 
 
 def test_the_registry_order_and_defaults():
     assert list(FAMILIES) == ["norm", "norm_linear", "rope", "attention", "activation"]
-    assert OPT_IN == {"norm_linear"} and select_families() == ["norm", "rope", "attention", "activation"]
+    assert OPT_IN == frozenset() and select_families() == list(FAMILIES)
     for name, family in FAMILIES.items():
         assert family.name == name and type(family).__module__ == "otfuse.rewriter.family"
+
+
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+def test_a_target_defaults_to_the_families_it_has_ops_for(target):
+    """norm_linear's ops have no ort or onnx counterpart: its sites would go back with their norms,
+    so the target's defaults leave it out; named with ``only`` it still runs (and says why each
+    site went back: tests/targets/test_refusals.py)."""
+    def writable(family):
+        return writes(target, family.emits)
+
+    assert select_families(writable=writable) == ["norm", "rope", "attention", "activation"]
+    assert select_families(skip=["rope"], writable=writable) == ["norm", "attention", "activation"]
+    assert select_families(only=["norm", "norm_linear"], writable=writable) == ["norm", "norm_linear"]
+    assert select_families(writable=lambda family: writes("otfuse", family.emits)) == list(FAMILIES)
 
 
 @pytest.mark.parametrize("name", FAMILIES)

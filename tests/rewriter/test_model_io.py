@@ -30,7 +30,7 @@ HIDDEN = 64
 DATA = "model.onnx.data"
 # The norm -> MatMul pairs become Norm + Linear nodes (weights still never read); the last norm
 # feeds no projection and stays an AddRMSNorm.
-EXPECTED = {"AddRMSNorm": 2, "RMSNorm": 1}  # default families (norm_linear is opt-in)
+EXPECTED = {"AddRMSNorm": 1, "AddRMSNormLinear": 1, "RMSNormLinear": 1}  # the default families
 
 
 def three_norm_model() -> onnx.ModelProto:
@@ -138,7 +138,7 @@ def test_fuse_into_another_folder_copies_the_data_and_leaves_the_input_alone(tmp
 
     fused = load_model(output).model  # every reference resolves next to the output
     assert sorted(n.op_type for n in fused.graph.node if n.domain == "otfuse") == \
-        ["AddRMSNorm", "AddRMSNorm", "RMSNorm"]
+        sorted(op for op, count in EXPECTED.items() for _ in range(count))
     external = [t for t in fused.graph.initializer if is_external(t)]
     assert len(external) == 3 + 2  # three norm weights and two projections, still on disk
     for tensor in external:  # the data reached through the output folder is the original weight

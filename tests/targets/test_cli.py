@@ -32,6 +32,8 @@ def test_target_model_is_verified_and_diffed_without_the_library(tmp_path, targe
     assert done.returncode == 0, done.stderr
     data = json.loads(report.read_text())
     assert data["target"] == target and sum(data["fusions"].values()) == 9  # SwiGLU's 2 too
+    # the 5 norms among them: norm_linear, which the target has no op for, is not a default here
+    assert "norm_linear" not in data["families"] and sum(v for k, v in data["fusions"].items() if "Norm" in k) == 5
     domains = {n.domain for n in onnx.load(out).graph.node}
     assert "otfuse" not in domains and (("com.microsoft" in domains) == (target == "ort"))
     diffed = run_cli("diff", fixture_path("llama"), out, "--dims", "batch=2,seq=5", cwd=tmp_path, library=False)
@@ -52,4 +54,5 @@ def test_an_input_holding_otfuse_ops_the_target_cannot_express_exits_2(tmp_path)
     done = run_cli(fused, "-o", tmp_path / "out.onnx", "--target", "ort", cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "must not need otfuse's library" in done.stderr
+    assert "fuse the unfused model with --target ort instead" in done.stderr  # a default-fused model does this
     assert not (tmp_path / "out.onnx").exists()

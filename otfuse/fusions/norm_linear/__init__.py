@@ -1,11 +1,11 @@
 """The norm_linear family: a fused norm node and the projections that read it, in one node
 (rules.py; contract in docs/ops.md). It reads the norm family's ops, so it runs after it.
 
-Opt-in: it is not faster than the unfused graph everywhere. Its CPU kernel keeps no copy of the
-weights; on the Zen 3 (AVX2) measured it is never slower (fp32 and fp16, 1 to 2048 rows), but on an
-AVX-512 Xeon it loses at prompt sizes (fp32 0.91x and fp16 0.81x the unfused time at 512 rows:
-MLAS's prepacked AVX-512 GEMM against otfuse's in-place one) while winning at 1 and 16 rows
-(bench/README.md, "Norm + Linear")"""
+A default family since session 20: no slower than the unfused graph on the models and row counts of
+bench/norm_linear_models.py (bench/README.md, "norm_linear, the default flip, session 20"). ``--skip norm_linear`` leaves it out. The ``ort`` and ``onnx`` targets have no op for
+its nodes, so their default families leave it out (an explicit ``--only norm_linear`` gives each
+site back with the reason). Its CPU kernels keep no extra copy of the weights (bench/README.md,
+"Norm + Linear"; docs/ops.md, "Norm + Linear family")."""
 
 from otfuse.fusions.norm_linear import rules
 from otfuse.rewriter.family import Family
@@ -15,5 +15,4 @@ FAMILY = Family(
     name="norm_linear",
     passes=(RulePass(rules.RULES),),
     emits=("RMSNormLinear", "AddRMSNormLinear", "LayerNormLinear", "AddLayerNormLinear"),
-    opt_in=True,
 )
