@@ -393,8 +393,8 @@ bool FineGrained(GemmIsa isa, const std::vector<GemmProduct>& products, const st
 // output is the same FMAs in the same order: the same bits. Deep in-place tasks (kDeepPlain) too:
 // Qwen2's gate / up at 512 rows (38 tasks of 256 columns, 2 threads) waited 0.8-1.3 ms of ~40 ms
 // for the last one, tapered 0.1-0.3 ms; node time 1.006x as fast in the same turns (bench/README.md,
-// "norm_linear at 512 rows, session 20"). Tasks over panels packed once not (not measured: the
-// plugin EP's kernels are one library per process, so no paired turns).
+// "norm_linear at 512 rows, session 20"). Tasks over panels packed once are not tapered (not measured:
+// ORT loads one plugin-EP library per process, so there are no paired turns).
 constexpr int kTaperLevels = 3;
 
 bool TapersTask(GemmIsa isa, const std::vector<GemmProduct>& products, const Task& task) {
