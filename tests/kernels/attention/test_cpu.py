@@ -382,6 +382,34 @@ def test_sliding_window(library, dtype, window):
     check(library, inputs, {"num_heads": 2, "causal": 1, "window": window})
 
 
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_narrow_window_row_sweep(library, monkeypatch, isa):
+    # Windows up to 384 keys run as a sweep over 14-row (AVX2: 12-row) blocks, each over exactly its
+    # keys (AttendWindowRows), 385 on tiles: both against the reference, with a KV cache (the
+    # past / new seam inside a block's keys), softcap and a bias, rows not a multiple of the block,
+    # and bit for bit on 1 and 3 threads.
+    if isa not in cpu_isas():
+        pytest.skip(f"this CPU has no {isa}")
+    monkeypatch.setenv("OTFUSE_ATTENTION_ISA", isa)
+    rng = seeded("row-sweep", isa)
+    for sq, past, window, extra in [(150, 0, 100, {}), (77, 200, 384, {"softcap": 30.0}), (90, 300, 385, {}),
+                                    (64, 0, 20, {"bias": True}), (200, 500, 13, {})]:
+        inputs = qkv(rng, 1, 4, 2, sq, sq, 64, F32)
+        if past:
+            inputs["past_key"] = rand(rng, (1, 2, past, 64), F32)
+            inputs["past_value"] = rand(rng, (1, 2, past, 64), F32)
+        attrs = {"num_heads": 4, "kv_num_heads": 2, "causal": 1, "window": window}
+        if extra.get("softcap"):
+            attrs["softcap"] = extra["softcap"]
+        if extra.get("bias"):
+            inputs["attn_bias"] = rand(rng, (1, 4, sq, sq + past), F32)
+        (y,) = check(library, inputs, attrs)
+        (one,) = run_op(library, "Attention", inputs, attrs, threads=1)
+        (three,) = run_op(library, "Attention", inputs, attrs, threads=3)
+        np.testing.assert_array_equal(one.view(np.uint8), y.view(np.uint8))
+        np.testing.assert_array_equal(three.view(np.uint8), y.view(np.uint8))
+
+
 def test_window_one_sees_only_itself(library):
     rng = seeded("window1")
     inputs = qkv(rng, 1, 1, 1, 9, 9, 8, F32)
