@@ -154,7 +154,7 @@ int main(int argc, char** argv) {
   // PLAIN=1: the custom-op route's task is the few-rows one (kPlain: W read in place, up to
   // kStreamMaxRows rows; common/gemm.h) instead of PackedTask.
   const bool plain = getenv("PLAIN") != nullptr && atoi(getenv("PLAIN")) == 1;
-  const Task task_custom{0, plain ? TaskKind::kPlain : TaskKind::kPacked, 0, m, 0, cols};
+  const Task task_custom{0, plain ? TaskKind::kPlain : deep_only ? TaskKind::kDeepPlain : TaskKind::kPacked, 0, m, 0, cols};
   // HUGE=1: the task's buffer (its pack blocks and accumulators) on transparent huge pages.
   const size_t buffer_floats = kStageFloats + m * ((cols + kTileWidth - 1) / kTileWidth) * kTileWidth;
   const size_t huge_bytes = (buffer_floats * sizeof(float) + (2 << 20) - 1) / (2 << 20) * (2 << 20);
