@@ -12,7 +12,8 @@
 //       -DOTHER='"/work/main/kernels/common/gemm_tiles.inc"' bench/gemm_task_micro.cc -o /tmp/gemm_task_micro
 //   /tmp/gemm_task_micro M K COLS N_TOTAL ROUTE TURNS   # e.g. 512 4096 1008 11008 ep 12
 // ROUTE ep | custom | both | deep | all (custom, ep and "deep" in alternating turns, each's time
-// ratio to custom's and deep's to ep's, and deep's Y compared with custom's bit for bit). "deep":
+// ratio to custom's and deep's to ep's, and deep's Y compared with custom's bit for bit). "deep" (also
+// with OTHER: both trees' deep tasks in alternating turns, bench/README.md "norm_linear AVX2 at 512 rows, session 21"):
 // the library's kDeepPlain task (W read in place, each tile pair staged in L1 by the first row
 // block). ROUTE mid (65-256 rows, bench/README.md "norm_linear, 65-256 rows, session 15"): custom,
 // ep, deep and "plain" (the library's kPlain task, 32 deep in place) in alternating turns, each's
@@ -154,7 +155,7 @@ int main(int argc, char** argv) {
   // PLAIN=1: the custom-op route's task is the few-rows one (kPlain: W read in place, up to
   // kStreamMaxRows rows; common/gemm.h) instead of PackedTask.
   const bool plain = getenv("PLAIN") != nullptr && atoi(getenv("PLAIN")) == 1;
-  const Task task_custom{0, plain ? TaskKind::kPlain : TaskKind::kPacked, 0, m, 0, cols};
+  const Task task_custom{0, plain ? TaskKind::kPlain : deep_only ? TaskKind::kDeepPlain : TaskKind::kPacked, 0, m, 0, cols};
   // HUGE=1: the task's buffer (its pack blocks and accumulators) on transparent huge pages.
   const size_t buffer_floats = kStageFloats + m * ((cols + kTileWidth - 1) / kTileWidth) * kTileWidth;
   const size_t huge_bytes = (buffer_floats * sizeof(float) + (2 << 20) - 1) / (2 << 20) * (2 << 20);
@@ -254,7 +255,7 @@ int main(int argc, char** argv) {
     std::vector<double> wall = walls[v];
     std::sort(wall.begin(), wall.end());
     printf("%s: best %.1f, median %.1f GFLOP/s (wall time: best %.1f, median %.1f)\n",
-           both ? names[v] : deep_only ? "deep" : v == 0 ? "this tree" : "OTHER", flop / sorted[0] * 1e-9,
+           both ? names[v] : deep_only ? (v == 0 ? "deep (this tree)" : "deep (OTHER)") : v == 0 ? "this tree" : "OTHER", flop / sorted[0] * 1e-9,
            flop / sorted[sorted.size() / 2] * 1e-9, flop / wall[0] * 1e-9, flop / wall[wall.size() / 2] * 1e-9);
   }
   for (int v = 1; v < variants; ++v) {

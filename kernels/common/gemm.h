@@ -20,7 +20,9 @@
 // packed panels takes two row blocks of two adjacent tiles (24 accumulators), over a staged panel
 // two row blocks (12): 6 accumulators alone cannot cover the FMA latency. With AVX2 (a 6 x 16
 // block is 12 ymm accumulators) a panel passes through all of a task's row blocks, each call
-// fetching the next call's A block into L1 as it goes (gemm_tiles.inc, SweepTile).
+// fetching the next call's A block into L1 as it goes (gemm_tiles.inc, SweepTile); except the last
+// k block of a deep in-place task or one over panels packed once (float32 Y, full tiles), where each
+// row block passes over all the tiles, writing Y's rows from its registers (SweepRowsLastBlock).
 // A task is (row chunk, up to kPackedSpanChunks of them when it packs W per call) x (column
 // range) of one product;
 // its accumulators (rows x range floats) stay in L2 for the whole k loop, and are biased, rounded

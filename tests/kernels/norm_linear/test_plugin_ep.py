@@ -203,6 +203,37 @@ def test_one_row_wide_ranges(monkeypatch, name, dtype):
     _check_same_on_threads_and_routes(case)
 
 
+# The AVX2 kernels' last k block in row-block order (gemm_tiles.inc, SweepRowsLastBlock: each row
+# block over every tile, float32 Y written from the registers): deep in-place tasks (custom-op route,
+# 129-576 rows) and tasks over panels packed once (plugin EP), 1 to 4 k blocks, a partial last row
+# block, beside a product with a partial tile (whose tasks keep the tile-outer order): rows, K,
+# widths. 700 rows: row chunks on the plugin EP (the custom-op route packs per call there).
+AVX2_LAST_BLOCK = {
+    "qwen2-gate-up": (512, 896, (1216, 1216)),
+    "one-block-partial-rows": (301, 200, (256, 70)),
+    "three-blocks": (200, 600, (160, 33)),
+    "packed-once-chunks": (700, 300, (512,)),
+}
+
+
+@pytest.mark.parametrize("name", list(AVX2_LAST_BLOCK))
+def test_avx2_last_block_by_row_blocks_agrees_with_the_default_kernels(monkeypatch, name):
+    """Both routes with the AVX2 kernels (OTFUSE_GEMM_ISA=avx2) bit for bit the default kernels'
+    results (AVX-512 where the CPU has it, which keep the tile-outer order): the last k block's calls
+    run in another order and write Y from their registers, each output's FMAs unchanged."""
+    monkeypatch.setenv("OTFUSE_NORM_LINEAR_GEMM", "own")
+    rows, k, widths = AVX2_LAST_BLOCK[name]
+    case = Case("AddRMSNormLinear", F32, shape=(rows, k), widths=widths, transposed=[0] * len(widths),
+                bias=[i % 2 for i in range(len(widths))], keep=True, seed=rows + k)
+    default = [case.run(threads=2), _ep_run(case, 2)]
+    monkeypatch.setenv("OTFUSE_GEMM_ISA", "avx2")
+    avx2 = [case.run(threads=2), _ep_run(case, 2)]
+    _check(case, avx2[0])
+    for got, want in zip(avx2, default):
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("name", ["packed-one-chunk", "stream-pairs", "packed-deep", "packed-chunks"])
 @pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
 def test_avx2_kernels_agree_with_the_default_ones(monkeypatch, name, dtype):
