@@ -10,21 +10,32 @@ and "cold": fp32, fp16 over 32 layers' caches called in turn, as a decoder's ste
 
 Useful FLOPs = 4 * D * (visible (query, key) pairs) per head: Q·Kᵀ and P·V over the keys each
 query row may see (causal, window, padding), never the skipped or masked ones. A path's ratio is
-its useful GFLOP/s over ORT MatMul's rate on a LLaMA projection [2048, 2048] x [2048, 6144] in
-the same run (issue 12's reference: "ORT MatMul's GFLOP/s on the same model's projections"; goal
->= 0.85, column "vs proj"), and over the better of that and MLAS on the attention's own Q·Kᵀ shape
-[S, 128] x [128, S] (a stricter bar, column "vs MM": with K = 128 in L1, MLAS's AVX2 kernel runs
-that shape near the FMA peak on a quiet machine; below 0.85 there is printed as a note),
-by wall time and by CPU time (both sides timed alike, best of --repeats after a warm-up; on a
-shared VM a run loses its cores for whole stretches, CPU seconds count only the time it ran).
-Column "paired" (the goal's figure): each turn of a path is followed by a turn of the projection's
-MatMul in the same process, and the median over turns of the two rates' ratio is printed (the
-better of wall and CPU time). Both sides of a turn last about as long: a turn repeats the shorter
+its useful GFLOP/s over ORT MatMul's rate on the projections of issue 12's LLaMA-shaped model
+(bench/e2e_llama.py: hidden 2048, 16 heads x 128, 4 KV heads, MLP 5632) in the same run: one layer's
+q, k, v, o, gate, up ([2048, 2048] x [2048, n]) and down ([2048, 5632] x [5632, 2048]), 2048 rows,
+weights prepacked as ORT holds constants, rate = their FLOPs / their time (issue 12's reference:
+"ORT MatMul's GFLOP/s on the same model's projections"; goal >= 0.85, column "vs model"). Stricter
+bars, printed beside it: MLAS's fastest projection-like shape [2048, 2048] x [2048, 6144] alone
+(column "vs 6144": the reference of sessions 14-21, ~4-12 % above the model's mix here), and the
+better of that and MLAS on the attention's own Q·Kᵀ shape [S, 128] x [128, S] (column "vs MM":
+with K = 128 in L1, MLAS's AVX2 kernel runs that shape near the FMA peak on a quiet machine);
+a path under 0.85 of a stricter bar is printed as a note. By wall time and by CPU time (both sides
+timed alike, best of --repeats after a warm-up; on a shared VM a run loses its cores for whole
+stretches, CPU seconds count only the time it ran).
+Column "paired" (the goal's figure): each turn of a path is followed by a turn of the model's
+projections and one of the [2048, 2048] x [2048, 6144] MatMul in the same process, and the median
+over turns of the rates' ratio is printed (the better of wall and CPU time; "strict" against the
+single shape). All sides of a turn last about as long: a turn repeats the shorter
 call (e.g. a 30 ms attention call against a 0.4 s MatMul) until it spans the longer one, so both
 rates average over the same stretch of the host (equal_turn_calls). Some hosts run every FMA-bound loop ~1.5x slower for stretches of
 seconds (bench/README.md, "Every path, session 16: AVX2"): a reference timed once at the start and
 a path timed a minute later then compare two speeds of the host, not of the code; a per-turn ratio
-sees both sides in the same stretch. --no-pair drops the paired turns (and judges by "vs proj").
+sees both sides in the same stretch. And the prefill paths of one S take their turns in rounds (turn
+k of every path, then turn k + 1; --path-after-path: all of a path's turns first; the decode paths
+always path after path, a hot cache staying in L3 between its calls), so that every path
+samples the run's whole span: slow stretches of the host that last minutes then weigh on all
+paths alike instead of on the one or two timed during them (bench/README.md, "Attention, session
+22"). --no-pair drops the paired turns (and judges by "vs model").
 Decoding: K/V bytes / time against stream_read on a buffer of the K/V's own size (the cache stays
 in a large L3 between calls, as it does for the decode op) and on a DRAM-sized one (goal >= 0.70
 of the former). The cold rows cycle through 32 layers' caches (0.5-1 GiB, past the L3), so each
@@ -60,6 +71,10 @@ import common  # noqa: E402
 
 HEADS = 16
 HEAD_SIZE = 128
+# Issue 12's LLaMA-shaped model (bench/e2e_llama.py), whose projections are the goal's reference.
+MODEL_HIDDEN, MODEL_Q, MODEL_KV, MODEL_INTERMEDIATE = 2048, 16 * 128, 4 * 128, 5632
+REFERENCE_ROWS = 2048
+STRICT_SHAPE = (2048, 2048, 6144)  # MLAS's fastest projection-like shape: the reference until session 21
 
 
 @dataclass
@@ -235,12 +250,51 @@ def matmul_run(m: int, k: int, n: int, threads: int):
     return (lambda: sess.run(None, feeds)), 2.0 * m * k * n
 
 
-def matmul_reference(m: int, k: int, n: int, threads: int, repeats: int = 5) -> dict:
-    """ORT MatMul on [m, k] x [k, n] (matmul_run): GFLOP/s by wall and by CPU seconds per
-    thread, timed like the attention paths (best_seconds)."""
-    run, flops = matmul_run(m, k, n, threads)
+def model_projections_run(threads: int):
+    """(run, flops): one call of ORT MatMul on every projection of one layer of issue 12's model at
+    REFERENCE_ROWS rows: [rows, hidden] x q, k, v, o, gate, up in one session, [rows, intermediate] x
+    down in another (common.matmul_model: weights constant, prepacked, as in the model)."""
+    import onnxruntime as ort
+
+    m = REFERENCE_ROWS
+    parts = [(MODEL_HIDDEN, [MODEL_Q, MODEL_KV, MODEL_KV, MODEL_HIDDEN, MODEL_INTERMEDIATE, MODEL_INTERMEDIATE]),
+             (MODEL_INTERMEDIATE, [MODEL_HIDDEN])]
+    rng = np.random.default_rng(1)
+    calls, flops = [], 0.0
+    for k, widths in parts:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the paths run
+        sess = ort.InferenceSession(common.matmul_model(m, k, widths).SerializeToString(), options,
+                                    providers=["CPUExecutionProvider"])
+        feeds = {"a": rng.standard_normal((m, k), dtype=np.float32)}
+        calls.append(lambda sess=sess, feeds=feeds: sess.run(None, feeds))
+        flops += 2.0 * m * k * sum(widths)
+
+    def run():
+        for call in calls:
+            call()
+    return run, flops
+
+
+def rate_reference(shape: str, run, flops: float, threads: int, repeats: int = 5) -> dict:
+    """GFLOP/s of `run` by wall and by CPU seconds per thread, timed like the attention paths
+    (best_seconds)."""
     wall, cpu, _ = best_seconds(run, repeats, budget_s=8.0)
-    return {"shape": f"[{m},{k}]x[{k},{n}]", "gflops": flops / wall * 1e-9, "gflops_cpu": flops / (cpu / threads) * 1e-9}
+    return {"shape": shape, "gflops": flops / wall * 1e-9, "gflops_cpu": flops / (cpu / threads) * 1e-9}
+
+
+def matmul_reference(m: int, k: int, n: int, threads: int, repeats: int = 5) -> dict:
+    """ORT MatMul on [m, k] x [k, n] (matmul_run), as rate_reference times it."""
+    return rate_reference(f"[{m},{k}]x[{k},{n}]", *matmul_run(m, k, n, threads), threads, repeats)
+
+
+def model_reference(threads: int) -> dict:
+    """ORT MatMul on the model's projections (model_projections_run), as rate_reference times it."""
+    shape = (f"the model's projections, {REFERENCE_ROWS} rows: [{REFERENCE_ROWS},{MODEL_HIDDEN}] x q {MODEL_Q}, "
+             f"k/v {MODEL_KV}, o {MODEL_HIDDEN}, gate/up {MODEL_INTERMEDIATE}; down [{REFERENCE_ROWS},"
+             f"{MODEL_INTERMEDIATE}]x[{MODEL_INTERMEDIATE},{MODEL_HIDDEN}]")
+    return rate_reference(shape, *model_projections_run(threads), threads)
 
 
 def our_library() -> str:
@@ -298,16 +352,18 @@ DRAM_MB = 2000  # stream_read buffer well beyond any L3 this project has met (48
 
 def references(sizes, decode_paths, threads: int) -> dict:
     """The machine references of this run: ORT MatMul GFLOP/s (the Q·Kᵀ shape per S, a LLaMA
-    projection), read bandwidth on each decode path's K/V size and on a DRAM-sized buffer, FMA peak."""
+    projection, the model's projections), read bandwidth on each decode path's K/V size and on a
+    DRAM-sized buffer, FMA peak."""
     refs = {"qk_matmul": {s: matmul_reference(s, HEAD_SIZE, s, threads) for s in sizes},
-            "proj_matmul": matmul_reference(2048, 2048, 6144, threads),
+            "proj_matmul": matmul_reference(*STRICT_SHAPE, threads),
+            "model_matmul": model_reference(threads),
             "read_dram": common.read_bandwidth(threads, DRAM_MB, reps=5),
             "read_kv": {}, "fma": common.fma_peak(threads)}
     for p in decode_paths:
         mb = max(1, round(kv_bytes(p, DECODE_PAST) / 1e6))
         if mb not in refs["read_kv"]:
             refs["read_kv"][mb] = common.read_bandwidth(threads, mb, reps=50)
-    for r in list(refs["qk_matmul"].values()) + [refs["proj_matmul"]]:
+    for r in list(refs["qk_matmul"].values()) + [refs["proj_matmul"], refs["model_matmul"]]:
         print(f"ORT MatMul {r['shape']}: {r['gflops']:.0f} GFLOP/s by wall, {r['gflops_cpu']:.0f} by CPU time")
     for mb, r in sorted(refs["read_kv"].items()) + [(DRAM_MB, refs["read_dram"])]:
         print(f"read bandwidth ({threads} threads, stream_read {mb} MB): "
@@ -358,51 +414,78 @@ def equal_turn_calls(seconds: list[float]) -> list[int]:
     return [max(1, round(longest / max(t, 1e-9))) for t in seconds]
 
 
-def time_path(p: Path, s: int, threads: int, isa: str | None, repeats: int, other: str | None,
-              paired=None) -> dict:
-    """One path: best wall / CPU seconds with our library; with `other`, that library's too, in
-    alternating turns, and the median over turns of its time / ours; with `paired` = (run, flops)
-    of the reference MatMul, a turn of it after each turn of the path, and the median over turns
-    of the path's rate / the MatMul's (by wall, by CPU time)."""
-    model, feeds = build(p, s)
-    layers = layer_feeds(p, feeds)
-    ours = session(model, threads, isa, our_library())
-    runs = [lambda: [ours.run(None, f) for f in layers]]
-    if other:
-        theirs = session(model, threads, isa, other)
-        runs.append(lambda: [theirs.run(None, f) for f in layers])
-    if paired:
-        runs.append(lambda: [paired[0]() for _ in layers])
-    seconds = one_call_seconds(runs)
-    calls = equal_turn_calls(seconds)
-    turns = []
-    start = time.perf_counter()
-    budget = max(8.0 * len(runs), 1.5 * repeats * sum(n * t for n, t in zip(calls, seconds)))
-    while len(turns) < repeats and (not turns or time.perf_counter() - start < budget):
-        turn = []
-        for run, n in zip(runs, calls):
+class PathTurns:
+    """One path's sessions and its turns. A turn runs our library's call (as many times as
+    equal_turn_calls asks), then `other`'s when given, then each reference MatMul in `paired` =
+    {name: (run, flops)}. row() sums the turns up: best wall / CPU seconds with our library; with
+    `other`, the median over turns of its time / ours; per reference the median over turns of the
+    path's rate / the MatMul's (by wall, by CPU time: row["paired_<name>"], row["paired_<name>_cpu"])."""
+
+    def __init__(self, p: Path, s: int, threads: int, isa: str | None, other: str | None, paired=None):
+        self.p, self.s, self.threads, self.isa, self.other = p, s, threads, isa, other
+        self.paired = paired or {}
+        model, feeds = build(p, s)
+        self.layers = layer_feeds(p, feeds)
+        ours = session(model, threads, isa, our_library())
+        self.runs = [lambda: [ours.run(None, f) for f in self.layers]]
+        if other:
+            theirs = session(model, threads, isa, other)
+            self.runs.append(lambda: [theirs.run(None, f) for f in self.layers])
+        for run, _ in self.paired.values():
+            self.runs.append(lambda run=run: [run() for _ in self.layers])
+        self.seconds = one_call_seconds(self.runs)
+        self.calls = equal_turn_calls(self.seconds)
+        self.turns = []
+
+    def turn_seconds(self) -> float:
+        return sum(n * t for n, t in zip(self.calls, self.seconds))
+
+    def turn(self) -> None:
+        times = []
+        for run, n in zip(self.runs, self.calls):
             c0, t0 = time.process_time(), time.perf_counter()
             for _ in range(n):
                 run()
-            turn.append(((time.perf_counter() - t0) / n, (time.process_time() - c0) / n))
-        turns.append(turn)
-    # per call: a turn ran one call per layer
-    turns = [[(w / len(layers), c / len(layers)) for w, c in turn] for turn in turns]
-    wall, cpu = min(t[0][0] for t in turns), min(t[0][1] for t in turns)
-    flops, kv = useful_flops(p, s), kv_bytes(p, s)
-    row = {"path": p.name, "s": s, "isa": isa or "native", "best_s": wall, "best_cpu_s": cpu, "runs": len(turns),
-           "gflops": flops / wall * 1e-9, "gflops_cpu": flops / (cpu / threads) * 1e-9, "kv_gbps": kv / wall * 1e-9,
-           "kv_gbps_cpu": kv / (cpu / threads) * 1e-9}
-    if other:
-        row["other_best_s"] = min(t[1][0] for t in turns)
-        row["other_best_cpu_s"] = min(t[1][1] for t in turns)
-        row["other_vs_ours_wall"] = statistics.median(t[1][0] / t[0][0] for t in turns)
-        row["other_vs_ours_cpu"] = statistics.median(t[1][1] / t[0][1] for t in turns)
-    if paired:  # rate ratio = (flops / ours) / (paired flops / its time)
-        ratio = flops / paired[1]
-        row["paired_vs_proj"] = statistics.median(ratio * t[-1][0] / t[0][0] for t in turns)
-        row["paired_vs_proj_cpu"] = statistics.median(ratio * t[-1][1] / t[0][1] for t in turns)
-    return row
+            # per call: a call ran once per layer
+            times.append(((time.perf_counter() - t0) / n / len(self.layers),
+                          (time.process_time() - c0) / n / len(self.layers)))
+        self.turns.append(times)
+
+    def row(self) -> dict:
+        p, s, threads, turns = self.p, self.s, self.threads, self.turns
+        wall, cpu = min(t[0][0] for t in turns), min(t[0][1] for t in turns)
+        flops, kv = useful_flops(p, s), kv_bytes(p, s)
+        row = {"path": p.name, "s": s, "isa": self.isa or "native", "best_s": wall, "best_cpu_s": cpu,
+               "runs": len(turns), "gflops": flops / wall * 1e-9, "gflops_cpu": flops / (cpu / threads) * 1e-9,
+               "kv_gbps": kv / wall * 1e-9, "kv_gbps_cpu": kv / (cpu / threads) * 1e-9}
+        if self.other:
+            row["other_best_s"] = min(t[1][0] for t in turns)
+            row["other_best_cpu_s"] = min(t[1][1] for t in turns)
+            row["other_vs_ours_wall"] = statistics.median(t[1][0] / t[0][0] for t in turns)
+            row["other_vs_ours_cpu"] = statistics.median(t[1][1] / t[0][1] for t in turns)
+        first = len(self.runs) - len(self.paired)
+        for slot, (name, (_, ref_flops)) in enumerate(self.paired.items(), start=first):
+            ratio = flops / ref_flops  # rate ratio = (flops / ours) / (reference flops / its time)
+            row[f"paired_{name}"] = statistics.median(ratio * t[slot][0] / t[0][0] for t in turns)
+            row[f"paired_{name}_cpu"] = statistics.median(ratio * t[slot][1] / t[0][1] for t in turns)
+        return row
+
+
+def time_paths(group: list[PathTurns], repeats: int, interleave: bool) -> None:
+    """`repeats` turns of each path of `group`. Interleaved: turn k of every path, then turn k + 1,
+    so that every path samples the same stretches of the host (its slow phases last minutes:
+    bench/README.md, "Attention, session 22"). Else path after path, each within a time budget."""
+    if interleave:
+        for k in range(repeats):
+            for timer in group:
+                timer.turn()
+            print(f"  turn {k + 1} of {repeats} done ({len(group)} paths)", file=sys.stderr, flush=True)
+        return
+    for timer in group:
+        start = time.perf_counter()
+        budget = max(8.0 * len(timer.runs), 1.5 * repeats * timer.turn_seconds())
+        while len(timer.turns) < repeats and (not timer.turns or time.perf_counter() - start < budget):
+            timer.turn()
 
 
 def path_cells(p: Path, r: dict, refs: dict, threads: int, failures: list, notes: list) -> str:
@@ -428,25 +511,41 @@ def path_cells(p: Path, r: dict, refs: dict, threads: int, failures: list, notes
             failures.append(f"{p.name}: {r[ratio]:.2f} of {what} by wall, {r[ratio_cpu]:.2f} by CPU time (goal 0.70)")
         hot_cell = "" if cold else f"{r['vs_read_kv'] or 0:7.2f}"
         note = f" of DRAM read; {p.layers} layers' caches in turn" if cold else " of read"
-        return (f"{'':>8} {'':>8} {'':>6} {'':>6} {'':>7} {'':>6} {r['kv_gbps']:6.1f} {hot_cell:>7}"
+        return (f"{'':>8} {'':>8} {'':>6} {'':>6} {'':>7} {'':>8} {'':>6} {'':>6} {r['kv_gbps']:6.1f} {hot_cell:>7}"
                 f" {r['vs_read_dram'] or 0:7.2f}" + ab + f"   by CPU: {r['kv_gbps_cpu']:.1f} GB/s,"
                 f" {r[ratio_cpu] or 0:.2f}" + note)
     r["vs_matmul"] = r["gflops"] / reference_rate(refs, r["s"], "gflops")
     r["vs_matmul_cpu"] = r["gflops_cpu"] / reference_rate(refs, r["s"], "gflops_cpu")
-    r["vs_proj"] = r["gflops"] / refs["proj_matmul"]["gflops"]
-    r["vs_proj_cpu"] = r["gflops_cpu"] / refs["proj_matmul"]["gflops_cpu"]
-    paired = "paired_vs_proj" in r
-    goal_wall, goal_cpu = (r["paired_vs_proj"], r["paired_vs_proj_cpu"]) if paired else (r["vs_proj"], r["vs_proj_cpu"])
+    for ref, col in (("proj_matmul", "vs_proj"), ("model_matmul", "vs_model")):
+        r[col] = r["gflops"] / refs[ref]["gflops"]
+        r[f"{col}_cpu"] = r["gflops_cpu"] / refs[ref]["gflops_cpu"]
+    paired = "paired_model" in r
+    goal_wall, goal_cpu = ((r["paired_model"], r["paired_model_cpu"]) if paired else (r["vs_model"], r["vs_model_cpu"]))
+    strict_wall, strict_cpu = ((r["paired_strict"], r["paired_strict_cpu"]) if paired else (r["vs_proj"], r["vs_proj_cpu"]))
+    how = " (paired turns)" if paired else ""
     if r["isa"] == "native":
         if max(goal_wall, goal_cpu) < 0.85:
-            failures.append(f"{p.name} S={r['s']}: {goal_wall:.2f}x the projections' MatMul by wall, "
-                            f"{goal_cpu:.2f}x by CPU time{' (paired turns)' if paired else ''} (goal 0.85)")
+            failures.append(f"{p.name} S={r['s']}: {goal_wall:.2f}x the model's projections' MatMul by wall, "
+                            f"{goal_cpu:.2f}x by CPU time{how} (goal 0.85)")
+        elif max(strict_wall, strict_cpu) < 0.85:
+            notes.append(f"{p.name} S={r['s']}: {strict_wall:.2f}x MatMul {STRICT_SHAPE} by wall, "
+                         f"{strict_cpu:.2f}x by CPU time{how} (under the stricter bar)")
         elif max(r["vs_matmul"], r["vs_matmul_cpu"]) < 0.85:
             notes.append(f"{p.name} S={r['s']}: {r['vs_matmul']:.2f}x the better MatMul rate by wall, "
                          f"{r['vs_matmul_cpu']:.2f}x by CPU time (under the stricter bar)")
+    pair_cells = (f" {max(goal_wall, goal_cpu):6.2f} {max(strict_wall, strict_cpu):6.2f}" if paired
+                  else f" {'':>6} {'':>6}")
     return (f"{r['gflops']:8.1f} {r['gflops_cpu']:8.1f} {r['vs_matmul']:6.2f} {r['vs_matmul_cpu']:6.2f}"
-            f" {max(r['vs_proj'], r['vs_proj_cpu']):7.2f}"
-            f" {f'{max(goal_wall, goal_cpu):6.2f}' if paired else '':>6} {'':>6} {'':>7} {'':>7}" + ab)
+            f" {max(r['vs_proj'], r['vs_proj_cpu']):7.2f} {max(r['vs_model'], r['vs_model_cpu']):8.2f}"
+            + pair_cells + f" {'':>6} {'':>7} {'':>7}" + ab)
+
+
+def print_row(timer: PathTurns, refs: dict, threads: int, failures: list, notes: list, rows: list) -> None:
+    r = timer.row()
+    cells = path_cells(timer.p, r, refs, threads, failures, notes)
+    rows.append(r)
+    print(f"{timer.p.name:<26} {r['s']:>6} {r['isa']:>6} {r['best_s'] * 1e3:9.2f} {r['best_cpu_s'] * 1e3:9.2f} {cells}",
+          flush=True)
 
 
 def main(argv=None) -> int:
@@ -461,6 +560,10 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write every figure to this file")
     parser.add_argument("--no-pair", action="store_true",
                         help="no MatMul turn after each path's turn (judge by the run's single reference)")
+    parser.add_argument("--path-after-path", action="store_true",
+                        help="all turns of a path before the next path's (the default interleaves the turns of the "
+                             "paths of one S: turn k of every path, then turn k + 1; each path's inputs then stay in "
+                             "memory for the whole run, ~1 GiB per path at S = 16384)")
     args = parser.parse_args(argv)
 
     def chosen(paths):
@@ -479,16 +582,30 @@ def main(argv=None) -> int:
     refs = references(args.sizes, decode, args.threads)
     ab = f" {'B/ours':>6} {'(wall)':>6}" if args.ab else ""
     print(f"\n{'path':<26} {'S':>6} {'ISA':>6} {'ms':>9} {'CPU ms':>9} {'GFLOP/s':>8} {'by CPU':>8} {'vs MM':>6}"
-          f" {'by CPU':>6} {'vs proj':>7} {'paired':>6} {'GB/s':>6} {'vs read':>7} {'vs DRAM':>7}" + ab)
+          f" {'by CPU':>6} {'vs 6144':>7} {'vs model':>8} {'paired':>6} {'strict':>6} {'GB/s':>6} {'vs read':>7}"
+          f" {'vs DRAM':>7}" + ab)
     rows, failures, notes = [], [], []
-    projection = None if args.no_pair else matmul_run(2048, 2048, 6144, args.threads)
+    paired = None if args.no_pair else {"model": model_projections_run(args.threads),
+                                        "strict": matmul_run(*STRICT_SHAPE, args.threads)}
+    # One group per (S, ISA): all its paths' sessions live at once when interleaved.
+    groups: dict[tuple, list] = {}
     for p, s in jobs:
         for isa in isas:
-            r = time_path(p, s, args.threads, isa, args.repeats, args.ab, None if p.decode else projection)
-            cells = path_cells(p, r, refs, args.threads, failures, notes)
-            rows.append(r)
-            print(f"{p.name:<26} {s:>6} {r['isa']:>6} {r['best_s'] * 1e3:9.2f} {r['best_cpu_s'] * 1e3:9.2f} {cells}",
-                  flush=True)
+            groups.setdefault((s, p.decode, isa), []).append((p, s, isa))
+    for members in groups.values():
+        # A hot decode call relies on its cache staying in L3 from its previous call: its turns
+        # stay together (interleaved, the cold paths' 1 GiB of caches evicted it between turns).
+        interleave = not args.path_after_path and not members[0][0].decode
+        timers = []
+        for p, s, isa in members:
+            timers.append(PathTurns(p, s, args.threads, isa, args.ab, None if p.decode else paired))
+            if not interleave:
+                time_paths(timers[-1:], args.repeats, False)
+                print_row(timers[-1], refs, args.threads, failures, notes, rows)
+        if interleave:
+            time_paths(timers, args.repeats, True)
+            for timer in timers:
+                print_row(timer, refs, args.threads, failures, notes, rows)
     machine["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     print(f"loadavg at the end: {machine['loadavg_end']}")
     for n in notes:
