@@ -16,7 +16,8 @@ q, k, v, o, gate, up ([2048, 2048] x [2048, n]) and down ([2048, 5632] x [5632, 
 weights prepacked as ORT holds constants, rate = their FLOPs / their time (issue 12's reference:
 "ORT MatMul's GFLOP/s on the same model's projections"; goal >= 0.85, column "vs model"). Stricter
 bars, printed beside it: MLAS's fastest projection-like shape [2048, 2048] x [2048, 6144] alone
-(column "vs 6144": the reference of sessions 14-21, ~4-12 % above the model's mix here), and the
+(column "vs 6144": the reference of sessions 14-21; here 1-2 % above the model's mix at the median of
+paired turns, 0.90-1.16 per path: the noise of one path's paired figure), and the
 better of that and MLAS on the attention's own Q·Kᵀ shape [S, 128] x [128, S] (column "vs MM":
 with K = 128 in L1, MLAS's AVX2 kernel runs that shape near the FMA peak on a quiet machine);
 a path under 0.85 of a stricter bar is printed as a note. By wall time and by CPU time (both sides
