@@ -560,7 +560,8 @@ def main(argv=None) -> int:
     parser.add_argument("--ab", metavar="LIB", help="also time LIB's kernels, alternating with ours")
     parser.add_argument("--json", help="write every figure to this file")
     parser.add_argument("--no-pair", action="store_true",
-                        help="no MatMul turn after each path's turn (judge by the run's single reference)")
+                        help="no MatMul turns beside each path's turns (judge by the model's projections, timed once "
+                             "at the start)")
     parser.add_argument("--path-after-path", action="store_true",
                         help="all turns of a path before the next path's (the default interleaves the turns of the "
                              "paths of one S: turn k of every path, then turn k + 1; each path's inputs then stay in "
