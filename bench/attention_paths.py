@@ -69,12 +69,14 @@ import numpy as np
 
 sys.path.insert(0, str(FsPath(__file__).resolve().parent))
 import common  # noqa: E402
+import e2e_llama as e2e  # noqa: E402  (issue 12's model: its projections are the goal's reference)
 
 HEADS = 16
 HEAD_SIZE = 128
 # Issue 12's LLaMA-shaped model (bench/e2e_llama.py), whose projections are the goal's reference.
-MODEL_HIDDEN, MODEL_Q, MODEL_KV, MODEL_INTERMEDIATE = 2048, 16 * 128, 4 * 128, 5632
-REFERENCE_ROWS = 2048
+MODEL_HIDDEN, MODEL_INTERMEDIATE = e2e.HIDDEN, e2e.DEFAULT_INTERMEDIATE
+MODEL_Q, MODEL_KV = e2e.HEADS * e2e.HEAD_DIM, e2e.KV_HEADS * e2e.HEAD_DIM
+REFERENCE_ROWS = e2e.REFERENCE_MAX_ROWS
 STRICT_SHAPE = (2048, 2048, 6144)  # MLAS's fastest projection-like shape: the reference until session 21
 
 
@@ -255,19 +257,13 @@ def model_projections_run(threads: int):
     """(run, flops): one call of ORT MatMul on every projection of one layer of issue 12's model at
     REFERENCE_ROWS rows: [rows, hidden] x q, k, v, o, gate, up in one session, [rows, intermediate] x
     down in another (common.matmul_model: weights constant, prepacked, as in the model)."""
-    import onnxruntime as ort
-
     m = REFERENCE_ROWS
     parts = [(MODEL_HIDDEN, [MODEL_Q, MODEL_KV, MODEL_KV, MODEL_HIDDEN, MODEL_INTERMEDIATE, MODEL_INTERMEDIATE]),
              (MODEL_INTERMEDIATE, [MODEL_HIDDEN])]
     rng = np.random.default_rng(1)
     calls, flops = [], 0.0
     for k, widths in parts:
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the paths run
-        sess = ort.InferenceSession(common.matmul_model(m, k, widths).SerializeToString(), options,
-                                    providers=["CPUExecutionProvider"])
+        sess = common.ort_session(common.matmul_model(m, k, widths).SerializeToString(), threads, library=False)
         feeds = {"a": rng.standard_normal((m, k), dtype=np.float32)}
         calls.append(lambda sess=sess, feeds=feeds: sess.run(None, feeds))
         flops += 2.0 * m * k * sum(widths)

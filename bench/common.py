@@ -292,9 +292,9 @@ def paired_ratio(base: dict, other: dict, key: str = "walls") -> float:
 
 
 def ort_session(path, threads: int, library: bool = True):
-    """An ORT CPU session as the benches run them: `threads` intra-op threads that do not spin
-    (sessions taking turns in one process would otherwise spin into each other's runs) and, with
-    `library`, otfuse's custom ops."""
+    """An ORT CPU session of the model at `path` (or serialized, as bytes) as the benches run them:
+    `threads` intra-op threads that do not spin (sessions taking turns in one process would otherwise
+    spin into each other's runs) and, with `library`, otfuse's custom ops."""
     import onnxruntime as ort
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
@@ -303,7 +303,8 @@ def ort_session(path, threads: int, library: bool = True):
         use_checkout()
         import otfuse
         options.register_custom_ops_library(otfuse.library_path())
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    model = path if isinstance(path, bytes) else str(path)
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
 def matmul_model(m: int, k: int, widths):
