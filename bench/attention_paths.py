@@ -253,25 +253,31 @@ def matmul_run(m: int, k: int, n: int, threads: int):
     return (lambda: sess.run(None, feeds)), 2.0 * m * k * n
 
 
-def model_projections_run(threads: int):
-    """(run, flops): one call of ORT MatMul on every projection of one layer of issue 12's model at
-    REFERENCE_ROWS rows: [rows, hidden] x q, k, v, o, gate, up in one session, [rows, intermediate] x
-    down in another (common.matmul_model: weights constant, prepacked, as in the model)."""
+def model_projection_runs(threads: int) -> list[tuple]:
+    """[(run, flops)]: one call of ORT MatMul per projection of one layer of issue 12's model at
+    REFERENCE_ROWS rows, each in its own session: [rows, hidden] x q, k, v, o, gate, up, and
+    [rows, intermediate] x down (common.matmul_model: weights constant, prepacked, as in the model).
+    Separate calls so that a path's paired turn can run its calls between them (PathTurns)."""
     m = REFERENCE_ROWS
-    parts = [(MODEL_HIDDEN, [MODEL_Q, MODEL_KV, MODEL_KV, MODEL_HIDDEN, MODEL_INTERMEDIATE, MODEL_INTERMEDIATE]),
-             (MODEL_INTERMEDIATE, [MODEL_HIDDEN])]
+    shapes = [(MODEL_HIDDEN, n) for n in (MODEL_Q, MODEL_KV, MODEL_KV, MODEL_HIDDEN, MODEL_INTERMEDIATE,
+                                          MODEL_INTERMEDIATE)] + [(MODEL_INTERMEDIATE, MODEL_HIDDEN)]
     rng = np.random.default_rng(1)
-    calls, flops = [], 0.0
-    for k, widths in parts:
-        sess = common.ort_session(common.matmul_model(m, k, widths).SerializeToString(), threads, library=False)
+    runs = []
+    for k, n in shapes:
+        sess = common.ort_session(common.matmul_model(m, k, [n]).SerializeToString(), threads, library=False)
         feeds = {"a": rng.standard_normal((m, k), dtype=np.float32)}
-        calls.append(lambda sess=sess, feeds=feeds: sess.run(None, feeds))
-        flops += 2.0 * m * k * sum(widths)
+        runs.append((lambda sess=sess, feeds=feeds: sess.run(None, feeds), 2.0 * m * k * n))
+    return runs
+
+
+def model_projections_run(threads: int):
+    """(run, flops): every projection of model_projection_runs, one after the other."""
+    runs = model_projection_runs(threads)
 
     def run():
-        for call in calls:
+        for call, _ in runs:
             call()
-    return run, flops
+    return run, sum(flops for _, flops in runs)
 
 
 def rate_reference(shape: str, run, flops: float, threads: int, repeats: int = 5) -> dict:
@@ -411,61 +417,126 @@ def equal_turn_calls(seconds: list[float]) -> list[int]:
     return [max(1, round(longest / max(t, 1e-9))) for t in seconds]
 
 
-class PathTurns:
-    """One path's sessions and its turns. A turn runs our library's call (as many times as
-    equal_turn_calls asks), then `other`'s when given, then each reference MatMul in `paired` =
-    {name: (run, flops)}. row() sums the turns up: best wall / CPU seconds with our library; with
-    `other`, the median over turns of its time / ours; per reference the median over turns of the
-    path's rate / the MatMul's (by wall, by CPU time: row["paired_<name>"], row["paired_<name>_cpu"])."""
+# A paired turn alternates the path's calls with slices of its reference at least this long: the
+# host's slow stretches last from a fraction of a second to minutes, so the two sides of a ratio
+# are timed at most ~0.1 s apart instead of a whole side (~0.6 s) apart (bench/README.md,
+# "Attention, session 23").
+SLICE_SECONDS = 0.05
 
-    def __init__(self, p: Path, s: int, threads: int, isa: str | None, other: str | None, paired=None):
+
+def reference_slices(seconds: list[float], path_call: float, shortest: float = SLICE_SECONDS) -> list[list[int]]:
+    """The reference's calls (one call's `seconds` each) grouped, in order, into slices each
+    lasting at least one path call and `shortest` seconds (the last one may be shorter): [[call
+    indices], ...]."""
+    slices, current, length = [], [], 0.0
+    for i, t in enumerate(seconds):
+        current.append(i)
+        length += t
+        if length >= max(path_call, shortest):
+            slices.append(current)
+            current, length = [], 0.0
+    if current:
+        slices.append(current)
+    return slices
+
+
+class PathTurns:
+    """One path's sessions and its turns. With `other` (an A/B), a turn first runs our library's
+    call, then `other`'s, as many times as equal_turn_calls asks. Then, per reference of `paired` =
+    {name: [(run, flops), ...]} (the model's projections are seven MatMul calls), the path and the
+    reference take turns in slices (reference_slices): some calls of the path, then a slice of the
+    reference's calls lasting about as long, and so on through the whole reference. row() sums the
+    turns up: best wall / CPU seconds with our library; with `other`, the median over turns of its
+    time / ours; per reference the median over turns of the path's rate / the MatMul's, each turn's
+    rates over the same interleaved stretch (by wall, by CPU time: row["paired_<name>"],
+    row["paired_<name>_cpu"]; their quartiles: row["paired_<name>_q"], by the better of the two)."""
+
+    def __init__(self, p: Path, s: int, threads: int, isa: str | None, other: str | None, paired=None,
+                 slice_seconds: float = SLICE_SECONDS):
         self.p, self.s, self.threads, self.isa, self.other = p, s, threads, isa, other
-        self.paired = paired or {}
         model, feeds = build(p, s)
         self.layers = layer_feeds(p, feeds)
         ours = session(model, threads, isa, our_library())
-        self.runs = [lambda: [ours.run(None, f) for f in self.layers]]
+        self.ours = lambda: [ours.run(None, f) for f in self.layers]
+        self.runs = [self.ours]
         if other:
             theirs = session(model, threads, isa, other)
             self.runs.append(lambda: [theirs.run(None, f) for f in self.layers])
-        for run, _ in self.paired.values():
-            self.runs.append(lambda run=run: [run() for _ in self.layers])
         self.seconds = one_call_seconds(self.runs)
         self.calls = equal_turn_calls(self.seconds)
+        # Per reference: its slices as (calls, flops of the slice, path calls before it).
+        self.paired = {}
+        for name, runs in (paired or {}).items():
+            seconds = [t for _, _, t in runs]
+            self.paired[name] = [([runs[i][0] for i in idx], sum(runs[i][1] for i in idx),
+                                  max(1, round(sum(seconds[i] for i in idx) / max(self.seconds[0], 1e-9))))
+                                 for idx in reference_slices(seconds, self.seconds[0], slice_seconds)]
         self.turns = []
 
     def turn_seconds(self) -> float:
-        return sum(n * t for n, t in zip(self.calls, self.seconds))
+        ours = self.seconds[0]
+        return sum(n * t for n, t in zip(self.calls, self.seconds)) + sum(
+            2 * n * ours for slices in self.paired.values() for _, _, n in slices)
+
+    def timed(self, run, n: int) -> tuple[float, float]:
+        """(wall, CPU) seconds of n calls of run."""
+        c0, t0 = time.process_time(), time.perf_counter()
+        for _ in range(n):
+            run()
+        return time.perf_counter() - t0, time.process_time() - c0
 
     def turn(self) -> None:
-        times = []
-        for run, n in zip(self.runs, self.calls):
-            c0, t0 = time.process_time(), time.perf_counter()
-            for _ in range(n):
-                run()
-            # per call: a call ran once per layer
-            times.append(((time.perf_counter() - t0) / n / len(self.layers),
-                          (time.process_time() - c0) / n / len(self.layers)))
-        self.turns.append(times)
+        # per call of the path: a call ran once per layer
+        layers = len(self.layers)
+        turn = {"calls": []}
+        if self.other or not self.paired:
+            for run, n in zip(self.runs, self.calls):
+                wall, cpu = self.timed(run, n)
+                turn["calls"].append((wall / n / layers, cpu / n / layers))
+        for name, slices in self.paired.items():
+            ours, ref, calls = [0.0, 0.0], [0.0, 0.0], 0
+            for refs, _, n in slices:
+                for side, (run, count) in ((ours, (self.ours, n)), (ref, (lambda refs=refs: [r() for r in refs], 1))):
+                    wall, cpu = self.timed(run, count)
+                    side[0] += wall
+                    side[1] += cpu
+                calls += n
+            turn[name] = (ours[0] / calls / layers, ours[1] / calls / layers, ref[0], ref[1])
+        self.turns.append(turn)
 
     def row(self) -> dict:
         p, s, threads, turns = self.p, self.s, self.threads, self.turns
-        wall, cpu = min(t[0][0] for t in turns), min(t[0][1] for t in turns)
+        ours = [t["calls"][0] if t["calls"] else None for t in turns]
+        ours += [(t[name][0], t[name][1]) for t in turns for name in self.paired]
+        ours = [o for o in ours if o is not None]
+        wall, cpu = min(o[0] for o in ours), min(o[1] for o in ours)
         flops, kv = useful_flops(p, s), kv_bytes(p, s)
         row = {"path": p.name, "s": s, "isa": self.isa or "native", "best_s": wall, "best_cpu_s": cpu,
                "runs": len(turns), "gflops": flops / wall * 1e-9, "gflops_cpu": flops / (cpu / threads) * 1e-9,
                "kv_gbps": kv / wall * 1e-9, "kv_gbps_cpu": kv / (cpu / threads) * 1e-9}
         if self.other:
-            row["other_best_s"] = min(t[1][0] for t in turns)
-            row["other_best_cpu_s"] = min(t[1][1] for t in turns)
-            row["other_vs_ours_wall"] = statistics.median(t[1][0] / t[0][0] for t in turns)
-            row["other_vs_ours_cpu"] = statistics.median(t[1][1] / t[0][1] for t in turns)
-        first = len(self.runs) - len(self.paired)
-        for slot, (name, (_, ref_flops)) in enumerate(self.paired.items(), start=first):
-            ratio = flops / ref_flops  # rate ratio = (flops / ours) / (reference flops / its time)
-            row[f"paired_{name}"] = statistics.median(ratio * t[slot][0] / t[0][0] for t in turns)
-            row[f"paired_{name}_cpu"] = statistics.median(ratio * t[slot][1] / t[0][1] for t in turns)
+            row["other_best_s"] = min(t["calls"][1][0] for t in turns)
+            row["other_best_cpu_s"] = min(t["calls"][1][1] for t in turns)
+            row["other_vs_ours_wall"] = statistics.median(t["calls"][1][0] / t["calls"][0][0] for t in turns)
+            row["other_vs_ours_cpu"] = statistics.median(t["calls"][1][1] / t["calls"][0][1] for t in turns)
+        for name, slices in self.paired.items():
+            # rate ratio = (flops / ours per call) / (reference flops / its time)
+            ratio = flops / sum(slice_flops for _, slice_flops, _ in slices)
+            walls = [ratio * t[name][2] / t[name][0] for t in turns]
+            cpus = [ratio * t[name][3] / t[name][1] for t in turns]
+            row[f"paired_{name}"] = statistics.median(walls)
+            row[f"paired_{name}_cpu"] = statistics.median(cpus)
+            better = sorted(walls if row[f"paired_{name}"] >= row[f"paired_{name}_cpu"] else cpus)
+            row[f"paired_{name}_q"] = (quantile(better, 0.25), quantile(better, 0.75))
         return row
+
+
+def quantile(sorted_values: list[float], q: float) -> float:
+    """The q-quantile of sorted values, linear between neighbours."""
+    at = q * (len(sorted_values) - 1)
+    low = int(at)
+    high = min(low + 1, len(sorted_values) - 1)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (at - low)
 
 
 def time_paths(group: list[PathTurns], repeats: int, interleave: bool) -> None:
@@ -508,7 +579,7 @@ def path_cells(p: Path, r: dict, refs: dict, threads: int, failures: list, notes
             failures.append(f"{p.name}: {r[ratio]:.2f} of {what} by wall, {r[ratio_cpu]:.2f} by CPU time (goal 0.70)")
         hot_cell = "" if cold else f"{r['vs_read_kv'] or 0:7.2f}"
         note = f" of DRAM read; {p.layers} layers' caches in turn" if cold else " of read"
-        return (f"{'':>8} {'':>8} {'':>6} {'':>6} {'':>7} {'':>8} {'':>6} {'':>6} {r['kv_gbps']:6.1f} {hot_cell:>7}"
+        return (f"{'':>8} {'':>8} {'':>6} {'':>6} {'':>7} {'':>8} {'':>6} {'':>9} {'':>6} {r['kv_gbps']:6.1f} {hot_cell:>7}"
                 f" {r['vs_read_dram'] or 0:7.2f}" + ab + f"   by CPU: {r['kv_gbps_cpu']:.1f} GB/s,"
                 f" {r[ratio_cpu] or 0:.2f}" + note)
     r["vs_matmul"] = r["gflops"] / reference_rate(refs, r["s"], "gflops")
@@ -530,8 +601,9 @@ def path_cells(p: Path, r: dict, refs: dict, threads: int, failures: list, notes
         elif max(r["vs_matmul"], r["vs_matmul_cpu"]) < 0.85:
             notes.append(f"{p.name} S={r['s']}: {r['vs_matmul']:.2f}x the better MatMul rate by wall, "
                          f"{r['vs_matmul_cpu']:.2f}x by CPU time (under the stricter bar)")
-    pair_cells = (f" {max(goal_wall, goal_cpu):6.2f} {max(strict_wall, strict_cpu):6.2f}" if paired
-                  else f" {'':>6} {'':>6}")
+    quartiles = f"{r['paired_model_q'][0]:.2f}-{r['paired_model_q'][1]:.2f}" if paired else ""
+    pair_cells = (f" {max(goal_wall, goal_cpu):6.2f} {quartiles:>9} {max(strict_wall, strict_cpu):6.2f}" if paired
+                  else f" {'':>6} {'':>9} {'':>6}")
     return (f"{r['gflops']:8.1f} {r['gflops_cpu']:8.1f} {r['vs_matmul']:6.2f} {r['vs_matmul_cpu']:6.2f}"
             f" {max(r['vs_proj'], r['vs_proj_cpu']):7.2f} {max(r['vs_model'], r['vs_model_cpu']):8.2f}"
             + pair_cells + f" {'':>6} {'':>7} {'':>7}" + ab)
@@ -558,6 +630,9 @@ def main(argv=None) -> int:
     parser.add_argument("--no-pair", action="store_true",
                         help="no MatMul turns beside each path's turns (judge by the model's projections, timed once "
                              "at the start)")
+    parser.add_argument("--slice-seconds", type=float, default=SLICE_SECONDS,
+                        help="paired turns: the shortest slice of a reference between the path's calls (default "
+                             f"{SLICE_SECONDS}; a large value runs each side of a turn whole, as before session 23)")
     parser.add_argument("--path-after-path", action="store_true",
                         help="all turns of a path before the next path's (the default interleaves the turns of the "
                              "paths of one S: turn k of every path, then turn k + 1; each path's inputs then stay in "
@@ -580,11 +655,15 @@ def main(argv=None) -> int:
     refs = references(args.sizes, decode, args.threads)
     ab = f" {'B/ours':>6} {'(wall)':>6}" if args.ab else ""
     print(f"\n{'path':<26} {'S':>6} {'ISA':>6} {'ms':>9} {'CPU ms':>9} {'GFLOP/s':>8} {'by CPU':>8} {'vs MM':>6}"
-          f" {'by CPU':>6} {'vs 6144':>7} {'vs model':>8} {'paired':>6} {'strict':>6} {'GB/s':>6} {'vs read':>7}"
+          f" {'by CPU':>6} {'vs 6144':>7} {'vs model':>8} {'paired':>6} {'q1-q3':>9} {'strict':>6} {'GB/s':>6} {'vs read':>7}"
           f" {'vs DRAM':>7}" + ab)
     rows, failures, notes = [], [], []
-    paired = None if args.no_pair else {"model": model_projections_run(args.threads),
-                                        "strict": matmul_run(*STRICT_SHAPE, args.threads)}
+    paired = None
+    if not args.no_pair:
+        # The references' calls, each with its flops and the seconds of one call (measured once)
+        paired = {name: [(run, flops, t) for (run, flops), t in zip(runs, one_call_seconds([r for r, _ in runs]))]
+                  for name, runs in (("model", model_projection_runs(args.threads)),
+                                     ("strict", [matmul_run(*STRICT_SHAPE, args.threads)]))}
     # One group per (S, ISA): all its paths' sessions live at once when interleaved.
     groups: dict[tuple, list] = {}
     for p, s in jobs:
@@ -596,7 +675,8 @@ def main(argv=None) -> int:
         interleave = not args.path_after_path and not members[0][0].decode
         timers = []
         for p, s, isa in members:
-            timers.append(PathTurns(p, s, args.threads, isa, args.ab, None if p.decode else paired))
+            timers.append(PathTurns(p, s, args.threads, isa, args.ab, None if p.decode else paired,
+                                    args.slice_seconds))
             if not interleave:
                 time_paths(timers[-1:], args.repeats, False)
                 print_row(timers[-1], refs, args.threads, failures, notes, rows)
