@@ -384,15 +384,15 @@ def test_sliding_window(library, dtype, window):
 
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])
 def test_narrow_window_row_sweep(library, monkeypatch, isa):
-    # Windows up to 384 keys run as a sweep over 14-row (AVX2: 12-row) blocks, each over exactly its
-    # keys (AttendWindowRows), 385 on tiles: both against the reference, with a KV cache (the
+    # Windows up to 512 keys run as a sweep over 14-row (AVX2: 12-row) blocks, each over exactly its
+    # keys (AttendWindowRows), 513 on tiles: both against the reference, with a KV cache (the
     # past / new seam inside a block's keys), softcap and a bias, rows not a multiple of the block,
     # and bit for bit on 1 and 3 threads.
     if isa not in cpu_isas():
         pytest.skip(f"this CPU has no {isa}")
     monkeypatch.setenv("OTFUSE_ATTENTION_ISA", isa)
     rng = seeded("row-sweep", isa)
-    for sq, past, window, extra in [(150, 0, 100, {}), (77, 200, 384, {"softcap": 30.0}), (90, 300, 385, {}),
+    for sq, past, window, extra in [(150, 0, 100, {}), (77, 600, 512, {"softcap": 30.0}), (90, 600, 513, {}),
                                     (64, 0, 20, {"bias": True}), (200, 500, 13, {})]:
         inputs = qkv(rng, 1, 4, 2, sq, sq, 64, F32)
         if past:
