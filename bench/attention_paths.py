@@ -23,15 +23,16 @@ with K = 128 in L1, MLAS's AVX2 kernel runs that shape near the FMA peak on a qu
 a path under 0.85 of a stricter bar is printed as a note. By wall time and by CPU time (both sides
 timed alike, best of --repeats after a warm-up; on a shared VM a run loses its cores for whole
 stretches, CPU seconds count only the time it ran).
-Column "paired" (the goal's figure): each turn of a path is followed by a turn of the model's
-projections and one of the [2048, 2048] x [2048, 6144] MatMul in the same process, and the median
-over turns of the rates' ratio is printed (the better of wall and CPU time; "strict" against the
-single shape). All sides of a turn last about as long: a turn repeats the shorter
-call (e.g. a 30 ms attention call against a 0.4 s MatMul) until it spans the longer one, so both
-rates average over the same stretch of the host (equal_turn_calls). Some hosts run every FMA-bound loop ~1.5x slower for stretches of
-seconds (bench/README.md, "Every path, session 16: AVX2"): a reference timed once at the start and
-a path timed a minute later then compare two speeds of the host, not of the code; a per-turn ratio
-sees both sides in the same stretch. And the prefill paths of one S take their turns in rounds (turn
+Column "paired" (the goal's figure): in each turn of a path, the path's calls alternate with the
+model's seven projections, called one by one (and then with the [2048, 2048] x [2048, 6144]
+MatMul), in slices of about equal length: some calls of the path, then projections lasting at
+least one path call and --slice-seconds, and so on; the median over turns of the rates' ratio is
+printed (the better of wall and CPU time; "strict" against the single shape), and its quartiles
+(column "q1-q3"). Some hosts run every FMA-bound loop ~1.5x slower for stretches from under a
+second to minutes (bench/README.md, "Every path, session 16: AVX2"): a reference timed once at the
+start and a path timed a minute later then compare two speeds of the host, not of the code; a
+per-turn ratio sees both sides in the same stretches, ~0.1 s apart (timing each side whole, ~0.6 s
+each, the quartiles spread 1.7x as wide: bench/README.md, "Attention, session 23"). And the prefill paths of one S take their turns in rounds (turn
 k of every path, then turn k + 1; --path-after-path: all of a path's turns first; the decode paths
 always path after path, a hot cache staying in L3 between its calls), so that every path
 samples the run's whole span: slow stretches of the host that last minutes then weigh on all
@@ -443,7 +444,8 @@ def reference_slices(seconds: list[float], path_call: float, shortest: float = S
 class PathTurns:
     """One path's sessions and its turns. With `other` (an A/B), a turn first runs our library's
     call, then `other`'s, as many times as equal_turn_calls asks. Then, per reference of `paired` =
-    {name: [(run, flops), ...]} (the model's projections are seven MatMul calls), the path and the
+    {name: [(run, flops, seconds of one call), ...]} (the model's projections are seven MatMul
+    calls), the path and the
     reference take turns in slices (reference_slices): some calls of the path, then a slice of the
     reference's calls lasting about as long, and so on through the whole reference. row() sums the
     turns up: best wall / CPU seconds with our library; with `other`, the median over turns of its
