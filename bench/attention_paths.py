@@ -476,9 +476,11 @@ class PathTurns:
         self.turns = []
 
     def turn_seconds(self) -> float:
+        """About how long one turn lasts (a reference's slice lasts about as long as the path's
+        calls before it)."""
         ours = self.seconds[0]
-        return sum(n * t for n, t in zip(self.calls, self.seconds)) + sum(
-            2 * n * ours for slices in self.paired.values() for _, _, n in slices)
+        alone = sum(n * t for n, t in zip(self.calls, self.seconds)) if self.other or not self.paired else 0.0
+        return alone + sum(2 * n * ours for slices in self.paired.values() for _, _, n in slices)
 
     def timed(self, run, n: int) -> tuple[float, float]:
         """(wall, CPU) seconds of n calls of run."""
