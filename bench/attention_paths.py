@@ -271,16 +271,6 @@ def model_projection_runs(threads: int) -> list[tuple]:
     return runs
 
 
-def model_projections_run(threads: int):
-    """(run, flops): every projection of model_projection_runs, one after the other."""
-    runs = model_projection_runs(threads)
-
-    def run():
-        for call, _ in runs:
-            call()
-    return run, sum(flops for _, flops in runs)
-
-
 def rate_reference(shape: str, run, flops: float, threads: int, repeats: int = 5) -> dict:
     """GFLOP/s of `run` by wall and by CPU seconds per thread, timed like the attention paths
     (best_seconds)."""
@@ -288,17 +278,23 @@ def rate_reference(shape: str, run, flops: float, threads: int, repeats: int = 5
     return {"shape": shape, "gflops": flops / wall * 1e-9, "gflops_cpu": flops / (cpu / threads) * 1e-9}
 
 
+def matmul_shape(m: int, k: int, n: int) -> str:
+    return f"[{m},{k}]x[{k},{n}]"
+
+
 def matmul_reference(m: int, k: int, n: int, threads: int, repeats: int = 5) -> dict:
     """ORT MatMul on [m, k] x [k, n] (matmul_run), as rate_reference times it."""
-    return rate_reference(f"[{m},{k}]x[{k},{n}]", *matmul_run(m, k, n, threads), threads, repeats)
+    return rate_reference(matmul_shape(m, k, n), *matmul_run(m, k, n, threads), threads, repeats)
 
 
-def model_reference(threads: int) -> dict:
-    """ORT MatMul on the model's projections (model_projections_run), as rate_reference times it."""
+def model_reference(projections: list[tuple], threads: int) -> dict:
+    """ORT MatMul on the model's projections (the calls of model_projection_runs, one after the
+    other), as rate_reference times it."""
     shape = (f"the model's projections, {REFERENCE_ROWS} rows: [{REFERENCE_ROWS},{MODEL_HIDDEN}] x q {MODEL_Q}, "
              f"k/v {MODEL_KV}, o {MODEL_HIDDEN}, gate/up {MODEL_INTERMEDIATE}; down [{REFERENCE_ROWS},"
              f"{MODEL_INTERMEDIATE}]x[{MODEL_INTERMEDIATE},{MODEL_HIDDEN}]")
-    return rate_reference(shape, *model_projections_run(threads), threads)
+    return rate_reference(shape, lambda: [call() for call, _ in projections],
+                          sum(flops for _, flops in projections), threads)
 
 
 def our_library() -> str:
@@ -354,13 +350,13 @@ def isa_line(library: str, forced: str | None) -> str:
 DRAM_MB = 2000  # stream_read buffer well beyond any L3 this project has met (480 MiB here)
 
 
-def references(sizes, decode_paths, threads: int) -> dict:
-    """The machine references of this run: ORT MatMul GFLOP/s (the Q·Kᵀ shape per S, a LLaMA
-    projection, the model's projections), read bandwidth on each decode path's K/V size and on a
-    DRAM-sized buffer, FMA peak."""
+def references(sizes, decode_paths, threads: int, projections: list[tuple], strict: tuple) -> dict:
+    """The machine references of this run: ORT MatMul GFLOP/s (the Q·Kᵀ shape per S, the strict
+    shape's (run, flops), the model's projections [(run, flops)]: the sessions the paired turns
+    use too), read bandwidth on each decode path's K/V size and on a DRAM-sized buffer, FMA peak."""
     refs = {"qk_matmul": {s: matmul_reference(s, HEAD_SIZE, s, threads) for s in sizes},
-            "proj_matmul": matmul_reference(*STRICT_SHAPE, threads),
-            "model_matmul": model_reference(threads),
+            "proj_matmul": rate_reference(matmul_shape(*STRICT_SHAPE), *strict, threads),
+            "model_matmul": model_reference(projections, threads),
             "read_dram": common.read_bandwidth(threads, DRAM_MB, reps=5),
             "read_kv": {}, "fma": common.fma_peak(threads)}
     for p in decode_paths:
@@ -530,17 +526,10 @@ class PathTurns:
             cpus = [ratio * t[name][3] / t[name][1] for t in turns]
             row[f"paired_{name}"] = statistics.median(walls)
             row[f"paired_{name}_cpu"] = statistics.median(cpus)
-            better = sorted(walls if row[f"paired_{name}"] >= row[f"paired_{name}_cpu"] else cpus)
-            row[f"paired_{name}_q"] = (quantile(better, 0.25), quantile(better, 0.75))
+            better = walls if row[f"paired_{name}"] >= row[f"paired_{name}_cpu"] else cpus
+            q1, _, q3 = statistics.quantiles(better, n=4, method="inclusive") if len(better) > 1 else better * 3
+            row[f"paired_{name}_q"] = (q1, q3)
         return row
-
-
-def quantile(sorted_values: list[float], q: float) -> float:
-    """The q-quantile of sorted values, linear between neighbours."""
-    at = q * (len(sorted_values) - 1)
-    low = int(at)
-    high = min(low + 1, len(sorted_values) - 1)
-    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (at - low)
 
 
 def time_paths(group: list[PathTurns], repeats: int, interleave: bool) -> None:
@@ -656,7 +645,9 @@ def main(argv=None) -> int:
     print(f"library: {our_library()}" + (f"; A/B against {args.ab}" if args.ab else ""))
     for isa in isas:
         print(f"kernels{' (OTFUSE_ATTENTION_ISA=' + isa + ')' if isa else ''}: {isa_line(our_library(), isa)}")
-    refs = references(args.sizes, decode, args.threads)
+    # One session per reference MatMul, for the references at the start and the paired turns alike.
+    projections, strict = model_projection_runs(args.threads), matmul_run(*STRICT_SHAPE, args.threads)
+    refs = references(args.sizes, decode, args.threads, projections, strict)
     ab = f" {'B/ours':>6} {'(wall)':>6}" if args.ab else ""
     print(f"\n{'path':<26} {'S':>6} {'ISA':>6} {'ms':>9} {'CPU ms':>9} {'GFLOP/s':>8} {'by CPU':>8} {'vs MM':>6}"
           f" {'by CPU':>6} {'vs 6144':>7} {'vs model':>8} {'paired':>6} {'q1-q3':>9} {'strict':>6} {'GB/s':>6} {'vs read':>7}"
@@ -666,8 +657,7 @@ def main(argv=None) -> int:
     if not args.no_pair:
         # The references' calls, each with its flops and the seconds of one call (measured once)
         paired = {name: [(run, flops, t) for (run, flops), t in zip(runs, one_call_seconds([r for r, _ in runs]))]
-                  for name, runs in (("model", model_projection_runs(args.threads)),
-                                     ("strict", [matmul_run(*STRICT_SHAPE, args.threads)]))}
+                  for name, runs in (("model", projections), ("strict", [strict]))}
     # One group per (S, ISA): all its paths' sessions live at once when interleaved.
     groups: dict[tuple, list] = {}
     for p, s in jobs:
