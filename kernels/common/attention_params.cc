@@ -22,21 +22,22 @@ AttentionHeadDims ReadHeadDims(const char* name, const Shape& s, AttentionLayout
                                const char* heads_attr) {
   DimProduct(s, 0, s.size());  // no negative dims, no overflow
   const char* layout_name = layout == AttentionLayout::kBnsd ? "BNSD" : "BSND";
-  const std::string what = std::string(name) + " has shape " + ToString(s) + " but layout " + layout_name;
+  // Built only when a check fails (this runs on every call of the op).
+  const auto what = [&] { return std::string(name) + " has shape " + ToString(s) + " but layout " + layout_name; };
   AttentionHeadDims h{};
   if (layout == AttentionLayout::kBnsd) {
-    if (s.size() != 4) throw Error(what + " needs rank 4 [B, N, S, D]");
+    if (s.size() != 4) throw Error(what() + " needs rank 4 [B, N, S, D]");
     h = AttentionHeadDims{s[0], s[1], s[2], s[3], false};
   } else if (s.size() == 4) {
     h = AttentionHeadDims{s[0], s[2], s[1], s[3], false};
   } else if (s.size() == 3) {
     if (heads == 0 || s[2] % heads != 0) {
-      throw Error(what + " [B, S, N*D]: the last dim " + std::to_string(s[2]) + " is not a multiple of " + heads_attr +
+      throw Error(what() + " [B, S, N*D]: the last dim " + std::to_string(s[2]) + " is not a multiple of " + heads_attr +
                   " = " + std::to_string(heads));
     }
     h = AttentionHeadDims{s[0], heads, s[1], s[2] / heads, true};
   } else {
-    throw Error(what + " needs rank 4 [B, S, N, D] or rank 3 [B, S, N*D]");
+    throw Error(what() + " needs rank 4 [B, S, N, D] or rank 3 [B, S, N*D]");
   }
   if (h.heads != heads) {
     throw Error(std::string(name) + " has shape " + ToString(s) + ": " + std::to_string(h.heads) + " heads in layout " +

@@ -24,6 +24,7 @@ enum class ThreadSlot {
   kCallerLanesA,     // the caller's A in groups of 16 rows for the lane form (common/gemm.cc)
   kCallerRowsA,      // the caller's row-major A where it has no other home (cpu/norm_linear.cc)
   kNormBlock,        // a norm task's scratch row and row block (cpu/norm_linear.cc)
+  kAttentionTask,    // an attention task's scratch (cpu/attention.cc, RunTasks)
 };
 
 // At least `floats` floats for this thread and slot, grown when a call needs more (the old buffer
