@@ -84,7 +84,8 @@ constexpr int64_t kPackedOnceMinRows = 96;
 // 0.89 / 0.90 -> 0.95 / 0.99x at 256 (two runs, in the same turns; one task 1.09-1.15x -> ~1.0x the
 // float32 panels' time). 256-row chunks above that (512 rows: 2 chunks x 3 ranges instead of 4 x 3)
 // ran 0.93x the 128-row chunks' speed: their accumulators and A slice outgrow L2 (bench/README.md,
-// "norm_linear, session 16: fp16").
+// "norm_linear, session 16: fp16"). Above it, up to kDeepPlainMaxRows rows, one chunk in column parts
+// that fit L2 (WidenedOneChunkWidestCols), then those chunks.
 constexpr int64_t kWidenedMinRows = 256;
 
 bool WidensPanels(const std::vector<GemmProduct>& products) {
@@ -125,11 +126,23 @@ void AddTasks(const std::vector<GemmProduct>& products, TaskKind kind, int64_t m
 
 // A product packed once: a task per packed range and row chunk; up to kSplitRangeMaxRows rows (one
 // chunk) `splits` tasks per range (gemm_tiles.inc, TaskPanels: a task reads a range's tiles from
-// any first one).
+// any first one); part_cols > 0 (OneChunkPartCols): all m rows in one chunk, each range in parts of
+// part_cols columns.
 void AddPackedOnceTasks(int64_t m, const std::vector<GemmProduct>& products, int64_t chunk_rows, size_t product,
-                        int64_t splits, std::vector<Task>* tasks, int64_t* max_cells) {
+                        int64_t splits, std::vector<Task>* tasks, int64_t* max_cells, int64_t part_cols) {
   const int64_t n = products[product].n;
   const int64_t range = gemm_detail::PackedRangeCols(n);
+  if (part_cols > 0) {  // one row chunk, each range in parts of part_cols columns (its last one shorter)
+    for (int64_t col0 = 0; col0 < n; col0 += range) {
+      const int64_t range_end = std::min(n, col0 + range);
+      for (int64_t c = col0; c < range_end; c += part_cols) {
+        const Task task{static_cast<int64_t>(product), TaskKind::kPacked, 0, m, c, std::min(part_cols, range_end - c)};
+        tasks->push_back(task);
+        *max_cells = std::max(*max_cells, m * RoundUp(task.cols, kTileWidth));
+      }
+    }
+    return;
+  }
   if (splits == 1 || m > SplitRangeMaxRows(products) || m > chunk_rows) {
     AddTasks(products, TaskKind::kPacked, m, chunk_rows, product, gemm_detail::kPackCols, tasks, max_cells);
     return;
@@ -221,7 +234,7 @@ bool PacksPerCall(GemmIsa isa, const GemmProduct& product) {
 std::vector<Task> PlanTasksSpanning(GemmIsa isa, int64_t m, const std::vector<GemmProduct>& products,
                                     int64_t span_chunks, int64_t packed_cols, int64_t* max_cells,
                                     int64_t packed_once_splits = 1, int64_t packed_once_more_chunks = 0,
-                                    int64_t one_row_cols = 0) {
+                                    int64_t one_row_cols = 0, int64_t packed_once_part_cols = 0) {
   std::vector<Task> tasks;
   *max_cells = 0;
   const int64_t chunk_rows = gemm_detail::PackedChunkRows(m);
@@ -237,7 +250,7 @@ std::vector<Task> PlanTasksSpanning(GemmIsa isa, int64_t m, const std::vector<Ge
   for (size_t i = 0; i < products.size(); ++i) {
     const TaskKind kind = KindFor(isa, m, products[i]);
     if (products[i].packed != nullptr) {
-      AddPackedOnceTasks(m, products, packed_once_rows, i, packed_once_splits, &tasks, max_cells);
+      AddPackedOnceTasks(m, products, packed_once_rows, i, packed_once_splits, &tasks, max_cells, packed_once_part_cols);
     } else if (kind == TaskKind::kDeepPlain) {  // one row chunk: m <= kDeepPlainMaxRows
       AddTasks(products, kind, m, chunk_rows, i, packed_cols, &tasks, max_cells);
     } else if (kind == TaskKind::kPacked) {
@@ -437,6 +450,25 @@ std::vector<Task> Tapered(GemmIsa isa, const std::vector<GemmProduct>& products,
 // ranges (kPackedCandidateCols) that leave the tasks Balanced and shared evenly (PlanChoice) by
 // the hardware threads (ORT's pool has at most that many); none: the candidate whose busiest
 // thread ends first.
+// 16-bit panels packed once, kWidenedMinRows < m <= kDeepPlainMaxRows rows: all rows in one chunk,
+// each packed range in parts whose accumulators and A slice fit kDeepL2Share of L2 (as the deep
+// in-place tasks over the same 16-bit bytes: DeepRangeFitsL2), as wide as that allows and as the
+// threads share evenly (PlanTasks narrows them 16 columns at a time). Row chunks of ~128 rows (4 at
+// 512) each widened and multiplied all of W's panels, read from L3 once per chunk. In one process,
+// the plugin EP with either plan in alternating turns (21 turns, bits equal; the Emerald Rapids
+// Xeon, bench/README.md "Decode and norm_linear, session 25"), old plan's time / this one's at 384
+// / 512 rows: GPT-2 fp16 1.050 / 1.030, BERT 1.058 / 1.031, Qwen2 1.017 / 1.019; the AVX2 machine
+// GPT-2 1.031 / 1.028, Qwen2 0.997 / 0.997. The widest parts that fit (0: none, L2 too small for
+// kMinRangeCols columns at m rows, or not that case).
+int64_t WidenedOneChunkWidestCols(int64_t m, const std::vector<GemmProduct>& products) {
+  const bool packed_once =
+      std::any_of(products.begin(), products.end(), [](const GemmProduct& p) { return p.packed != nullptr; });
+  if (!packed_once || !WidensPanels(products) || m <= kWidenedMinRows || m > gemm_detail::kDeepPlainMaxRows) return 0;
+  const int64_t floats = L2Bytes() * kDeepL2ShareNum / kDeepL2ShareDen / static_cast<int64_t>(sizeof(float));
+  const int64_t cols = (floats / m - gemm_detail::kPackDepth) / kTileWidth * kTileWidth;
+  return std::min(cols, gemm_detail::kPackCols);
+}
+
 // A q/k/v node (N = 2048 + 512 + 512) at M = 2048 on 2 threads is one task per 1024-column range;
 // a node that is mostly one 1024-column product (an LM head of vocabulary 1024) has 256-column
 // tasks over all rows, where one 1024-column task per chunk kept one thread idle at M = 512
@@ -479,6 +511,12 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
     return choice.Take(max_cells);
   }
   if (!packs_per_call && !deep_plain) {
+    // 16-bit panels at kWidenedMinRows-kDeepPlainMaxRows rows: one row chunk first (WidenedOneChunk).
+    for (int64_t cols = WidenedOneChunkWidestCols(m, products); cols >= kMinRangeCols; cols -= kTileWidth) {
+      int64_t cells = 0;
+      std::vector<Task> tasks = PlanTasksSpanning(isa, m, products, 1, gemm_detail::kPackCols, &cells, 1, 0, 0, cols);
+      if (choice.Offer(std::move(tasks), cells, true)) return choice.Take(max_cells);
+    }
     if (offer(1, gemm_detail::kPackCols, 1, 0, false)) return choice.Take(max_cells);
     const bool split = m <= SplitRangeMaxRows(products);
     if (split && (offer(1, gemm_detail::kPackCols, gemm_detail::kFewRowsRangeSplits, 0, false) ||

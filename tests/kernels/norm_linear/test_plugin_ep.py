@@ -106,6 +106,11 @@ UNEVEN = {
     "deep-thirds": (512, 301, (768, 768, 768)),
     "deep-one-range-of-three": (512, 301, (3072,)),
     "packed-span-thirds": (900, 301, (2304,)),
+    # 16-bit panels packed once at 257-576 rows: one row chunk, each range in parts (1024 + 1024 +
+    # 256 columns on 2 threads: parts narrowed until even; the fewest and most rows of that regime)
+    "packed-one-chunk-parts": (400, 301, (2304,)),
+    "packed-one-chunk-fewest-rows": (257, 200, (1000, 40)),
+    "packed-one-chunk-most-rows": (576, 160, (3072,)),
 }
 
 
