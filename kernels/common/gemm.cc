@@ -126,7 +126,7 @@ void AddTasks(const std::vector<GemmProduct>& products, TaskKind kind, int64_t m
 
 // A product packed once: a task per packed range and row chunk; up to kSplitRangeMaxRows rows (one
 // chunk) `splits` tasks per range (gemm_tiles.inc, TaskPanels: a task reads a range's tiles from
-// any first one); part_cols > 0 (OneChunkPartCols): all m rows in one chunk, each range in parts of
+// any first one); part_cols > 0 (WidenedOneChunkWidestCols): all m rows in one chunk, each range in parts of
 // part_cols columns.
 void AddPackedOnceTasks(int64_t m, const std::vector<GemmProduct>& products, int64_t chunk_rows, size_t product,
                         int64_t splits, std::vector<Task>* tasks, int64_t* max_cells, int64_t part_cols) {
@@ -445,11 +445,6 @@ std::vector<Task> Tapered(GemmIsa isa, const std::vector<GemmProduct>& products,
   return tasks;
 }
 
-// Tasks that pack W per call copy each k block of their columns once for all their rows, so the
-// plan takes the fewest row spans (up to kPackedSpanChunks chunks each) and then the widest column
-// ranges (kPackedCandidateCols) that leave the tasks Balanced and shared evenly (PlanChoice) by
-// the hardware threads (ORT's pool has at most that many); none: the candidate whose busiest
-// thread ends first.
 // 16-bit panels packed once, kWidenedMinRows < m <= kDeepPlainMaxRows rows: all rows in one chunk,
 // each packed range in parts whose accumulators and A slice fit kDeepL2Share of L2 (as the deep
 // in-place tasks over the same 16-bit bytes: DeepRangeFitsL2), as wide as that allows and as the
@@ -461,14 +456,17 @@ std::vector<Task> Tapered(GemmIsa isa, const std::vector<GemmProduct>& products,
 // GPT-2 1.031 / 1.028, Qwen2 0.997 / 0.997. The widest parts that fit (0: none, L2 too small for
 // kMinRangeCols columns at m rows, or not that case).
 int64_t WidenedOneChunkWidestCols(int64_t m, const std::vector<GemmProduct>& products) {
-  const bool packed_once =
-      std::any_of(products.begin(), products.end(), [](const GemmProduct& p) { return p.packed != nullptr; });
-  if (!packed_once || !WidensPanels(products) || m <= kWidenedMinRows || m > gemm_detail::kDeepPlainMaxRows) return 0;
+  if (!WidensPanels(products) || m <= kWidenedMinRows || m > gemm_detail::kDeepPlainMaxRows) return 0;
   const int64_t floats = L2Bytes() * kDeepL2ShareNum / kDeepL2ShareDen / static_cast<int64_t>(sizeof(float));
   const int64_t cols = (floats / m - gemm_detail::kPackDepth) / kTileWidth * kTileWidth;
   return std::min(cols, gemm_detail::kPackCols);
 }
 
+// Tasks that pack W per call copy each k block of their columns once for all their rows, so the
+// plan takes the fewest row spans (up to kPackedSpanChunks chunks each) and then the widest column
+// ranges (kPackedCandidateCols) that leave the tasks Balanced and shared evenly (PlanChoice) by
+// the hardware threads (ORT's pool has at most that many); none: the candidate whose busiest
+// thread ends first.
 // A q/k/v node (N = 2048 + 512 + 512) at M = 2048 on 2 threads is one task per 1024-column range;
 // a node that is mostly one 1024-column product (an LM head of vocabulary 1024) has 256-column
 // tasks over all rows, where one 1024-column task per chunk kept one thread idle at M = 512
@@ -511,7 +509,7 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
     return choice.Take(max_cells);
   }
   if (!packs_per_call && !deep_plain) {
-    // 16-bit panels at kWidenedMinRows-kDeepPlainMaxRows rows: one row chunk first (WidenedOneChunk).
+    // 16-bit panels at kWidenedMinRows-kDeepPlainMaxRows rows: one row chunk first (WidenedOneChunkWidestCols).
     for (int64_t cols = WidenedOneChunkWidestCols(m, products); cols >= kMinRangeCols; cols -= kTileWidth) {
       int64_t cells = 0;
       std::vector<Task> tasks = PlanTasksSpanning(isa, m, products, 1, gemm_detail::kPackCols, &cells, 1, 0, 0, cols);
