@@ -493,9 +493,11 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
   static const int64_t threads = std::max(1u, std::thread::hardware_concurrency());
   PlanChoice choice(threads);
   // Each candidate's tasks and their largest task's cells (PlanTasksSpanning sets them).
-  auto offer = [&](int64_t span, int64_t cols, int64_t splits, int64_t more_chunks, bool must_balance) {
+  auto offer = [&](int64_t span, int64_t cols, int64_t splits, int64_t more_chunks, bool must_balance,
+                   int64_t packed_once_part_cols = 0) {
     int64_t cells = 0;
-    std::vector<Task> tasks = PlanTasksSpanning(isa, m, products, span, cols, &cells, splits, more_chunks);
+    std::vector<Task> tasks =
+        PlanTasksSpanning(isa, m, products, span, cols, &cells, splits, more_chunks, 0, packed_once_part_cols);
     const bool may_take = !must_balance || Balanced(tasks, threads);
     return choice.Offer(std::move(tasks), cells, may_take);
   };
@@ -511,9 +513,7 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
   if (!packs_per_call && !deep_plain) {
     // 16-bit panels at kWidenedMinRows-kDeepPlainMaxRows rows: one row chunk first (WidenedOneChunkWidestCols).
     for (int64_t cols = WidenedOneChunkWidestCols(m, products); cols >= kMinRangeCols; cols -= kTileWidth) {
-      int64_t cells = 0;
-      std::vector<Task> tasks = PlanTasksSpanning(isa, m, products, 1, gemm_detail::kPackCols, &cells, 1, 0, 0, cols);
-      if (choice.Offer(std::move(tasks), cells, true)) return choice.Take(max_cells);
+      if (offer(1, gemm_detail::kPackCols, 1, 0, false, cols)) return choice.Take(max_cells);
     }
     if (offer(1, gemm_detail::kPackCols, 1, 0, false)) return choice.Take(max_cells);
     const bool split = m <= SplitRangeMaxRows(products);
