@@ -6,15 +6,28 @@
 // loops alone, one thread: twice that is what two cores could read at most with these loops, the
 // figure the decode op's hot cache (`attention_paths.py`, "decode 32:8 fp16") is compared with.
 //
-//   g++ -O3 -march=native -std=c++17 bench/decode_loops_ceiling.cc -o /tmp/decode_loops_ceiling
+//
+// --stream THREADS (session 26): the same two loops streaming a decode step's K/V instead, 8 kv
+// heads x KEYS keys of float16 (16.8 MB at 4096: L3 on the Emerald Rapids host, hot from the
+// previous pass), in the op's tasks (a kv head's half of the keys, claimed in turn by THREADS
+// threads) and tiles (the scores of 128 keys, then their P·V), with no softmax, no software
+// prefetch and no thread pool; beside it a plain read of the same bytes, same threads and tasks.
+// Their ratio is what the op could reach at most against the bench's L3-sized read.
+//
+//   g++ -O3 -march=native -std=c++17 -pthread bench/decode_loops_ceiling.cc -o /tmp/decode_loops_ceiling
 //   /work/coord/quiet_run.sh /tmp/decode_loops_ceiling [KEYS]     # 64: K in L1; 1024: in L2
 //   (two copies at once: whether two cores keep the rate)
+//   /work/coord/quiet_run.sh /tmp/decode_loops_ceiling 4096 --stream 2
 #include <immintrin.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -108,6 +121,68 @@ double NsPerCall(Fn&& fn, int64_t calls) {
   return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / calls;
 }
 
+// Sums the lines of [p, p + bytes): a plain read.
+__m512 ReadLines(const char* p, int64_t bytes, __m512 acc) {
+  for (int64_t at = 0; at < bytes; at += 64) acc = _mm512_add_ps(acc, _mm512_load_ps(reinterpret_cast<const float*>(p + at)));
+  return acc;
+}
+
+// --stream: best and median GB/s of the loops over the K/V of 8 kv heads, and of a plain read of
+// it, in alternating passes (the host's speed drifts: each ratio compares neighbours).
+int Stream(int64_t keys, int threads) {
+  constexpr int kHeads = 8, kTile = 128, kTasks = 2 * kHeads, kPasses = 41;
+  const size_t elements = static_cast<size_t>(kHeads) * keys * kD;
+  uint16_t* k = static_cast<uint16_t*>(std::aligned_alloc(64, elements * 2));
+  uint16_t* v = static_cast<uint16_t*>(std::aligned_alloc(64, elements * 2));
+  if (k == nullptr || v == nullptr) return 1;
+  for (size_t i = 0; i < elements; ++i) k[i] = v[i] = 0x3c00;
+  const auto pass = [&](bool loops) {
+    std::atomic<int> next{0};
+    const auto work = [&] {
+      std::vector<float> q(4 * kD, 0.01f), s(kTile * 4), p(4 * kTile, 0.001f), o(4 * kD);
+      __m512 acc = _mm512_setzero_ps();
+      for (int task; (task = next.fetch_add(1)) < kTasks;) {
+        const int64_t head = task / 2, begin = task % 2 * keys / 2, end = begin + keys / 2;
+        for (int64_t t = begin; t < end; t += kTile) {
+          const int64_t n = std::min<int64_t>(kTile, end - t);
+          const uint16_t* kt = k + (head * keys + t) * kD;
+          const uint16_t* vt = v + (head * keys + t) * kD;
+          if (loops) {
+            Scores(q.data(), kt, n, s.data());
+            Pv(p.data(), vt, n, o.data());
+          } else {
+            acc = ReadLines(reinterpret_cast<const char*>(kt), n * kD * 2, acc);
+            acc = ReadLines(reinterpret_cast<const char*>(vt), n * kD * 2, acc);
+          }
+        }
+      }
+      volatile float sink = _mm512_reduce_add_ps(acc) + o[0];
+      (void)sink;
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> others;
+    for (int i = 1; i < threads; ++i) others.emplace_back(work);
+    work();
+    for (auto& t : others) t.join();
+    return 2.0 * elements * 2 / std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+  };
+  std::vector<double> loop_rates, read_rates, ratios;
+  for (int i = 0; i < kPasses; ++i) {
+    loop_rates.push_back(pass(true));
+    read_rates.push_back(pass(false));
+    ratios.push_back(loop_rates.back() / read_rates.back());
+  }
+  for (auto* rates : {&loop_rates, &read_rates, &ratios}) std::sort(rates->begin(), rates->end());
+  std::printf("stream, %d thread(s), %lld keys x 8 kv heads (%.1f MB of K/V): the loops best %.1f median %.1f GB/s, "
+              "a plain read best %.1f median %.1f GB/s; loops / read per pair: median %.2f (quartiles %.2f-%.2f)\n",
+              threads, static_cast<long long>(keys), 4e-6 * elements, loop_rates.back(), loop_rates[kPasses / 2],
+              read_rates.back(), read_rates[kPasses / 2], ratios[kPasses / 2], ratios[kPasses / 4],
+              ratios[3 * kPasses / 4]);
+  std::free(k);
+  std::free(v);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -115,6 +190,14 @@ int main(int argc, char** argv) {
   if (keys < 4 || keys % 4 != 0) {
     std::fprintf(stderr, "KEYS must be a positive multiple of 4\n");
     return 2;
+  }
+  if (argc > 3 && std::strcmp(argv[2], "--stream") == 0) {
+    const int threads = std::atoi(argv[3]);
+    if (threads < 1 || threads > 64 || keys % 256 != 0) {
+      std::fprintf(stderr, "--stream THREADS (1-64) wants KEYS a multiple of 256\n");
+      return 2;
+    }
+    return Stream(keys, threads);
   }
   std::vector<uint16_t> kv(keys * kD, 0x3c00);  // 1.0 in float16
   std::vector<float> q(4 * kD, 0.01f), s(keys * 4), p(4 * keys, 0.001f), o(4 * kD);
