@@ -333,19 +333,19 @@ def test_decode_values_read_in_place_over_past_and_new(library, monkeypatch, dty
     assert_close(avx2, baseline)
 
 
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("group", [5, 6, 8])
 def test_decode_key_blocks_with_leftover_rows(library, monkeypatch, dtype, group):
     # AVX-512 direct path (every type since session 26): 4 keys x 4 query rows per block, the rows
-    # past the last multiple of 4 (group 5, 6) key by key; D = 72 (4.5 lanes of 16), 131 keys (not
-    # a multiple of 4) over a past of 130.
+    # past the last multiple of 4 (group 5, 6) key by key; D = 72 (four 16-lane chunks and a masked
+    # half), 131 keys (not a multiple of 4): a past of 130 and one new key.
     rng = seeded("decode-key-blocks", dtype.name, group)
     inputs = with_past(qkv(rng, 1, 2 * group, 2, 1, 131, 72, dtype), 130)
     attrs = {"num_heads": 2 * group, "kv_num_heads": 2, "causal": 1}
     default, avx2, baseline = _under_each_isa(library, monkeypatch, inputs, attrs)
     assert_close(default, baseline)
     assert_close(avx2, baseline)
+
 
 @pytest.mark.parametrize("order", ["forwards", "alibi_backwards"])
 @pytest.mark.parametrize("dtype", [F16, BF16], ids=lambda d: d.name)
