@@ -9,6 +9,7 @@ import datetime as _dt
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -205,6 +206,57 @@ def _compiled(name: str, suffix: str, flags: list[str], libs: list[str] = ()) ->
     cache.mkdir(parents=True, exist_ok=True)
     result = subprocess.run([compiler, "-O2", *flags, str(source), "-o", str(out), *libs], capture_output=True, text=True)
     return out if result.returncode == 0 else None
+
+
+class ReadPass:
+    """bench/stream_read.c's pass in this process (ctypes) over a pool of `threads` threads, in turn
+    over `chunks` regions of `nbytes` each (a 64-byte aligned buffer, every page touched): one
+    region stays in L3 between passes where it fits, regions past the L3 in turn read from memory.
+    run() reads the next region with the pool's helpers woken for the pass (they sleep between
+    passes, as ORT's intra-op threads with spinning off) and returns its (wall, CPU) seconds;
+    run_spinning(count) reads the next `count` regions with the helpers spinning meanwhile (no
+    wake-up: the plain bandwidth) and returns their wall seconds. available is False without AVX2
+    or a compiler. One pool per process: every ReadPass must use the same `threads`."""
+
+    def __init__(self, threads: int, nbytes: int, chunks: int = 1):
+        import ctypes
+
+        import numpy as np
+        floats = max(32 * threads, int(nbytes) // 4 // (32 * threads) * (32 * threads))
+        self.nbytes, self.chunks, self.next = floats * 4, chunks, 0
+        library = (_compiled("stream_read", "-pool.so", ["-shared", "-fPIC", "-mavx2", "-pthread",
+                                                         "-DSTREAM_READ_LIBRARY"])
+                   if "avx2" in cpu_flags() else None)
+        self.available = library is not None
+        if not self.available:
+            return
+        lib = ctypes.CDLL(str(library))
+        lib.stream_read_pass.restype = ctypes.c_double
+        lib.stream_read_pass.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        if lib.stream_read_start(threads) != 0:
+            raise RuntimeError(f"stream_read's pool runs another thread count than {threads}")
+        self._lib, self._floats = lib, floats
+        raw = np.empty(floats * chunks + 16, dtype=np.float32)
+        start = (-raw.ctypes.data % 64) // 4
+        self._buffer = raw[start:start + floats * chunks]
+        self._buffer[:] = np.arange(self._buffer.size, dtype=np.float32) % 1024  # touch every page
+
+    def _region(self) -> int:
+        address = self._buffer.ctypes.data + self.next * self._floats * 4
+        self.next = (self.next + 1) % self.chunks
+        return address
+
+    def run(self) -> tuple[float, float]:
+        c0 = time.process_time()
+        wall = self._lib.stream_read_pass(self._region(), self._floats)
+        return wall, time.process_time() - c0
+
+    def run_spinning(self, count: int) -> float:
+        self._lib.stream_read_spin(1)
+        try:
+            return sum(self._lib.stream_read_pass(self._region(), self._floats) for _ in range(count))
+        finally:
+            self._lib.stream_read_spin(0)
 
 
 def read_bandwidth(threads: int, megabytes: int = 461, reps: int = 10) -> dict | None:
