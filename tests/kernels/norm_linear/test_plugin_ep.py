@@ -88,6 +88,20 @@ def test_few_rows_split_packed_ranges(monkeypatch, rows, dtype):
             np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("rows", [7, 8, 10, 11, 23])
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
+def test_last_rows_of_a_tile_pair_in_one_call(monkeypatch, rows, dtype):
+    """Panels packed once, AVX-512: a task's last 7-11 rows over a tile pair are one call (a full
+    row block and one of 1-5 rows: gemm_tiles.inc, MicroQuadTail), alone or after two-block calls
+    (23 = 12 + 11), over three k blocks (208 + 208 + 185), tile pairs and a lone partial tile (600 =
+    37 tiles + 8 columns, 40 = 2 + 8), with and without a bias. Bit for bit the custom-op route's
+    results, on 1 to 3 threads (other ISAs: their own calls, the same check)."""
+    monkeypatch.setenv("OTFUSE_NORM_LINEAR_GEMM", "own")
+    case = Case("AddRMSNormLinear", dtype, shape=(rows, 601), widths=(600, 40), transposed=[0, 0],
+                bias=[1, 0], keep=True, seed=27)
+    _check_same_on_threads_and_routes(case)
+
+
 def _check_same_on_threads_and_routes(case):
     """Right, and bit for bit one thread's result on 1 to 3 threads, on both routes (custom op and
     plugin EP): a plan may move column and row splits, never the order of a sum."""
