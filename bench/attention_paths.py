@@ -48,9 +48,10 @@ each pass as the op's are (ORT's pool, no spinning); "strict" the same against t
 helpers spinning (no wake-up: the plain bandwidth; under 0.70 it is a note). Before its turns a
 decode path runs for 0.3 s (a session's first ~20 calls read slower) and it takes at least 15
 turns. The cold rows cycle through 32 layers' caches (0.5-1 GiB, past the L3), so each call reads
-its K/V from memory as a real decoder's step does. Columns "vs read" / "vs DRAM" keep the figures
-of sessions 8-26: the best turn against stream_read's best pass, timed once at the start, on the
-K/V's size and on a DRAM-sized buffer (without AVX2 or a compiler the goal falls back to them).
+its K/V from memory as a real decoder's step does. Columns "vs read" / "vs DRAM" keep the reference
+of sessions 8-26: the best turn's mean call against stream_read's best pass, timed once at the
+start, on the K/V's size and on a DRAM-sized buffer (without AVX2 or a compiler the goal falls back
+to them).
 
     python bench/attention_paths.py --sizes 2048                 # S = 2048 and the decode paths
     python bench/attention_paths.py --sizes 8192 --no-decode --isa both --only causal alibi

