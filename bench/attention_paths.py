@@ -744,11 +744,14 @@ def main(argv=None) -> int:
         interleave = not args.path_after_path and not members[0][0].decode
         timers = []
         for p, s, isa in members:
-            timers.append(PathTurns(p, s, args.threads, isa, args.ab, None if p.decode else paired,
-                                    args.slice_seconds))
-            if not interleave:
-                time_paths(timers[-1:], args.repeats, False)
-                print_row(timers[-1], refs, args.threads, failures, notes, rows)
+            timer = PathTurns(p, s, args.threads, isa, args.ab, None if p.decode else paired, args.slice_seconds)
+            if interleave:
+                timers.append(timer)
+                continue
+            # path after path: its sessions and inputs (a cold decode's 0.5-1 GiB of caches and as
+            # much again for its read reference) freed before the next path's
+            time_paths([timer], args.repeats, False)
+            print_row(timer, refs, args.threads, failures, notes, rows)
         if interleave:
             time_paths(timers, args.repeats, True)
             for timer in timers:

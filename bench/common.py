@@ -223,7 +223,7 @@ class ReadPass:
 
         import numpy as np
         floats = max(32 * threads, int(nbytes) // 4 // (32 * threads) * (32 * threads))
-        self.nbytes, self.chunks, self.next = floats * 4, chunks, 0
+        self.chunks, self.next = chunks, 0
         library = (_compiled("stream_read", "-pool.so", ["-shared", "-fPIC", "-mavx2", "-pthread",
                                                          "-DSTREAM_READ_LIBRARY"])
                    if "avx2" in cpu_flags() else None)
@@ -241,9 +241,10 @@ class ReadPass:
         self._buffer = raw[start:start + floats * chunks]
         self._buffer[:] = np.arange(self._buffer.size, dtype=np.float32) % 1024  # touch every page
 
-    def _region(self) -> int:
+    def _region(self, advance: bool = True) -> int:
         address = self._buffer.ctypes.data + self.next * self._floats * 4
-        self.next = (self.next + 1) % self.chunks
+        if advance:
+            self.next = (self.next + 1) % self.chunks
         return address
 
     def run(self) -> tuple[float, float]:
@@ -255,7 +256,7 @@ class ReadPass:
         self._lib.stream_read_spin(1)
         try:
             # one pass untimed while the helpers wake up to spin (over the next region, read again next)
-            self._lib.stream_read_pass(self._buffer.ctypes.data + self.next * self._floats * 4, self._floats)
+            self._lib.stream_read_pass(self._region(advance=False), self._floats)
             return sum(self._lib.stream_read_pass(self._region(), self._floats) for _ in range(count))
         finally:
             self._lib.stream_read_spin(0)
