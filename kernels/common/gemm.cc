@@ -406,13 +406,18 @@ bool FineGrained(GemmIsa isa, const std::vector<GemmProduct>& products, const st
 // output is the same FMAs in the same order: the same bits. Deep in-place tasks (kDeepPlain) too:
 // Qwen2's gate / up at 512 rows (38 tasks of 256 columns, 2 threads) waited 0.8-1.3 ms of ~40 ms
 // for the last one, tapered 0.1-0.3 ms; node time 1.006x as fast in the same turns (bench/README.md,
-// "norm_linear at 512 rows, session 20"). Tasks over panels packed once are not tapered (not measured:
-// ORT loads one plugin-EP library per process, so there are no paired turns).
+// "norm_linear at 512 rows, session 20"). Tasks over panels packed once (the plugin EP) too, in
+// the one-row-chunk plans past the few-row ones (PlanTasks): fp16 hidden 768 -> 3072 / 3 x 768 at
+// 512 rows (6 tasks of 512 columns / 9 of 256-496 on 2 threads) ran 1.03-1.11x as fast in four
+// paired runs (one process, the plan switched between slices of calls; bench/README.md, "Plugin EP
+// at 512 rows, session 28"). Plans of several row chunks (float32 at 512 rows, 2048 rows) are not:
+// tapered, they read 0.90-1.06x, noise.
 constexpr int kTaperLevels = 3;
 
 bool TapersTask(GemmIsa isa, const std::vector<GemmProduct>& products, const Task& task) {
   const GemmProduct& p = products[task.product];
   if (task.kind == TaskKind::kDeepPlain) return true;
+  if (task.kind == TaskKind::kPacked && p.packed != nullptr) return true;  // panels packed once
   return task.kind == TaskKind::kPacked && PacksPerCall(isa, p) && !p.transposed;
 }
 
@@ -511,12 +516,16 @@ std::vector<Task> PlanTasks(GemmIsa isa, int64_t m, const std::vector<GemmProduc
     return choice.Take(max_cells);
   }
   if (!packs_per_call && !deep_plain) {
+    const bool split = m <= SplitRangeMaxRows(products);
+    // Past the few-row plans, the plans offered before more row chunks end tapered (TaperTail).
+    const auto first_plan = [&] {
+      return split ? choice.Take(max_cells) : Tapered(isa, products, threads, choice.Take(max_cells));
+    };
     // 16-bit panels at kWidenedMinRows-kDeepPlainMaxRows rows: one row chunk first (WidenedOneChunkWidestCols).
     for (int64_t cols = WidenedOneChunkWidestCols(m, products); cols >= kMinRangeCols; cols -= kTileWidth) {
-      if (offer(1, gemm_detail::kPackCols, 1, 0, false, cols)) return choice.Take(max_cells);
+      if (offer(1, gemm_detail::kPackCols, 1, 0, false, cols)) return first_plan();
     }
-    if (offer(1, gemm_detail::kPackCols, 1, 0, false)) return choice.Take(max_cells);
-    const bool split = m <= SplitRangeMaxRows(products);
+    if (offer(1, gemm_detail::kPackCols, 1, 0, false)) return first_plan();
     if (split && (offer(1, gemm_detail::kPackCols, gemm_detail::kFewRowsRangeSplits, 0, false) ||
                   m <= gemm_detail::kSplitRangeMaxRows)) {
       return choice.Take(max_cells);

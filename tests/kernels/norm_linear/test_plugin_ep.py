@@ -133,7 +133,7 @@ UNEVEN = {
 def test_uneven_ranges_split_evenly(monkeypatch, name, dtype):
     """Where a task per whole range would load 2 threads 2 : 1 (common/gemm.cc, PlanChoice): both
     routes' results bit for bit the same on 1 to 3 threads (the plan moves column and row splits,
-    never the order of a sum)."""
+    and past the few-row plans splits its last tasks in column halves, never the order of a sum)."""
     monkeypatch.setenv("OTFUSE_NORM_LINEAR_GEMM", "own")
     rows, k, widths = UNEVEN[name]
     case = Case("AddRMSNormLinear", dtype, shape=(rows, k), widths=widths, transposed=[0] * len(widths),
