@@ -407,11 +407,11 @@ bool FineGrained(GemmIsa isa, const std::vector<GemmProduct>& products, const st
 // Qwen2's gate / up at 512 rows (38 tasks of 256 columns, 2 threads) waited 0.8-1.3 ms of ~40 ms
 // for the last one, tapered 0.1-0.3 ms; node time 1.006x as fast in the same turns (bench/README.md,
 // "norm_linear at 512 rows, session 20"). Tasks over panels packed once (the plugin EP) too, in
-// the one-row-chunk plans past the few-row ones (PlanTasks): fp16 hidden 768 -> 3072 / 3 x 768 at
-// 512 rows (6 tasks of 512 columns / 9 of 256-496 on 2 threads) ran 1.03-1.11x as fast in four
-// paired runs (one process, the plan switched between slices of calls; bench/README.md, "Plugin EP
-// at 512 rows, session 28"). Plans of several row chunks (float32 at 512 rows, 2048 rows) are not:
-// tapered, they read 0.90-1.06x, noise.
+// the plans PlanTasks offers past the few-row ones and before more row chunks: fp16 hidden 768 ->
+// 3072 / 3 x 768 at 512 rows (one row chunk: 6 tasks of 512 columns / 9 of 256-496 on 2 threads)
+// ran 1.03-1.11x as fast in four paired runs (one process, the plan switched between slices of
+// calls; bench/README.md, "Plugin EP at 512 rows, session 28"). The plans of more row chunks
+// (float32 at 512 rows, 2048 rows) are not: tapered, they read 0.90-1.06x, noise.
 constexpr int kTaperLevels = 3;
 
 bool TapersTask(GemmIsa isa, const std::vector<GemmProduct>& products, const Task& task) {
