@@ -411,7 +411,9 @@ bool FineGrained(GemmIsa isa, const std::vector<GemmProduct>& products, const st
 // 3072 / 3 x 768 at 512 rows (one row chunk: 6 tasks of 512 columns / 9 of 256-496 on 2 threads)
 // ran 1.03-1.11x as fast in four paired runs (one process, the plan switched between slices of
 // calls; bench/README.md, "Plugin EP at 512 rows, session 28"). The plans of more row chunks
-// (float32 at 512 rows, 2048 rows) are not: tapered, they read 0.90-1.06x, noise.
+// (float32 at 512 rows, 2048 rows) are not: tapered, they read 0.90-1.06x, noise. Where a plan of
+// many rows tapers anyway (a shared weight's panels beside weights read in place, custom-op
+// route), its packed-once tasks are split like the others (not timed apart).
 constexpr int kTaperLevels = 3;
 
 bool TapersTask(GemmIsa isa, const std::vector<GemmProduct>& products, const Task& task) {
