@@ -4,7 +4,8 @@ same run: ORT MatMul's GFLOP/s, the read bandwidth (bench/stream_read.c) and the
 Paths (B = 1, 16 heads x 128, query length = key length = S unless noted): dense, causal, window
 S/4, key padding 25%, a BERT bias [1, 1, 1, S], ALiBi slopes, softcap 50, GQA 16:4, MQA 16:1, a KV
 cache (S/4 new rows over a past of 3S/4, with and without present_*; and without present_* as 3-D
-BSND inputs [1, S, N*D], the past BNSD), fp16 causal / GQA / KV cache;
+BSND inputs [1, S, N*D], the past BNSD), and in fp16 every one of them but the two KV cache layout
+variants (issue 12 asks every path with fp32 and fp16 inputs; the last seven since session 29);
 decoding: one query, 32 heads over 8 kv heads, a 4096-key past (fp32, fp16, fp32 with present_*;
 and "cold": fp32, fp16 over 32 layers' caches called in turn, as a decoder's step reads them).
 
@@ -127,6 +128,14 @@ PATHS = [
     Path("fp16 causal", causal=True, fp16=True),
     Path("fp16 GQA 16:4", causal=True, kv_heads=4, fp16=True),
     Path("fp16 KV cache", causal=True, cache=0.25, fp16=True, present=True),
+    # Issue 12 asks every path with fp32 and fp16 inputs: the rest in fp16 too.
+    Path("fp16 dense", fp16=True),
+    Path("fp16 window S/4", causal=True, window=0.25, fp16=True),
+    Path("fp16 key padding 25%", padding=0.25, fp16=True),
+    Path("fp16 bias [B,1,1,S]", bert_bias=True, fp16=True),
+    Path("fp16 alibi slopes", causal=True, alibi=True, fp16=True),
+    Path("fp16 softcap 50", causal=True, softcap=50.0, fp16=True),
+    Path("fp16 MQA 16:1", causal=True, kv_heads=1, fp16=True),
 ]
 DECODE_PATHS = [
     Path("decode 32:8 fp32", heads=32, kv_heads=8, causal=True, decode=True),
