@@ -396,27 +396,30 @@ def test_sliding_window(library, dtype, window):
     check(library, inputs, {"num_heads": 2, "causal": 1, "window": window})
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])
-def test_narrow_window_row_sweep(library, monkeypatch, isa):
+def test_narrow_window_row_sweep(library, monkeypatch, isa, dtype):
     # Windows up to 512 keys run as a sweep over 14-row (AVX2: 12-row) blocks, each over exactly its
-    # keys (AttendWindowRows), 513 on tiles: both against the reference, with a KV cache (the
-    # past / new seam inside a block's keys), softcap and a bias, rows not a multiple of the block,
-    # and bit for bit on 1 and 3 threads.
+    # keys (AttendWindowRows); 16-bit inputs, whose values P·V reads from packed tiles, up to 192
+    # keys on AVX-512 and 512 on AVX2; wider windows on tiles: all against the reference, with a
+    # KV cache (the past / new seam inside a block's keys), softcap and a bias, rows not a multiple
+    # of the block, a block's keys across 2-5 value tiles, and bit for bit on 1 and 3 threads.
     if isa not in cpu_isas():
         pytest.skip(f"this CPU has no {isa}")
     monkeypatch.setenv("OTFUSE_ATTENTION_ISA", isa)
-    rng = seeded("row-sweep", isa)
+    rng = seeded("row-sweep", isa, dtype.name)
     for sq, past, window, extra in [(150, 0, 100, {}), (77, 600, 512, {"softcap": 30.0}), (90, 600, 513, {}),
-                                    (64, 0, 20, {"bias": True}), (200, 500, 13, {})]:
-        inputs = qkv(rng, 1, 4, 2, sq, sq, 64, F32)
+                                    (64, 0, 20, {"bias": True}), (200, 500, 13, {}), (120, 300, 192, {}),
+                                    (120, 300, 193, {"softcap": 30.0})]:
+        inputs = qkv(rng, 1, 4, 2, sq, sq, 64, dtype)
         if past:
-            inputs["past_key"] = rand(rng, (1, 2, past, 64), F32)
-            inputs["past_value"] = rand(rng, (1, 2, past, 64), F32)
+            inputs["past_key"] = rand(rng, (1, 2, past, 64), dtype)
+            inputs["past_value"] = rand(rng, (1, 2, past, 64), dtype)
         attrs = {"num_heads": 4, "kv_num_heads": 2, "causal": 1, "window": window}
         if extra.get("softcap"):
             attrs["softcap"] = extra["softcap"]
         if extra.get("bias"):
-            inputs["attn_bias"] = rand(rng, (1, 4, sq, sq + past), F32)
+            inputs["attn_bias"] = rand(rng, (1, 4, sq, sq + past), dtype)
         (y,) = check(library, inputs, attrs)
         (one,) = run_op(library, "Attention", inputs, attrs, threads=1)
         (three,) = run_op(library, "Attention", inputs, attrs, threads=3)
