@@ -48,7 +48,8 @@ spinning); "paired" is the median over turns of the read's time / the path's, by
 time (the better printed). A hot cache (the K/V left in L3 by the call before) has a stricter bar,
 printed in its line and as a note under 0.70: the same bytes read from L3 in the same turns (the
 goal's figure in sessions 27-29: on AVX2 the float16 loops' FMA-port work caps it near 0.73 at full
-use, on AVX-512 the loops alone reached 0.66-0.71: bench/README.md, "Session 30"); "strict" the L3
+use, on AVX-512 the loops alone reached 0.66-0.71: bench/README.md, "Every goal re-measured,
+session 30"); "strict" the L3
 read with its helpers spinning (no wake-up). Before its turns a
 decode path runs for 0.3 s (a session's first ~20 calls read slower) and it takes at least 15
 turns. The cold rows cycle through 32 layers' caches (0.5-1 GiB, past the L3), so each call reads
