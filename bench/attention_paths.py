@@ -468,6 +468,15 @@ def reference_slices(seconds: list[float], path_call: float, shortest: float = S
     return slices
 
 
+def store_paired(row: dict, key: str, walls: list[float], cpus: list[float]) -> None:
+    """row[key], row[key + "_cpu"]: the medians over turns of per-turn ratios by wall and by CPU
+    time; row[key + "_q"]: the quartiles of the better of the two."""
+    row[key], row[f"{key}_cpu"] = statistics.median(walls), statistics.median(cpus)
+    better = walls if row[key] >= row[f"{key}_cpu"] else cpus
+    q1, _, q3 = statistics.quantiles(better, n=4, method="inclusive") if len(better) > 1 else better * 3
+    row[f"{key}_q"] = (q1, q3)
+
+
 class PathTurns:
     """One path's sessions and its turns. With `other` (an A/B), a turn first runs our library's
     call, then `other`'s, as many times as equal_turn_calls asks. Then, per reference of `paired` =
@@ -595,31 +604,21 @@ class PathTurns:
             # rate ratios (the path's K/V bytes over its time) / (the same bytes over the read's time)
             walls = [t["read"][2] / t["read"][0] for t in turns]
             cpus = [t["read"][3] / t["read"][1] for t in turns]
-            row["paired_read"], row["paired_read_cpu"] = statistics.median(walls), statistics.median(cpus)
-            better = walls if row["paired_read"] >= row["paired_read_cpu"] else cpus
-            q1, _, q3 = statistics.quantiles(better, n=4, method="inclusive") if len(better) > 1 else better * 3
-            row["paired_read_q"] = (q1, q3)
+            store_paired(row, "paired_read", walls, cpus)
             row["paired_read_spinning"] = statistics.median(t["read"][4] / t["read"][0] for t in turns)
             row["read_gbps"] = statistics.median(kv / t["read"][2] * 1e-9 for t in turns)
             row["read_spinning_gbps"] = statistics.median(kv / t["read"][4] * 1e-9 for t in turns)
         if self.read_memory is not None:
             walls = [t["read_memory"][0] / t["read"][0] for t in turns]
             cpus = [t["read_memory"][1] / t["read"][1] for t in turns]
-            row["paired_memory"], row["paired_memory_cpu"] = statistics.median(walls), statistics.median(cpus)
-            better = walls if row["paired_memory"] >= row["paired_memory_cpu"] else cpus
-            q1, _, q3 = statistics.quantiles(better, n=4, method="inclusive") if len(better) > 1 else better * 3
-            row["paired_memory_q"] = (q1, q3)
+            store_paired(row, "paired_memory", walls, cpus)
             row["read_memory_gbps"] = statistics.median(kv / t["read_memory"][0] * 1e-9 for t in turns)
         for name, slices in self.paired.items():
             # rate ratio = (flops / ours per call) / (reference flops / its time)
             ratio = flops / sum(slice_flops for _, slice_flops, _ in slices)
             walls = [ratio * t[name][2] / t[name][0] for t in turns]
             cpus = [ratio * t[name][3] / t[name][1] for t in turns]
-            row[f"paired_{name}"] = statistics.median(walls)
-            row[f"paired_{name}_cpu"] = statistics.median(cpus)
-            better = walls if row[f"paired_{name}"] >= row[f"paired_{name}_cpu"] else cpus
-            q1, _, q3 = statistics.quantiles(better, n=4, method="inclusive") if len(better) > 1 else better * 3
-            row[f"paired_{name}_q"] = (q1, q3)
+            store_paired(row, f"paired_{name}", walls, cpus)
         return row
 
 
