@@ -49,11 +49,11 @@ time (the better printed). A hot cache (the K/V left in L3 by the call before) h
 printed in its line and as a note under 0.70: the same bytes read from L3 in the same turns (the
 goal's figure in sessions 27-29: on AVX2 the float16 loops' FMA-port work caps it near 0.73 at full
 use, on AVX-512 the loops alone reached 0.66-0.71: bench/README.md, "Every goal re-measured,
-session 30"); "strict" the L3
-read with its helpers spinning (no wake-up). Before its turns a
-decode path runs for 0.3 s (a session's first ~20 calls read slower) and it takes at least 15
-turns. The cold rows cycle through 32 layers' caches (0.5-1 GiB, past the L3), so each call reads
-its K/V from memory as a real decoder's step does. Columns "vs read" / "vs DRAM" keep the reference
+session 30"). Column "strict": the read of the cold row's memory or of the hot row's L3 again, with
+its helpers spinning (no wake-up: the plain bandwidth). Before its turns a decode path runs for
+0.3 s (a session's first ~20 calls read slower) and it takes at least 15 turns. The cold rows
+cycle through 32 layers' caches (0.5-1 GiB, past the L3), so each call reads its K/V from memory
+as a real decoder's step does. Columns "vs read" / "vs DRAM" keep the reference
 of sessions 8-26: the best turn's mean call against stream_read's best pass, timed once at the
 start, on the K/V's size and on a DRAM-sized buffer (without AVX2 or a compiler the goal falls back
 to "vs DRAM").
@@ -468,6 +468,18 @@ def reference_slices(seconds: list[float], path_call: float, shortest: float = S
     return slices
 
 
+_READ_PASSES: dict = {}
+
+
+def read_pass(threads: int, nbytes: float, regions: int) -> "common.ReadPass":
+    """One common.ReadPass per (bytes, regions), shared by the decode rows that read alike (a hot
+    row's memory read and the cold row of its dtype: 32 regions of 0.5-1 GiB held once)."""
+    key = (threads, int(nbytes), regions)
+    if key not in _READ_PASSES:
+        _READ_PASSES[key] = common.ReadPass(threads, nbytes, regions)
+    return _READ_PASSES[key]
+
+
 def store_paired(row: dict, key: str, walls: list[float], cpus: list[float]) -> None:
     """row[key], row[key + "_cpu"]: the medians over turns of per-turn ratios by wall and by CPU
     time; row[key + "_q"]: the quartiles of the better of the two."""
@@ -506,13 +518,13 @@ class PathTurns:
         # for a hot cache, the layers' in turn for a cold one), paired with the calls in every turn.
         self.read = self.read_memory = None
         if p.decode:
-            read = common.ReadPass(threads, kv_bytes(p, s), len(self.layers))
+            read = read_pass(threads, kv_bytes(p, s), len(self.layers))
             if read.available:
                 self.read = read
                 # A hot cache's goal reference: as many bytes read from memory (COLD_LAYERS regions
                 # in turn, past the L3), in the same turns; the read above, from L3, is its stricter bar.
                 if len(self.layers) == 1:
-                    self.read_memory = common.ReadPass(threads, kv_bytes(p, s), COLD_LAYERS)
+                    self.read_memory = read_pass(threads, kv_bytes(p, s), COLD_LAYERS)
                 self.read_calls = max(1, round(DECODE_SLICE_SECONDS / max(self.seconds[0], 1e-9)))
                 start = time.perf_counter()
                 while time.perf_counter() - start < DECODE_WARMUP_SECONDS:
